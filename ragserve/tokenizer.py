@@ -1,0 +1,100 @@
+"""Prompt rendering and tokenization shared by engine and router (torch-free).
+
+The router must produce exactly the token ids the engine prefills, so both use
+this class, built from the same tokenizer.json and chat template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+def _raise(message: str):
+    raise TemplateError(message)
+
+
+@dataclass
+class PromptTokenizer:
+    tokenizer_json: str
+    chat_template: str | None = None
+    special_tokens: dict[str, str | None] = field(default_factory=dict)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_str(self.tokenizer_json)
+
+    @cached_property
+    def _template(self):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent, ensure_ascii=False)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        return env.from_string(self.chat_template or "")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self.special_tokens.get("eos_token")
+        return self.tokenizer.token_to_id(eos) if eos else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        """Apply the chat template; raises ValueError on a template error or no template."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use /v1/completions")
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                **{k: v for k, v in self.special_tokens.items() if v is not None},
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise ValueError(f"chat template error: {exc}") from None
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256(self.tokenizer_json.encode())
+        digest.update(b"\0" + (self.chat_template or "").encode())
+        digest.update(b"\0" + json.dumps(self.special_tokens, sort_keys=True).encode())
+        return digest.hexdigest()[:24]
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> PromptTokenizer:
+        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja from a directory."""
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json")
+        config = {}
+        if (path / "tokenizer_config.json").is_file():
+            config = json.loads((path / "tokenizer_config.json").read_text())
+        template = config.get("chat_template")
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        specials = {k: _token_str(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        return cls((path / "tokenizer.json").read_text(), template, specials)
+
+
+def _token_str(value) -> str | None:
+    if isinstance(value, dict):  # AddedToken serialized form
+        return value.get("content")
+    return value

@@ -1,0 +1,44 @@
+"""The `ragserve` command as users run it: a real subprocess."""
+
+import subprocess
+import sys
+
+from ragserve import __version__
+
+
+def ragserve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ragserve.cli", *args], capture_output=True, text=True)
+
+
+def test_help_lists_subcommands():
+    out = ragserve("--help")
+    assert out.returncode == 0
+    assert "info" in out.stdout
+
+
+def test_version():
+    out = ragserve("--version")
+    assert out.returncode == 0 and __version__ in out.stdout
+
+
+def test_bad_flag_exits_nonzero_with_message():
+    out = ragserve("--no-such-flag")
+    assert out.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in out.stderr
+
+
+def test_no_subcommand_prints_help_and_fails():
+    out = ragserve()
+    assert out.returncode != 0 and "usage:" in out.stdout
+
+
+def test_info_reads_default_model_metadata():
+    out = ragserve("info", "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"num_layers": 30' in out.stdout and '"num_kv_heads": 3' in out.stdout
+
+
+def test_unknown_model_is_a_clear_error():
+    out = ragserve("info", "--model", "no-such-model")
+    assert out.returncode == 2
+    assert "unknown model 'no-such-model'" in out.stderr and "Traceback" not in out.stderr

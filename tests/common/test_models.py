@@ -1,0 +1,82 @@
+"""Model resolution, identity and the shared tokenizer, against transformers."""
+
+import pytest
+
+from ragserve.models import load_tokenizer, model_fingerprint, model_metadata, resolve_model
+from ragserve.testing import CONFIGS, tiny_model
+
+
+def test_default_alias_resolves_to_gguf():
+    source = resolve_model("smollm2-135m")
+    assert source.kind == "gguf" and source.path.is_file()
+    meta = model_metadata(source)
+    assert (meta["architecture"], meta["num_layers"], meta["hidden_size"]) == ("llama", 30, 576)
+    assert (meta["num_heads"], meta["num_kv_heads"], meta["vocab_size"]) == (9, 3, 49152)
+
+
+def test_paths_resolve_and_bad_paths_fail(tmp_path):
+    path = tiny_model("llama")
+    assert resolve_model(str(path)).kind == "hf"
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="unknown model"):
+        resolve_model(str(tmp_path / "missing"))
+
+
+def test_fingerprint_tells_weights_apart_not_names():
+    a = resolve_model(str(tiny_model("llama", seed=0)), served_name="same")
+    b = resolve_model(str(tiny_model("llama", seed=1)), served_name="same")
+    assert model_fingerprint(a) != model_fingerprint(b)
+    assert model_fingerprint(a) == model_fingerprint(a)
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_tiny_models_load_in_transformers(arch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(arch)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.model_type == CONFIGS[arch]["model_type"]
+    logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, 49152) and torch.isfinite(logits).all()
+
+
+def test_tiny_model_sharded_matches_single_file():
+    from safetensors.torch import load_file
+
+    single = load_file(str(tiny_model("llama") / "model.safetensors"))
+    sharded_dir = tiny_model("llama", sharded=True)
+    shards = sorted(sharded_dir.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    merged = {k: v for s in shards for k, v in load_file(str(s)).items()}
+    assert merged.keys() == single.keys()
+    assert all((merged[k] == single[k]).all() for k in single)
+
+
+def test_tokenizer_and_chat_template_match_transformers():
+    from transformers import AutoTokenizer
+
+    source = resolve_model("smollm2-135m")
+    ours = load_tokenizer(source)
+    ref = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    messages = [
+        {"role": "system", "content": "Answer from the context."},
+        {"role": "user", "content": "Context: ragserve caches KV blocks.\n\nQuestion: what is cached?"},
+    ]
+    text = "Hello, wörld! RAG serving 123"
+    assert ours.encode(text) == ref(text).input_ids
+    assert ours.render_chat(messages) == ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = ref.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
+    assert ours.encode_chat(messages) == list(expected)
+    assert ours.decode(ours.encode(text)) == text
+    assert ours.eos_token_id == ref.eos_token_id
+
+
+def test_gguf_tokenizer_exported_cached_and_shared_by_tiny_models():
+    tok = load_tokenizer(resolve_model("smollm2-135m"))
+    assert tok.vocab_size == 49152 and tok.eos_token_id == 2
+    tiny = load_tokenizer(resolve_model(str(tiny_model("qwen3"))))
+    assert tiny.fingerprint() == tok.fingerprint()
