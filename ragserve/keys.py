@@ -95,3 +95,20 @@ class KVLayout:
 def store_key(layout_fingerprint: str, block_hash: bytes) -> bytes:
     """Cachestore key: layout namespace + block hash."""
     return bytes.fromhex(layout_fingerprint) + block_hash
+
+
+# A fixed chat long enough for several blocks: engine and router must hash it identically.
+PROBE_MESSAGES = [
+    {"role": "system", "content": "You answer questions using the retrieved context."},
+    {
+        "role": "user",
+        "content": "Context: PagedAttention stores the KV cache in fixed-size blocks; prefix caching "
+        "reuses the blocks of a shared prompt prefix across requests, keyed by chained hashes.\n\n"
+        "Question: why does a RAG serving stack care about identical block hashes on every node?",
+    },
+]
+
+
+def probe_hashes(tokenizer, block_size: int, model_id: str) -> list[bytes]:
+    """Hashes of PROBE_MESSAGES as this process renders, tokenizes and hashes them."""
+    return block_hashes(tokenizer.encode_chat(PROBE_MESSAGES), block_size, root_hash(model_id))

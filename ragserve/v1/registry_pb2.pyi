@@ -38,20 +38,22 @@ class EngineIdentity(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., url: _Optional[str] = ..., served_model_name: _Optional[str] = ..., model_id: _Optional[str] = ..., key_scheme: _Optional[str] = ..., block_size: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("identity", "tokenizer_json", "chat_template", "special_tokens_json", "num_blocks", "max_model_len")
+    __slots__ = ("identity", "tokenizer_json", "chat_template", "special_tokens_json", "num_blocks", "max_model_len", "probe_block_hashes")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_TOKENS_JSON_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     identity: EngineIdentity
     tokenizer_json: bytes
     chat_template: str
     special_tokens_json: str
     num_blocks: int
     max_model_len: int
-    def __init__(self, identity: _Optional[_Union[EngineIdentity, _Mapping]] = ..., tokenizer_json: _Optional[bytes] = ..., chat_template: _Optional[str] = ..., special_tokens_json: _Optional[str] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    probe_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, identity: _Optional[_Union[EngineIdentity, _Mapping]] = ..., tokenizer_json: _Optional[bytes] = ..., chat_template: _Optional[str] = ..., special_tokens_json: _Optional[str] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., probe_block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("router_id", "resume_from_seq", "heartbeat_interval_ms")
