@@ -1,0 +1,46 @@
+"""Approximate prefix index from routing history: block hash -> {engine: last routed time}, TTL + LRU bound."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class ApproxIndex:
+    def __init__(self, max_entries: int, clock=time.monotonic) -> None:
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[bytes, dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, hashes: Sequence[bytes], engine_id: str) -> None:
+        now = self._clock()
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is None:
+                entry = self._entries[h] = {}
+            else:
+                self._entries.move_to_end(h)
+            entry[engine_id] = now
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def match(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
+        now = self._clock()
+        out = {}
+        for engine_id, ttl in ttl_by_engine.items():
+            n = 0
+            for h in hashes:
+                seen = self._entries.get(h, {}).get(engine_id)
+                if seen is None or now - seen > ttl:
+                    break
+                n += 1
+            out[engine_id] = n
+        return out
+
+    def forget(self, engine_id: str) -> None:
+        for entry in self._entries.values():
+            entry.pop(engine_id, None)

@@ -1,0 +1,83 @@
+"""What the router knows about an engine: identity, models, reported load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+GRPC, STATIC, K8S = "grpc", "static", "k8s"
+
+
+@dataclass
+class Load:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    free_blocks: int = 0
+    total_blocks: int = 0
+
+    @property
+    def active(self) -> int:
+        return self.num_running + self.num_waiting
+
+
+@dataclass
+class EngineRecord:
+    engine_id: str
+    url: str
+    models: list[str]
+    source: str = GRPC
+    model_id: str = ""
+    block_size: int = 0
+    tokenizer_fingerprint: str = ""
+    layout_fingerprint: str = ""
+    version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    num_blocks: int = 0
+    max_model_len: int = 0
+    load: Load = field(default_factory=Load)
+
+    @property
+    def has_events(self) -> bool:
+        """Engines that registered over gRPC stream KV events: the exact index covers them."""
+        return self.source == GRPC
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> EngineRecord:
+        data = json.loads(text)
+        data["load"] = Load(**data.get("load", {}))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How the engines serving one model hash prompts; the registry keeps it unique per model."""
+
+    model_id: str
+    block_size: int
+    tokenizer_fingerprint: str
+
+    @classmethod
+    def of(cls, record: EngineRecord) -> ModelSpec | None:
+        if record.source != GRPC:
+            return None
+        return cls(record.model_id, record.block_size, record.tokenizer_fingerprint)
+
+
+@dataclass
+class TokenizerBlob:
+    """The tokenizer an engine shipped at registration, as stored and shared between replicas."""
+
+    tokenizer_json: str
+    chat_template: str | None
+    special_tokens: dict[str, str | None]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TokenizerBlob:
+        return cls(**json.loads(text))
