@@ -1,0 +1,66 @@
+{{/* ragserve.engineArgs: (list $ pool) -> the `ragserve engine` command line (engine/config.py flags). */}}
+{{- define "ragserve.engineArgs" -}}
+{{- $ := index . 0 -}}
+{{- $p := index . 1 -}}
+{{- $e := $p.engine -}}
+- engine
+- --host
+- 0.0.0.0
+{{- include "ragserve.arg" (list "--port" $p.port) }}
+{{- include "ragserve.arg" (list "--model" (include "ragserve.modelPath" $p)) }}
+{{- include "ragserve.arg" (list "--served-model-name" $p.servedModelName) }}
+{{- include "ragserve.arg" (list "--dtype" $e.dtype) }}
+{{- include "ragserve.arg" (list "--device" $e.device) }}
+{{- include "ragserve.arg" (list "--block-size" $e.blockSize) }}
+{{- include "ragserve.arg" (list "--num-gpu-blocks" $e.numGpuBlocks) }}
+{{- include "ragserve.arg" (list "--kv-cache-memory" $e.kvCacheMemory) }}
+{{- include "ragserve.arg" (list "--gpu-memory-utilization" $e.gpuMemoryUtilization) }}
+{{- include "ragserve.arg" (list "--kv-cache-dtype" $e.kvCacheDtype) }}
+{{- include "ragserve.arg" (list "--attention-backend" $e.attentionBackend) }}
+- {{ ternary "--enable-prefix-caching" "--no-enable-prefix-caching" $e.enablePrefixCaching }}
+{{- include "ragserve.arg" (list "--max-model-len" $e.maxModelLen) }}
+{{- include "ragserve.arg" (list "--max-num-seqs" $e.maxNumSeqs) }}
+{{- include "ragserve.arg" (list "--max-num-batched-tokens" $e.maxNumBatchedTokens) }}
+{{- include "ragserve.arg" (list "--preemption-mode" $e.preemptionMode) }}
+{{- include "ragserve.arg" (list "--swap-space" $e.swapSpace) }}
+{{- include "ragserve.arg" (list "--scheduling-policy" $e.schedulingPolicy) }}
+{{- if and $.Values.router.enabled $p.registerWithRouter }}
+{{- include "ragserve.arg" (list "--router" (include "ragserve.routerRegistry" $)) }}
+- --advertise-url
+- {{ printf "http://$(POD_IP):%d" (int $p.port) | quote }}
+{{- end }}
+{{- if and $.Values.cachestore.enabled $p.useCachestore }}
+{{- include "ragserve.arg" (list "--cachestore" (include "ragserve.cachestoreAddresses" $)) }}
+{{- end }}
+{{- include "ragserve.arg" (list "--max-body-bytes" $p.maxBodyBytes) }}
+{{- range $p.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* A relative model path with a mounted model source lives under mountPath; anything else is passed as is. */}}
+{{- define "ragserve.modelPath" -}}
+{{- if and (ne .modelSource.type "none") (not (hasPrefix "/" .model)) }}
+{{- printf "%s/%s" (trimSuffix "/" .modelSource.mountPath) .model }}
+{{- else }}
+{{- .model }}
+{{- end }}
+{{- end }}
+
+{{/* Pool checks the schema cannot express (they need engineDefaults merged in). */}}
+{{- define "ragserve.validatePool" -}}
+{{- $src := .modelSource -}}
+{{- if and (eq $src.type "pvc") (not $src.pvc.claimName) -}}
+{{- fail (printf "engines[%s].modelSource.type=pvc needs modelSource.pvc.claimName" .name) -}}
+{{- end -}}
+{{- if and (eq $src.type "hostPath") (not $src.hostPath.path) -}}
+{{- fail (printf "engines[%s].modelSource.type=hostPath needs modelSource.hostPath.path" .name) -}}
+{{- end -}}
+{{- if and (eq $src.type "image") (not $src.image.repository) -}}
+{{- fail (printf "engines[%s].modelSource.type=image needs modelSource.image.repository" .name) -}}
+{{- end -}}
+{{- $a := .autoscaling -}}
+{{- if and (ne $a.mode "none") (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- fail (printf "engines[%s].autoscaling: minReplicas (%d) > maxReplicas (%d)" .name (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- end }}

@@ -1,0 +1,24 @@
+{{/* ragserve.routerArgs: the `ragserve router` command line. */}}
+{{- define "ragserve.routerArgs" -}}
+{{- $r := .Values.router -}}
+- router
+- --host
+- 0.0.0.0
+{{- include "ragserve.arg" (list "--port" $r.port) }}
+{{- include "ragserve.arg" (list "--grpc-port" $r.grpcPort) }}
+{{- include "ragserve.arg" (list "--policy" $r.policy) }}
+{{- include "ragserve.redisArgs" (list . 0) }}
+{{- include "ragserve.arg" (list "--static-engines" (join "," $r.staticEngines)) }}
+{{- if $r.kubernetesDiscovery.enabled }}
+{{- include "ragserve.arg" (list "--k8s-selector" (printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=engine" .Release.Name)) }}
+{{- include "ragserve.arg" (list "--k8s-namespace" .Release.Namespace) }}
+{{- end }}
+{{- if $r.apiKeys.existingSecret }}
+{{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
+{{- end }}
+{{- include "ragserve.arg" (list "--max-body-bytes" $r.maxBodyBytes) }}
+{{- include "ragserve.tlsArgs" $r.tls }}
+{{- range $r.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,160 @@
+"""Every value set lints clean and renders manifests that Kubernetes would accept.
+
+kubernetes-validate has schemas for the built-in kinds only. ServiceMonitor, PodMonitor, PrometheusRule
+(Prometheus operator), ScaledObject (KEDA) and HTTPRoute (Gateway API) are checked structurally here,
+against the objects they point at; their PromQL metric names are checked against live scrapes in
+test_dashboard.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+
+KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+NOT_IN_KUBERNETES_VALIDATE = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject", "HTTPRoute"}
+
+
+def of_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def named(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"no single {kind}/{name} among {[d['metadata']['name'] for d in of_kind(docs, kind)]}"
+    return found[0]
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_lint_clean(chart_dir, values):
+    for kube in KUBE_VERSIONS:
+        report = helm.lint(chart_dir, values, strict=True, kube_version=f"v{kube}")
+        assert report["errors"] == [] and report["messages"] == [], (kube, report)
+
+
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+def test_manifests_pass_kubernetes_validate_strict(manifests, kube):
+    unvalidated = set()
+    for doc in manifests:
+        try:
+            kubernetes_validate.validate(doc, kube, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            unvalidated.add(doc["kind"])
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for {kube} at {path}: {exc.message}")
+    assert unvalidated <= NOT_IN_KUBERNETES_VALIDATE
+
+
+def test_every_object_is_namespaced_and_labelled(manifests):
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for doc in manifests:
+        meta = doc["metadata"]
+        assert len(meta["name"]) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", meta["name"])
+        assert (meta.get("namespace") is None) == (doc["kind"] in cluster_scoped), doc["kind"]
+        assert meta["labels"]["app.kubernetes.io/instance"] == "rs"
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "ragserve"
+
+
+def test_services_pdbs_and_policies_select_rendered_pods(manifests):
+    pods = [w["spec"]["template"] for w in workloads(manifests)]
+    for svc in of_kind(manifests, "Service"):
+        matched = [p for p in pods if selects(svc["spec"]["selector"], p["metadata"]["labels"])]
+        assert matched, f"Service {svc['metadata']['name']} selects no pod"
+        ports = {p["name"] for m in matched for c in m["spec"]["containers"] for p in c["ports"]}
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= ports
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        for doc in of_kind(manifests, kind):
+            key = "selector" if kind == "PodDisruptionBudget" else "podSelector"
+            matched = [p for p in pods if selects(doc["spec"][key]["matchLabels"], p["metadata"]["labels"])]
+            assert matched, f"{kind} {doc['metadata']['name']} selects no pod"
+            if kind == "NetworkPolicy":
+                ports = {p["name"] for m in matched for c in m["spec"]["containers"] for p in c["ports"]}
+                assert {p["port"] for rule in doc["spec"]["ingress"] for p in rule["ports"]} <= ports
+
+
+def test_pods_are_locked_down(manifests):
+    for w in workloads(manifests):
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            assert mounts <= {v["name"] for v in pod["volumes"]} | {
+                t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])
+            }
+        # Only the operator and a router watching pods talk to the Kubernetes API.
+        if not pod.get("serviceAccountName", "").endswith(("-router", "-operator")):
+            assert pod["automountServiceAccountToken"] is False, w["metadata"]["name"]
+
+
+def test_scaling_objects_target_rendered_deployments(manifests):
+    deployments = {d["metadata"]["name"] for d in of_kind(manifests, "Deployment")}
+    for hpa in of_kind(manifests, "HorizontalPodAutoscaler"):
+        assert hpa["spec"]["scaleTargetRef"]["name"] in deployments
+        assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] and hpa["spec"]["metrics"]
+        assert "replicas" not in named(manifests, "Deployment", hpa["spec"]["scaleTargetRef"]["name"])["spec"]
+    for so in of_kind(manifests, "ScaledObject"):
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        spec = so["spec"]
+        assert spec["scaleTargetRef"]["name"] in deployments
+        assert "replicas" not in named(manifests, "Deployment", spec["scaleTargetRef"]["name"])["spec"]
+        assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        assert set(spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]) == {"scaleUp", "scaleDown"}
+        for trigger in spec["triggers"]:
+            meta = trigger["metadata"]
+            assert trigger["type"] == "prometheus" and trigger["metricType"] in ("AverageValue", "Value")
+            assert meta["serverAddress"].startswith("http") and float(meta["threshold"]) > 0
+            assert f'pod=~"{spec["scaleTargetRef"]["name"]}-' in meta["query"], meta["query"]
+
+
+def test_monitors_and_routes_point_at_rendered_objects(manifests):
+    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
+    pods = [w["spec"]["template"] for w in workloads(manifests)]
+    for sm in of_kind(manifests, "ServiceMonitor"):
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+        targets = [
+            s for s in services.values() if selects(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
+        assert targets, sm["metadata"]["name"]
+        for endpoint in sm["spec"]["endpoints"]:
+            assert endpoint["path"] == "/metrics"
+            assert all(endpoint["port"] in {p["name"] for p in s["spec"]["ports"]} for s in targets)
+    for pm in of_kind(manifests, "PodMonitor"):
+        matched = [p for p in pods if selects(pm["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])]
+        assert matched and all(
+            e["port"] in {p["name"] for c in m["spec"]["containers"] for p in c["ports"]}
+            for e in pm["spec"]["podMetricsEndpoints"]
+            for m in matched
+        )
+    for route in of_kind(manifests, "HTTPRoute"):
+        assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["spec"]["parentRefs"]
+        for backend in (b for rule in route["spec"]["rules"] for b in rule["backendRefs"]):
+            assert backend["port"] in {p["port"] for p in services[backend["name"]]["spec"]["ports"]}
+    for rule in (r for pr in of_kind(manifests, "PrometheusRule") for g in pr["spec"]["groups"] for r in g["rules"]):
+        assert rule["alert"].startswith("Ragserve") and rule["labels"]["severity"] in ("warning", "critical")
+        assert re.fullmatch(r"[0-9]+[smh]", rule["for"]) and rule["expr"].count("(") == rule["expr"].count(")")
+
+
+def test_default_stack_is_the_local_stack(render):
+    docs = render({})
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == sorted(
+        ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "ServiceAccount", "StatefulSet"]
+    )
+    names = {d["metadata"]["name"] for d in workloads(docs)}
+    assert names == {"rs-ragserve-router", "rs-ragserve-engine-default", "rs-ragserve-cachestore"}
+    assert not of_kind(docs, "HorizontalPodAutoscaler") and not of_kind(docs, "ScaledObject")
