@@ -118,7 +118,7 @@ class RedisState(RouterState):
                 pipe.hset(key, engine_id, repr(now))
                 pipe.pexpire(key, ttl_ms)
             if hashes:
-                pipe.zadd(self._k("approx_lru"), {h.hex(): now for h in hashes})
+                pipe.zadd(self._k("approx_lru"), {h.hex(): now + i * 1e-6 for i, h in enumerate(hashes)})
                 await pipe.execute()
 
     async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:

@@ -72,6 +72,7 @@ class DrainingServer(uvicorn.Server):
 
 async def serve(cfg: RouterConfig) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
     state = await make_state(cfg)
     metrics = RouterMetrics()

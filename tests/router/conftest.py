@@ -1,0 +1,234 @@
+"""Router test fixtures: real router, fake-engine and redis-server processes on loopback ports.
+
+Every process binds 127.0.0.1 on a free port and is stopped by the fixture that started it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    port: int
+    grpc_port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.alive():
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+class Cluster:
+    """Starts processes and stops them all at teardown."""
+
+    def __init__(self, tmp: Path, model_dir: Path) -> None:
+        self.tmp = tmp
+        self.model_dir = model_dir
+        self.procs: list[Proc] = []
+
+    def _spawn(self, name: str, argv: list[str], port: int, grpc_port: int = 0, env: dict | None = None) -> Proc:
+        log = self.tmp / f"{name}-{len(self.procs)}.log"
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        with log.open("wb") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=self.tmp)
+        proc = Proc(name, popen, log, port, grpc_port)
+        self.procs.append(proc)
+        return proc
+
+    def wait_http(self, proc: Proc, path: str = "/health", timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()}")
+            try:
+                if httpx.get(proc.url + path, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"{proc.name} did not come up:\n{proc.output()}")
+
+    def router(self, *flags: str, env: dict | None = None, wait: bool = True, name: str = "router") -> Proc:
+        port, grpc_port = free_port(), free_port()
+        argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--grpc-port", str(grpc_port), *flags]
+        proc = self._spawn(name, argv, port, grpc_port, env)
+        if wait:
+            self.wait_http(proc)
+        return proc
+
+    def engine(self, engine_id: str, *flags: str, router: Proc | None = None, port: int | None = None) -> Proc:
+        port = port or free_port()
+        argv = [sys.executable, str(FAKE_ENGINE), "--port", str(port), "--engine-id", engine_id]
+        argv += ["--model-dir", str(self.model_dir), *flags]
+        if router is not None:
+            argv += ["--router", router.grpc]
+        proc = self._spawn(engine_id, argv, port)
+        self.wait_http(proc)
+        return proc
+
+    def redis(self) -> str:
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        port = free_port()
+        data = self.tmp / f"redis-{port}"
+        data.mkdir()
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        proc = self._spawn("redis", [*argv, "--dir", str(data)], port)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return f"redis://127.0.0.1:{port}/0"
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"redis-server did not start:\n{proc.output()}")
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from ragserve.testing import tiny_model
+
+    return tiny_model("llama")
+
+
+@pytest.fixture
+def cluster(tmp_path, model_dir):
+    c = Cluster(tmp_path, model_dir)
+    yield c
+    c.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory, model_dir):
+    c = Cluster(tmp_path_factory.mktemp("cluster"), model_dir)
+    yield c
+    c.stop_all()
+
+
+def wait_until(predicate, timeout: float = 20, interval: float = 0.05, message: str = "condition"):
+    """Poll predicate until truthy (returns its value); fails the test after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {message}")
+
+
+@pytest.fixture
+def until():
+    return wait_until
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer(model_dir):
+    from ragserve.tokenizer import PromptTokenizer
+
+    return PromptTokenizer.from_dir(model_dir)
+
+
+@pytest.fixture(scope="session")
+def make_register(prompt_tokenizer):
+    """Build a RegisterRequest the way a correct engine does; keyword overrides break it on purpose."""
+    import json
+
+    from ragserve.keys import KEY_SCHEME, probe_hashes
+    from ragserve.v1 import registry_pb2
+
+    def make(engine_id: str, model: str = "tiny", model_id: str = "tiny@test", block_size: int = 16, **over):
+        tok = prompt_tokenizer
+        identity = dict(
+            engine_id=engine_id,
+            url=over.pop("url", "http://127.0.0.1:9"),
+            served_model_name=model,
+            model_id=model_id,
+            key_scheme=over.pop("key_scheme", KEY_SCHEME),
+            block_size=block_size,
+            tokenizer_fingerprint=over.pop("tokenizer_fingerprint", tok.fingerprint()),
+        )
+        probes = over.pop("probe_block_hashes", None)
+        if probes is None:
+            probes = probe_hashes(tok, block_size, model_id) if block_size else []
+        return registry_pb2.RegisterRequest(
+            identity=registry_pb2.EngineIdentity(**identity),
+            tokenizer_json=over.pop("tokenizer_json", tok.tokenizer_json.encode()),
+            chat_template=tok.chat_template or "",
+            special_tokens_json=json.dumps(tok.special_tokens),
+            num_blocks=1000,
+            probe_block_hashes=probes,
+            **over,
+        )
+
+    return make
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """The router's /metrics parsed with prometheus_client: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture
+def metrics():
+    def value(url: str, name: str, **labels) -> float:
+        return scrape(url).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    value.scrape = scrape
+    return value

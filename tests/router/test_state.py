@@ -1,0 +1,138 @@
+"""The router state contract, run against both implementations: in memory and in a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+
+import pytest
+import pytest_asyncio
+from ragserve.router.engines import EngineRecord, Load, TokenizerBlob
+from ragserve.router.memory_state import MemoryState
+from ragserve.router.redis_state import RedisState
+from ragserve.router.state import CLEARED, REMOVED, STORED, KVOp, plan_events
+
+from ragserve.v1 import registry_pb2
+
+BLOB = TokenizerBlob('{"fake": "tokenizer"}', "{{ messages }}", {"eos_token": "</s>"})
+
+
+def h(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest()
+
+
+def record(engine_id: str, model: str = "m") -> EngineRecord:
+    return EngineRecord(engine_id, f"http://127.0.0.1:1/{engine_id}", [model], model_id="m@1", block_size=16)
+
+
+@pytest.fixture(scope="module")
+def redis_url(module_cluster):
+    return module_cluster.redis()
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def state(request):
+    if request.param == "memory":
+        yield MemoryState(approx_max_entries=1000)
+        return
+    s = RedisState(request.getfixturevalue("redis_url"), f"test-{uuid.uuid4().hex[:8]}:", approx_max=1000)
+    yield s
+    await s.close()
+
+
+def event(seq: int, kind: str, hashes: list[bytes] = ()) -> registry_pb2.KVEvent:
+    if kind == STORED:
+        return registry_pb2.KVEvent(seq=seq, stored=registry_pb2.BlocksStored(block_hashes=hashes))
+    if kind == REMOVED:
+        return registry_pb2.KVEvent(seq=seq, removed=registry_pb2.BlocksRemoved(block_hashes=hashes))
+    return registry_pb2.KVEvent(seq=seq, cleared=registry_pb2.AllBlocksCleared())
+
+
+def test_plan_events_skips_duplicates_and_stops_at_a_gap():
+    events = [event(2, STORED, [h(2)]), event(3, STORED, [h(3)]), event(4, REMOVED, [h(2)]), event(6, CLEARED)]
+    ops, last = plan_events(2, events)
+    assert last == 4
+    assert [(op.kind, op.hashes) for op in ops] == [(STORED, [h(3)]), (REMOVED, [h(2)])]
+    assert plan_events(4, events) == ([], 4)
+
+
+@pytest.mark.asyncio
+async def test_register_events_and_resume_seq(state):
+    assert await state.register(record("a"), BLOB, ttl_s=30) == 0
+    assert await state.is_registered("a")
+    await state.apply("a", [KVOp(STORED, [h(0), h(1), h(2)])], 1)
+    assert await state.last_seq("a") == 1
+    assert await state.num_blocks("a") == 3
+    # re-registering (e.g. after a reconnect) resumes after the last applied event
+    assert await state.register(record("a"), BLOB, ttl_s=30) == 1
+    assert await state.tokenizer(record("a").tokenizer_fingerprint) == BLOB
+
+
+@pytest.mark.asyncio
+async def test_exact_match_counts_leading_blocks_only(state):
+    for engine_id in ("a", "b", "c"):
+        await state.register(record(engine_id), BLOB, ttl_s=30)
+    await state.apply("a", [KVOp(STORED, [h(0), h(1), h(2)])], 1)
+    await state.apply("b", [KVOp(STORED, [h(0), h(2)])], 1)  # h(1) missing: only block 0 is usable
+    got = await state.match_exact(["a", "b", "c"], [h(0), h(1), h(2), h(3)])
+    assert got == {"a": 3, "b": 1, "c": 0}
+
+
+@pytest.mark.asyncio
+async def test_removed_and_cleared(state):
+    await state.register(record("a"), BLOB, ttl_s=30)
+    await state.apply("a", [KVOp(STORED, [h(0), h(1), h(2)]), KVOp(REMOVED, [h(1)])], 2)
+    assert (await state.match_exact(["a"], [h(0), h(1), h(2)]))["a"] == 1
+    await state.apply("a", [KVOp(CLEARED, []), KVOp(STORED, [h(5)])], 4)
+    assert await state.num_blocks("a") == 1
+    assert await state.last_seq("a") == 4
+
+
+@pytest.mark.asyncio
+async def test_heartbeat_updates_load_and_unknown_is_reported(state):
+    assert not await state.heartbeat("ghost", Load(), ttl_s=30)
+    await state.register(record("a"), BLOB, ttl_s=30)
+    assert await state.heartbeat("a", Load(num_running=3, num_waiting=2, kv_usage=0.5), ttl_s=30)
+    [live] = await state.engines()
+    assert live.load.active == 5 and live.load.kv_usage == 0.5
+
+
+@pytest.mark.asyncio
+async def test_missed_heartbeats_expire_and_drop_forgets_blocks(state):
+    await state.register(record("a"), BLOB, ttl_s=0.2)
+    await state.register(record("b"), BLOB, ttl_s=30)
+    await state.apply("a", [KVOp(STORED, [h(0)])], 1)
+    await asyncio.sleep(0.4)
+    assert [r.engine_id for r in await state.engines()] == ["b"]
+    assert await state.expired() == ["a"]
+    assert await state.drop("a")
+    assert not await state.drop("a")
+    assert await state.expired() == []
+    assert (await state.match_exact(["a"], [h(0)]))["a"] == 0
+    assert await state.register(record("a"), BLOB, ttl_s=30) == 0  # a dropped engine must resend a snapshot
+
+
+@pytest.mark.asyncio
+async def test_approximate_index_ttl_per_engine(state):
+    await state.record_route([h(0), h(1)], "static-0")
+    await state.record_route([h(0)], "e1")
+    got = await state.match_approx({"static-0": 600, "e1": 600, "e2": 600}, [h(0), h(1), h(2)])
+    assert got == {"static-0": 2, "e1": 1, "e2": 0}
+    await asyncio.sleep(0.3)
+    got = await state.match_approx({"static-0": 600, "e1": 0.1}, [h(0), h(1)])
+    assert got == {"static-0": 2, "e1": 0}
+
+
+@pytest.mark.asyncio
+async def test_approximate_index_is_size_bounded(state):
+    if isinstance(state, MemoryState):
+        state.approx.max_entries = 3
+    else:
+        state.approx_max = 3
+    await state.record_route([h(i) for i in range(5)], "e")
+    if isinstance(state, RedisState):
+        assert await state.trim_approx() == 2
+    # the oldest entries went first, so the chain now misses its first blocks
+    assert (await state.match_approx({"e": 600}, [h(i) for i in range(5)]))["e"] == 0
+    assert (await state.match_approx({"e": 600}, [h(2), h(3), h(4)]))["e"] == 3
