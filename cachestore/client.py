@@ -91,8 +91,8 @@ class CacheStoreClient:
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.min_reconnect_backoff_ms", 1000),  # also the connect timeout: room for a TLS handshake
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         creds = tls.credentials() if tls else None
