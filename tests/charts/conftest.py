@@ -175,6 +175,11 @@ def render(chart):
     return _render
 
 
+@pytest.fixture(scope="session")
+def scenarios() -> dict[str, dict]:
+    return SCENARIOS
+
+
 @pytest.fixture
 def values(scenario: str) -> dict:
     return SCENARIOS[scenario]

@@ -62,6 +62,10 @@
 {{- if and .Values.router.enabled (gt (int $routerMax) 1) (not (include "ragserve.hasRedis" .)) -}}
 {{- fail "router: more than one router replica needs shared state: set redis.enabled=true or redis.external.url" -}}
 {{- end -}}
+{{- $ra := .Values.router.autoscaling -}}
+{{- if and .Values.router.enabled $ra.enabled (not (or $ra.targetCPUUtilizationPercentage $ra.targetRequestsPerSecond)) -}}
+{{- fail "router.autoscaling needs targetCPUUtilizationPercentage or targetRequestsPerSecond" -}}
+{{- end -}}
 {{- if and .Values.cachestore.redisTier (not (include "ragserve.hasRedis" .)) -}}
 {{- fail "cachestore.redisTier needs a Redis: set redis.enabled=true or redis.external.url" -}}
 {{- end -}}

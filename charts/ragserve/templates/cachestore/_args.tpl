@@ -13,6 +13,9 @@
 {{- end }}
 {{- if $c.redisTier }}
 {{- include "ragserve.redisArgs" (list . 1) }}
+{{- include "ragserve.arg" (list "--redis-capacity" $c.redisCapacity) }}
+- --redis-prefix
+- "ragserve-kv:$(POD_NAME):"
 {{- end }}
 {{- include "ragserve.tlsArgs" $c.tls }}
 {{- if $c.auth.existingSecret }}

@@ -60,6 +60,9 @@
 {{- fail (printf "engines[%s].modelSource.type=image needs modelSource.image.repository" .name) -}}
 {{- end -}}
 {{- $a := .autoscaling -}}
+{{- if and (ne $a.mode "none") (not (or $a.targetWaitingRequests $a.targetKVCacheUsage $a.targetGPUUtilization)) -}}
+{{- fail (printf "engines[%s].autoscaling needs a target: targetWaitingRequests, targetKVCacheUsage or targetGPUUtilization" .name) -}}
+{{- end -}}
 {{- if and (ne $a.mode "none") (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- fail (printf "engines[%s].autoscaling: minReplicas (%d) > maxReplicas (%d)" .name (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- end -}}
