@@ -7,7 +7,7 @@
 {{- else }}
 - --all-namespaces
 {{- end }}
-{{- include "ragserve.arg" (list "--liveness-port" $o.healthPort) }}
+{{- include "ragserve.arg" (list "--liveness" (printf "http://0.0.0.0:%d/healthz" (int $o.healthPort))) }}
 {{- range $o.extraArgs }}
 - {{ . | quote }}
 {{- end }}
