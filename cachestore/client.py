@@ -8,7 +8,7 @@ retried after a backoff. Only programming errors (a malformed block) raise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 _DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _MESSAGE_SLACK = 64 * 1024  # framing and header room in a PutRequest
+PUT_MESSAGE_BYTES = 4 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -199,16 +200,18 @@ class CacheStoreClient:
             stored += reply.stored
         return stored
 
-    def _put_requests(self, blocks: list[KVBlock]):
-        batch, size = [], 0
+    def _put_requests(self, blocks: list[KVBlock]) -> Iterator[pb.PutRequest]:
+        """Messages of a few MiB: huge ones cost more to (de)serialize than they save in framing."""
+        budget = min(self.max_message_bytes, PUT_MESSAGE_BYTES) - _MESSAGE_SLACK
+        request, size = pb.PutRequest(layout=self.layout), 0
         for b in blocks:
-            if batch and size + len(b.data) + _MESSAGE_SLACK > self.max_message_bytes:
-                yield pb.PutRequest(layout=self.layout, blocks=batch)
-                batch, size = [], 0
-            batch.append(pb.Block(key=b.key, data=b.data, dtype=b.dtype, shape=b.shape, checksum=checksum(b.data)))
-            size += len(b.data) + 256
-        if batch:
-            yield pb.PutRequest(layout=self.layout, blocks=batch)
+            if request.blocks and size + len(b.data) > budget:
+                yield request
+                request, size = pb.PutRequest(layout=self.layout), 0
+            request.blocks.add(key=b.key, data=b.data, dtype=b.dtype, shape=b.shape, checksum=checksum(b.data))
+            size += len(b.data)
+        if request.blocks:
+            yield request
 
     def _delete_shard(self, replica: Replica, items: list[tuple[int, bytes]]) -> int:
         deleted = 0

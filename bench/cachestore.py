@@ -1,0 +1,179 @@
+"""Cachestore benchmark, part 1: KV-block transfer throughput over loopback gRPC vs. a raw socket copy.
+
+Runs a real `ragserve cachestore` process and, in the same run, a raw TCP peer process that
+moves the very same bytes; prints GB/s for put and get and the gRPC / raw-socket ratio.
+Blocks are the size of one SmolLM2-135M KV block in bf16:
+30 layers x 2 (K, V) x 16 tokens x 3 KV heads x 64 head dim x 2 bytes = 368,640 bytes.
+
+    .venv/bin/python bench/cachestore.py [--quick] [--blocks N] [--repeats R]
+
+TODO (part 2, not here yet): TTFT of an engine fetching a 2,048-token context's blocks from the
+cachestore vs. recomputing them (SmolLM2-135M; target >= 10x). It needs the engine connector
+(issue 7 item 6), which does not exist yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import grpc
+from ragserve.cachestore.client import CacheStoreClient, KVBlock
+
+from ragserve.keys import KVLayout
+
+BLOCK_SHAPE = (30, 2, 16, 3, 64)  # layers, K/V, tokens, KV heads, head dim (bf16)
+BLOCK_BYTES = 30 * 2 * 16 * 3 * 64 * 2
+LAYOUT = KVLayout("bench-smollm2-135m", "bfloat16", 16, 30, 3, 64).fingerprint()
+CHUNK = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- raw socket baseline: a peer process that sinks (put) or sources (get) N bytes -------------------------
+
+
+def socket_peer(port: int, ready) -> None:
+    payload = os.urandom(CHUNK)
+    with socket.create_server(("127.0.0.1", port)) as server:
+        ready.set()
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                op, n = struct.unpack("<cQ", _recv_exact(conn, 9))
+                if op == b"q":
+                    return
+                if op == b"p":
+                    buf = bytearray(CHUNK)
+                    while n > 0:
+                        n -= conn.recv_into(buf, min(n, CHUNK))
+                    conn.sendall(b"k")
+                else:
+                    while n > 0:
+                        n -= conn.send(memoryview(payload)[: min(n, CHUNK)])
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        more = conn.recv(n - len(data))
+        if not more:
+            raise ConnectionError("peer closed")
+        data += more
+    return data
+
+
+def socket_put(port: int, blocks: list[bytes]) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(struct.pack("<cQ", b"p", sum(len(b) for b in blocks)))
+        for block in blocks:
+            conn.sendall(block)
+        assert conn.recv(1) == b"k"
+
+
+def socket_get(port: int, total: int) -> list[bytes]:
+    out = []
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(struct.pack("<cQ", b"g", total))
+        for _ in range(total // BLOCK_BYTES):
+            buf = bytearray(BLOCK_BYTES)
+            view, got = memoryview(buf), 0
+            while got < BLOCK_BYTES:
+                got += conn.recv_into(view[got:], BLOCK_BYTES - got)
+            out.append(bytes(buf))  # the gRPC client also hands out one bytes object per block
+    return out
+
+
+# -- gRPC: a real `ragserve cachestore` process -------------------------------------------------------------
+
+
+def start_cachestore(port: int, memory: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--memory", str(memory), "--metrics-port", "0", "--log-level", "WARNING"]
+    return subprocess.Popen(cmd)
+
+
+def make_blocks(n: int, run: int) -> list[KVBlock]:
+    pattern = os.urandom(BLOCK_BYTES)
+    out = []
+    for i in range(n):
+        key = hashlib.sha256(f"bench/{run}/{i}".encode()).digest()
+        out.append(KVBlock(key, key + pattern[32:], "bfloat16", BLOCK_SHAPE))
+    return out
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="64 blocks x 2 repeats (a smoke run)")
+    parser.add_argument("--blocks", type=int, default=512, help="blocks per call")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the best is reported")
+    args = parser.parse_args()
+    n, repeats = (64, 2) if args.quick else (args.blocks, args.repeats)
+    total = n * BLOCK_BYTES
+
+    sock_port, grpc_port = free_port(), free_port()
+    ready = multiprocessing.get_context("spawn").Event()
+    peer = multiprocessing.get_context("spawn").Process(target=socket_peer, args=(sock_port, ready), daemon=True)
+    peer.start()
+    store = start_cachestore(grpc_port, memory=(repeats + 1) * total * 2)
+    client = CacheStoreClient([f"127.0.0.1:{grpc_port}"], LAYOUT, timeout_s=120)
+    try:
+        ready.wait(30)
+        with grpc.insecure_channel(client.addresses[0]) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        results = {k: float("inf") for k in ("grpc put", "grpc get", "socket put", "socket get")}
+        warm = make_blocks(n, -1)
+        client.put(warm)
+        client.get([b.key for b in warm])
+        socket_put(sock_port, [b.data for b in warm])
+        for run in range(repeats):
+            blocks = make_blocks(n, run)
+            keys = [b.key for b in blocks]
+            t, stored = timed(lambda blocks=blocks: client.put(blocks))
+            assert stored == n, f"stored {stored} of {n}"
+            results["grpc put"] = min(results["grpc put"], t)
+            t, got = timed(lambda keys=keys: client.get(keys))
+            assert len(got) == n and got[-1].data == blocks[-1].data
+            results["grpc get"] = min(results["grpc get"], t)
+            t, _ = timed(lambda blocks=blocks: socket_put(sock_port, [b.data for b in blocks]))
+            results["socket put"] = min(results["socket put"], t)
+            t, got = timed(lambda: socket_get(sock_port, total))
+            assert len(got) == n
+            results["socket get"] = min(results["socket get"], t)
+    finally:
+        client.close()
+        store.terminate()
+        store.wait(15)
+        with socket.create_connection(("127.0.0.1", sock_port)) as conn:
+            conn.sendall(struct.pack("<cQ", b"q", 0))
+        peer.join(10)
+
+    print(f"{n} blocks x {BLOCK_BYTES} B = {total / 1e6:.1f} MB per call, best of {repeats}")
+    print(f"{'transfer':<12}{'seconds':>10}{'GB/s':>10}")
+    for name, seconds in results.items():
+        print(f"{name:<12}{seconds:>10.4f}{total / seconds / 1e9:>10.2f}")
+    for op in ("put", "get"):
+        ratio = results[f"socket {op}"] / results[f"grpc {op}"]
+        print(f"ratio {op}: gRPC throughput = {ratio:.2f} x raw socket")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
