@@ -230,5 +230,9 @@ def metrics():
     def value(url: str, name: str, **labels) -> float:
         return scrape(url).get((name, tuple(sorted(labels.items()))), 0.0)
 
+    def total(url: str, name: str) -> float:
+        return sum(v for (n, _), v in scrape(url).items() if n == name)
+
     value.scrape = scrape
+    value.total = total
     return value

@@ -1,0 +1,112 @@
+"""Retries before the first byte, circuit breaking and probing back, engine death under load, drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+
+def chat(text: str = "hello", **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 2, **extra}
+
+
+def post(router, body: dict, **kw) -> httpx.Response:
+    return httpx.post(router.url + "/v1/chat/completions", json=body, timeout=60, **kw)
+
+
+def ready(router) -> dict:
+    return httpx.get(router.url + "/ready", timeout=5).json()
+
+
+def test_dead_engine_is_retried_elsewhere_marked_unhealthy_and_probed_back(cluster, metrics, until):
+    a, b = cluster.engine("eng-a"), cluster.engine("eng-b")
+    router = cluster.router(*f"--static-engines {a.url},{b.url} --policy round_robin --probe-interval 0.5".split())
+    until(lambda: ready(router)["healthy_engines"] == 2, message="both engines probed")
+    a_port = a.port
+    a.stop(signal.SIGKILL)
+    served = [post(router, chat(f"q{i}")) for i in range(4)]
+    assert [r.status_code for r in served] == [200] * 4
+    assert {r.headers["x-ragserve-engine"] for r in served} == {"static-1"}
+    assert metrics(router.url, "ragserve_router_retries_total", reason="connect") >= 1
+    assert metrics(router.url, "ragserve_router_engine_errors_total", engine="static-0", kind="connect") >= 1
+    assert ready(router)["healthy_engines"] == 1
+    cluster.engine("eng-a-again", port=a_port)  # same address: the probe brings static-0 back
+    until(lambda: ready(router)["healthy_engines"] == 2, message="engine probed back to healthy")
+    engines = {post(router, chat(f"r{i}")).headers["x-ragserve-engine"] for i in range(4)}
+    assert engines == {"static-0", "static-1"}
+
+
+def test_5xx_opens_the_breaker_and_all_failing_is_a_clean_502(cluster, metrics, until):
+    bad = cluster.engine("eng-bad", "--fail-status", "500")
+    good = cluster.engine("eng-good")
+    flags = f"--static-engines {bad.url},{good.url} --policy round_robin --breaker-failures 2 --probe-interval 30"
+    router = cluster.router(*flags.split())
+    until(lambda: ready(router)["healthy_engines"] == 2, message="both engines probed")
+    results = [post(router, chat(f"q{i}")) for i in range(6)]
+    assert all(r.status_code == 200 and r.headers["x-ragserve-engine"] == "static-1" for r in results)
+    assert metrics(router.url, "ragserve_router_retries_total", reason="server_error") == 2
+    assert ready(router)["healthy_engines"] == 1  # breaker open after 2 consecutive 5xx
+
+    only_bad = cluster.router("--static-engines", bad.url, "--max-attempts", "2", "--probe-interval", "30")
+    until(lambda: ready(only_bad)["healthy_engines"] == 1, message="engine probed")
+    resp = post(only_bad, chat())
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "server_error"
+    assert "127.0.0.1" not in resp.text and str(bad.port) not in resp.text and "injected" not in resp.text
+
+
+def test_engine_killed_under_load(cluster, metrics, until):
+    """Registered engines; one is SIGKILLed mid-load: no client error, it leaves the registry, it rejoins."""
+    router = cluster.router("--heartbeat-interval-ms", "300", "--policy", "least_loaded")
+    engines = [cluster.engine(f"eng-{i}", "--prefill-delay", "0.002", router=router) for i in range(3)]
+    until(lambda: ready(router)["engines"] == 3, message="3 engines registered")
+    victim = engines[0]
+    stop = threading.Event()
+
+    def load(i: int) -> list[int]:
+        codes = []
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                body = chat(f"user {i} asks about document {len(codes)} " + "context " * 200)
+                codes.append(client.post(router.url + "/v1/chat/completions", json=body).status_code)
+        return codes
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(load, i) for i in range(6)]
+        labels = {"model": "tiny", "engine": "eng-0", "policy": "least_loaded", "code": "200"}
+        until(lambda: metrics(router.url, "ragserve_router_requests_total", **labels) >= 3, message="victim busy")
+        victim.stop(signal.SIGKILL)
+        until(lambda: ready(router)["engines"] == 2, message="dead engine dropped after missed heartbeats")
+        stop.set()
+        codes = [c for f in futures for c in f.result()]
+    assert len(codes) > 20 and set(codes) == {200}, f"client-visible failures: {sorted(set(codes))}"
+    assert metrics.total(router.url, "ragserve_router_retries_total") >= 1  # met the dead engine, sent elsewhere
+    names = [m["id"] for m in httpx.get(router.url + "/v1/models").json()["data"]]
+    assert names == ["tiny"]
+    cluster.engine("eng-0-restarted", router=router, port=victim.port)
+    until(lambda: ready(router)["engines"] == 3, message="restarted engine rejoined")
+    served_by = {post(router, chat(f"after {i}")).headers["x-ragserve-engine"] for i in range(6)}
+    assert "eng-0-restarted" in served_by
+
+
+def test_sigterm_drains_in_flight_streams(cluster, until):
+    engine = cluster.engine("eng-drain")
+    router = cluster.router("--static-engines", engine.url, "--drain-delay", "1")
+    until(lambda: ready(router)["healthy_engines"] == 1, message="engine probed")
+    httpx.post(engine.url + "/control/hold")
+    lines: list[str] = []
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=chat(stream=True), timeout=60) as resp:
+        it = resp.iter_lines()
+        lines.append(next(line for line in it if line))
+        router.popen.send_signal(signal.SIGTERM)
+        drain = until(lambda: httpx.get(router.url + "/ready").status_code == 503, message="not ready while draining")
+        assert drain
+        httpx.post(engine.url + "/control/release")
+        lines += [line for line in it if line]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["choices"][0]["delta"]["content"] == "ok"
+    assert router.popen.wait(20) == 0

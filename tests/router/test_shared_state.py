@@ -1,0 +1,58 @@
+"""Two router replicas sharing a real redis-server make the same routing choices."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+
+DOCS = [" ".join(f"shared{d}-item{i}" for i in range(150)) for d in range(4)]
+
+
+def rag(doc: int, question: str) -> dict:
+    messages = [{"role": "system", "content": DOCS[doc]}, {"role": "user", "content": question}]
+    return {"model": "tiny", "messages": messages, "max_tokens": 2}
+
+
+def post(router, body: dict) -> httpx.Response:
+    resp = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def engines(router) -> int:
+    return httpx.get(router.url + "/ready", timeout=5).json()["engines"]
+
+
+def test_two_routers_share_registry_and_kv_index(cluster, metrics, until):
+    redis = cluster.redis()
+    flags = ("--redis", redis, "--heartbeat-interval-ms", "300", "--redis-prefix", "t1:")
+    r1 = cluster.router(*flags, name="router-1")
+    r2 = cluster.router(*flags, name="router-2")
+    # engines register with replica 1 only; replica 2 learns about them from Redis
+    fleet = [cluster.engine(f"sh-{i}", router=r1) for i in range(3)]
+    until(lambda: engines(r1) == 3 and engines(r2) == 3, message="both replicas see 3 engines")
+    assert [m["id"] for m in httpx.get(r2.url + "/v1/models").json()["data"]] == ["tiny"]
+
+    for doc in range(4):
+        first, other = (r1, r2) if doc % 2 == 0 else (r2, r1)
+        home = post(first, rag(doc, "first question")).headers["x-ragserve-engine"]
+        until(
+            lambda n=doc + 1: metrics(r1.url, "ragserve_router_kv_events_total", kind="stored") >= n,
+            message="KV events in Redis",
+        )
+        resp = post(other, rag(doc, "a follow-up from another client"))
+        assert resp.headers["x-ragserve-engine"] == home
+        assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+    # an engine that dies leaves both replicas' view of the registry
+    fleet[0].stop(signal.SIGKILL)
+    until(lambda: engines(r1) == 2 and engines(r2) == 2, message="dead engine dropped everywhere")
+
+
+def test_router_refuses_to_start_without_its_redis(cluster, port):
+    router = cluster.router("--redis", f"redis://:secret@127.0.0.1:{port}/0", wait=False)
+    assert router.popen.wait(30) == 2
+    out = router.output()
+    assert f"cannot reach Redis at redis://:***@127.0.0.1:{port}/0" in out
+    assert "secret" not in out and "Traceback" not in out
