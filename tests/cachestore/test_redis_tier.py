@@ -2,6 +2,7 @@
 
 import pytest
 import redis
+from ragserve.cachestore.client import CacheStoreClient
 from ragserve.cachestore.record import HEADER_SIZE
 from ragserve.cachestore.store import TieredStore
 from ragserve.cachestore.tiers.disk import DiskTier
@@ -9,7 +10,7 @@ from ragserve.cachestore.tiers.memory import MemoryTier
 from ragserve.cachestore.tiers.redis_tier import RedisTier
 
 from ragserve.v1 import cachestore_pb2 as pb
-from tests.cachestore.helpers import COST, LAYOUT, dir_bytes, items
+from tests.cachestore.helpers import COST, LAYOUT, SIZE, dir_bytes, items, kv_blocks
 from tests.conftest import free_port
 
 PREFIX = "test:kv:"
@@ -88,3 +89,17 @@ def test_unreachable_redis_at_start_is_a_clear_error():
         RedisTier(f"redis://127.0.0.1:{free_port()}", COST, timeout_s=0.5)
     with pytest.raises(ValueError, match=r"redis://\*\*\*@127\.0\.0\.1"):
         RedisTier(f"redis://user:secret@127.0.0.1:{free_port()}", COST, timeout_s=0.5)
+
+
+def test_server_with_all_three_tiers(make_server, tmp_path, redis_url):
+    server, address = make_server(
+        memory=2 * COST, disk_dir=str(tmp_path), disk=2 * COST, redis=redis_url, redis_capacity=20 * COST
+    )
+    blocks = kv_blocks(10, SIZE)
+    with CacheStoreClient([address], LAYOUT) as client:
+        assert client.put(blocks) == 10
+        assert client.get([b.key for b in blocks]) == blocks
+        (stats,) = client.stats().values()
+    assert [t.tier for t in stats.tiers] == [pb.TIER_MEMORY, pb.TIER_DISK, pb.TIER_REDIS]
+    assert stats.tiers[2].hits > 0 and stats.evictions == 0
+    assert all(t.used_bytes <= t.capacity_bytes for t in stats.tiers)
