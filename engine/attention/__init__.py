@@ -1,0 +1,1 @@
+"""Attention backends: a torch reference that runs anywhere, Triton kernels on GPUs."""

@@ -1,0 +1,66 @@
+"""Torch reference attention backend: plain gathers and SDPA, runs on any device."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from ragserve.engine.attention.backend import AttentionMetadata, LayerKVCache
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
+        valid = slot_mapping >= 0
+        if not bool(valid.all()):
+            key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+        bs = cache.block_size
+        blocks, offsets = slot_mapping // bs, slot_mapping % bs
+        cache.data[blocks, 0, offsets] = key.to(cache.data.dtype)
+        cache.data[blocks, 1, offsets] = value.to(cache.data.dtype)
+
+    def gather_kv(
+        self, cache: LayerKVCache, block_table: torch.Tensor, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sequence's first seq_len K and V as [seq_len, num_kv_heads, head_dim]."""
+        num_blocks = -(-seq_len // cache.block_size)
+        kv = cache.data[block_table[:num_blocks].long()]  # [nb, 2, bs, H, D]
+        k = kv[:, 0].reshape(-1, *kv.shape[-2:])[:seq_len]
+        v = kv[:, 1].reshape(-1, *kv.shape[-2:])[:seq_len]
+        return k, v
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: LayerKVCache,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        out = torch.empty_like(query)
+        starts = meta.query_start_loc_cpu
+        for i, seq_len in enumerate(meta.seq_lens_cpu):
+            q_start, q_end = starts[i], starts[i + 1]
+            q_len = q_end - q_start
+            if q_len == 0:
+                continue
+            if q_len == seq_len:  # nothing cached before this step: use the fresh K/V
+                k, v = key[q_start:q_end], value[q_start:q_end]
+            else:
+                k, v = self.gather_kv(cache, meta.block_tables[i], seq_len)
+            out[q_start:q_end] = _causal_sdpa(query[q_start:q_end], k.to(query.dtype), v.to(query.dtype), scale)
+        return out
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [q_len, H, D]; k, v: [ctx, KVH, D]; the queries are the last q_len positions."""
+    q_len, ctx = q.shape[0], k.shape[0]
+    mask = None
+    if q_len > 1:
+        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (ctx - q_len)
+        mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)
