@@ -39,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from ragserve.cachestore.server import CacheStoreConfig, CacheStoreServer
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = CacheStoreServer(CacheStoreConfig.from_args(args))
-    port = server.start()
-    print(f"ragserve cachestore listening on {args.host}:{port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    server = CacheStoreServer(CacheStoreConfig.from_args(args))
+    port = server.start()
+    print(f"ragserve cachestore listening on {args.host}:{port}", flush=True)
     stop.wait()
     server.stop(grace=2.0)
     return 0

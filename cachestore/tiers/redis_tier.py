@@ -68,12 +68,13 @@ class RedisTier:
         for name in names:
             pipe.strlen(name)
             pipe.object("idletime", name)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)  # OBJECT IDLETIME fails under an LFU maxmemory-policy
         found = []
         for i, name in enumerate(names):
             key = self._parse(name.decode(errors="replace"))
-            if key is not None:
-                found.append((-(replies[2 * i + 1] or 0), key, replies[2 * i]))
+            size, idle = replies[2 * i], replies[2 * i + 1]
+            if key is not None and isinstance(size, int):
+                found.append((-idle if isinstance(idle, int) else 0, key, size))
         found.sort()
         self.index.fill(((key, size) for _, key, size in found), lambda key: self._redis.delete(self.rkey(key)))
         log.info("redis tier: %d blocks, %d bytes", len(self.index), self.index.used)
