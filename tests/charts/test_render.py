@@ -13,6 +13,7 @@ import re
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import yaml
 
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 NOT_IN_KUBERNETES_VALIDATE = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject", "HTTPRoute"}
@@ -86,6 +87,7 @@ def test_services_pdbs_and_policies_select_rendered_pods(manifests):
 def test_pods_are_locked_down(manifests):
     for w in workloads(manifests):
         pod = w["spec"]["template"]["spec"]
+        assert pod["enableServiceLinks"] is False  # else Service env vars named RAGSERVE_* would set flags
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for c in pod["containers"] + pod.get("initContainers", []):
@@ -158,3 +160,10 @@ def test_default_stack_is_the_local_stack(render):
     names = {d["metadata"]["name"] for d in workloads(docs)}
     assert names == {"rs-ragserve-router", "rs-ragserve-engine-default", "rs-ragserve-cachestore"}
     assert not of_kind(docs, "HorizontalPodAutoscaler") and not of_kind(docs, "ScaledObject")
+
+
+def test_release_named_like_the_chart(chart):
+    out = chart.render({"operator": {"enabled": True}}, name="ragserve", namespace="ai")
+    docs = [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    names = {d["metadata"]["name"] for d in workloads(docs)}
+    assert names == {"ragserve-router", "ragserve-engine-default", "ragserve-cachestore", "ragserve-operator"}

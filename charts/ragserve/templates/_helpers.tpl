@@ -60,7 +60,9 @@ ragserve.dev/pool: {{ (index . 1).name }}
 {{- (index . 1).pullPolicy | default (index . 0).Values.image.pullPolicy }}
 {{- end }}
 
+{{/* enableServiceLinks: off, or a Service named ragserve-* would inject RAGSERVE_* variables, which set flags. */}}
 {{- define "ragserve.podDefaults" -}}
+enableServiceLinks: false
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
