@@ -74,6 +74,10 @@ async def serve(cfg: RouterConfig) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
+    if cfg.k8s_selector:
+        from ragserve.router.k8s import PodWatcher, parse_selector
+
+        parse_selector(cfg.k8s_selector)  # a bad selector stops start-up with a clear error
     state = await make_state(cfg)
     metrics = RouterMetrics()
     pool = EnginePool(cfg, state, metrics)
@@ -98,8 +102,6 @@ async def serve(cfg: RouterConfig) -> int:
     await pool.probe_due()
     tasks = [asyncio.create_task(pool.run())]
     if cfg.k8s_selector:
-        from ragserve.router.k8s import PodWatcher
-
         tasks.append(asyncio.create_task(PodWatcher(cfg, pool).run()))
 
     def on_drain() -> None:
