@@ -105,7 +105,7 @@ def test_engine_values_reach_engine_flags(render, scenarios):
 def test_cluster_wiring_flags(render, scenarios):
     """Engines register with the router's Service and shard over every cachestore pod by DNS."""
     args = engine_args(render(scenarios["two-pools"]), "small")
-    assert args[args.index("--router") + 1] == "rs-ragserve-router.ai.svc.cluster.local:50051"
+    assert args[args.index("--router") + 1] == "rs-ragserve-router-registry.ai.svc.cluster.local:50051"
     assert args[args.index("--advertise-url") + 1] == "http://$(POD_IP):8000"
     stores = args[args.index("--cachestore") + 1].split(",")
     assert stores == [

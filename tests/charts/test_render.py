@@ -131,7 +131,7 @@ def test_monitors_and_routes_point_at_rendered_objects(manifests):
         targets = [
             s for s in services.values() if selects(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
         ]
-        assert targets, sm["metadata"]["name"]
+        assert len(targets) == 1, sm["metadata"]["name"]  # the HTTP / metrics Service, not the registry
         for endpoint in sm["spec"]["endpoints"]:
             assert endpoint["path"] == "/metrics"
             assert all(endpoint["port"] in {p["name"] for p in s["spec"]["ports"]} for s in targets)
@@ -146,6 +146,9 @@ def test_monitors_and_routes_point_at_rendered_objects(manifests):
         assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["spec"]["parentRefs"]
         for backend in (b for rule in route["spec"]["rules"] for b in rule["backendRefs"]):
             assert backend["port"] in {p["port"] for p in services[backend["name"]]["spec"]["ports"]}
+    for svc in services.values():
+        if svc["spec"]["type"] != "ClusterIP":  # only the HTTP API may leave the cluster
+            assert [p["name"] for p in svc["spec"]["ports"]] == ["http"], svc["metadata"]["name"]
     for rule in (r for pr in of_kind(manifests, "PrometheusRule") for g in pr["spec"]["groups"] for r in g["rules"]):
         assert rule["alert"].startswith("Ragserve") and rule["labels"]["severity"] in ("warning", "critical")
         assert re.fullmatch(r"[0-9]+[smh]", rule["for"]) and rule["expr"].count("(") == rule["expr"].count(")")

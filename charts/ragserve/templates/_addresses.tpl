@@ -7,7 +7,7 @@
 
 {{/* The router's gRPC registry, HOST:PORT, for `ragserve engine --router`. */}}
 {{- define "ragserve.routerRegistry" -}}
-{{- printf "%s:%d" (include "ragserve.svcHost" (list . (include "ragserve.component" (list . "router")))) (int .Values.router.grpcPort) }}
+{{- printf "%s:%d" (include "ragserve.svcHost" (list . (include "ragserve.component" (list . "router-registry")))) (int .Values.router.grpcPort) }}
 {{- end }}
 
 {{/* Every cachestore pod by its stable DNS name, comma-separated, for `ragserve engine --cachestore`. */}}
