@@ -24,7 +24,7 @@ from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 _DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _MESSAGE_SLACK = 64 * 1024  # framing and header room in a PutRequest
-PUT_MESSAGE_BYTES = 4 * 1024**2
+PUT_MESSAGE_BYTES = 1024**2
 
 
 @dataclass(frozen=True)
