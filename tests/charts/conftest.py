@@ -123,6 +123,7 @@ SCENARIOS: dict[str, dict] = {
                 "hosts": [{"host": "llm.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"}]}],
                 "tls": [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}],
             },
+            "service": {"type": "LoadBalancer"},
             "httpRoute": {
                 "enabled": True,
                 "parentRefs": [{"name": "gw", "namespace": "infra"}],
