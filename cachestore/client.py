@@ -22,7 +22,13 @@ from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# codes after which a replica is skipped for a backoff period (down, too slow, or refusing us)
+_DOWN = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+)
 _MESSAGE_SLACK = 64 * 1024  # framing and header room in a PutRequest
 PUT_MESSAGE_BYTES = 1024**2
 
