@@ -68,6 +68,7 @@ class BlockPool:
         self.cached: dict[bytes, KVCacheBlock] = {}
         self.enable_caching = enable_caching
         self.events: list[KVEvent] = []
+        self.record_events = False  # turned on by whoever publishes them
 
     @property
     def num_blocks(self) -> int:
@@ -99,7 +100,7 @@ class BlockPool:
             return
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
-            self.events.append(KVEvent("removed", [block.block_hash]))
+            self._event(KVEvent("removed", [block.block_hash]))
         block.block_hash = None
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
@@ -125,7 +126,7 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
-        self.events.append(KVEvent("stored", [block_hash], parent_hash))
+        self._event(KVEvent("stored", [block_hash], parent_hash))
 
     def reset_prefix_cache(self) -> bool:
         """Forget all hashes; only allowed when no block is in use."""
@@ -134,8 +135,12 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
-        self.events.append(KVEvent("cleared"))
+        self._event(KVEvent("cleared"))
         return True
+
+    def _event(self, event: KVEvent) -> None:
+        if self.record_events:
+            self.events.append(event)
 
     def take_events(self) -> list[KVEvent]:
         events, self.events = self.events, []

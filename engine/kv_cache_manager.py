@@ -110,6 +110,20 @@ class KVCacheManager:
             if block.block_hash is None:
                 self.pool.cache_full_block(block, hashes[i], hashes[i - 1] if i else None)
 
+    def pin(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        """Hold a reference on the cached prefix of `hashes` so eviction skips it (warm-up)."""
+        blocks = []
+        for h in hashes:
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            blocks.append(block)
+        self.pool.touch(blocks)
+        return blocks
+
+    def unpin(self, blocks: list[KVCacheBlock]) -> None:
+        self.pool.free_blocks(list(reversed(blocks)))
+
     def free(self, seq: Sequence) -> None:
         self.pool.free_blocks(list(reversed(seq.blocks)))
         seq.blocks = []

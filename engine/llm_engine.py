@@ -52,9 +52,20 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> Request:
+        req = self.make_request(request_id, prompt, params, priority, cache_salt)
+        self.submit(req)
+        return req
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Tokenize and validate without touching engine state (safe from any thread)."""
         params = params or SamplingParams()
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = self._validate(token_ids, params)
@@ -63,9 +74,13 @@ class LLMEngine:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
         req.needs_fork = params.n > 1 or params.use_beam_search
-        self.requests[request_id] = req
-        self.scheduler.add(req)
         return req
+
+    def submit(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         n = len(token_ids)
