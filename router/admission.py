@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ragserve.router.engines import GRPC, EngineRecord, TokenizerBlob
-
 from ragserve.keys import KEY_SCHEME, probe_hashes
+from ragserve.router.engines import GRPC, EngineRecord, TokenizerBlob
 from ragserve.tokenizer import PromptTokenizer
 from ragserve.v1 import registry_pb2
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from ragserve.router.auth import Authenticator, RateLimiter
 from ragserve.router.config import POLICIES, RouterConfig
 from ragserve.router.errors import RouterError, error_response
@@ -21,7 +23,6 @@ from ragserve.router.pool import EnginePool
 from ragserve.router.prompt import Tokenizers
 from ragserve.router.proxy import Proxy, Routed
 from ragserve.router.state import RouterState
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -164,7 +165,7 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
         if wanted not in POLICIES:
             raise RouterError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
         policy = wanted
-    key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat)
+    key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
     gw.metrics.routing_latency.observe(time.monotonic() - routed.started)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()

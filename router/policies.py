@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ from ragserve.router.engines import EngineRecord
 from ragserve.router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve.router.prompt import RoutingKey, prompt_bytes
 from ragserve.router.state import RouterState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,6 +106,13 @@ class Policies:
     async def _cached_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
         if not key.hashes:
             return {}
+        try:
+            return await self._lookup(key, cands)
+        except Exception as exc:  # shared state unreachable: route on load alone rather than fail
+            log.warning("KV index lookup failed, routing on load only: %s", exc)
+            return {}
+
+    async def _lookup(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
         with_events = [r.engine_id for r in cands if r.has_events] if key.exact else []
         exact = await self.state.match_exact(with_events, key.hashes) if with_events else {}
         ttl = {r.engine_id: self.cfg.approx_pending_ttl if r.has_events else self.cfg.approx_ttl for r in cands}

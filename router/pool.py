@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import GRPC, K8S, STATIC, EngineRecord, Load, ModelSpec
 from ragserve.router.metrics import RouterMetrics

@@ -15,14 +15,14 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from ragserve.keys import block_hashes, root_hash
 from ragserve.router.engines import ModelSpec
 from ragserve.router.state import RouterState
-
-from ragserve.keys import block_hashes, root_hash
 from ragserve.tokenizer import PromptTokenizer
 
 log = logging.getLogger(__name__)
 TEXT_CHUNK_BYTES = 64
+OFFLOAD_BYTES = 32 * 1024
 
 
 @dataclass
@@ -98,7 +98,11 @@ class Tokenizers:
             return self.cache[fingerprint]
         async with self._locks.setdefault(fingerprint, asyncio.Lock()):
             if fingerprint not in self.cache:
-                blob = await self.state.tokenizer(fingerprint)
+                try:
+                    blob = await self.state.tokenizer(fingerprint)
+                except Exception as exc:  # shared state down: route without token hashes for now
+                    log.warning("cannot fetch tokenizer %s: %s", fingerprint, exc)
+                    return None
                 if blob is None:
                     return None
                 tok = PromptTokenizer(blob.tokenizer_json, blob.chat_template, blob.special_tokens)
@@ -106,19 +110,35 @@ class Tokenizers:
                 self.cache[fingerprint] = tok
         return self.cache[fingerprint]
 
-    async def routing_key(self, spec: ModelSpec | None, model: str, body: dict, chat: bool) -> RoutingKey:
+    async def routing_key(
+        self, spec: ModelSpec | None, model: str, body: dict, chat: bool, size: int = 0
+    ) -> RoutingKey:
+        """Token block hashes when the model's tokenizer is known, else text-chunk hashes.
+
+        `size` is the request's byte size: large prompts are tokenized off the event loop.
+        """
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         tokenizer = await self.get(spec.tokenizer_fingerprint) if spec else None
         if spec and tokenizer:
-            try:
-                tokens = prompt_tokens(tokenizer, body, chat)
-            except (ValueError, TypeError, AttributeError) as exc:
-                log.debug("cannot tokenize request for routing: %s", exc)
-                tokens = None
-            if tokens is not None:
-                try:
-                    hashes = block_hashes(tokens, spec.block_size, root_hash(spec.model_id), cache_salt=salt)
-                except ValueError:
-                    hashes = []
-                return RoutingKey(hashes, spec.block_size, len(tokens))
+            args = (tokenizer, spec, body, chat, salt)
+            key = await asyncio.to_thread(token_key, *args) if size > OFFLOAD_BYTES else token_key(*args)
+            if key is not None:
+                return key
         return RoutingKey(text_hashes(prompt_bytes(body, chat), model, salt), 0)
+
+
+def token_key(
+    tokenizer: PromptTokenizer, spec: ModelSpec, body: dict, chat: bool, salt: str | None
+) -> RoutingKey | None:
+    try:
+        tokens = prompt_tokens(tokenizer, body, chat)
+    except (ValueError, TypeError, AttributeError) as exc:  # the engine will answer the client about it
+        log.debug("cannot tokenize request for routing: %s", exc)
+        return None
+    if tokens is None:
+        return None
+    try:
+        hashes = block_hashes(tokens, spec.block_size, root_hash(spec.model_id), cache_salt=salt)
+    except ValueError:  # token ids out of range: the engine rejects the request
+        hashes = []
+    return RoutingKey(hashes, spec.block_size, len(tokens))

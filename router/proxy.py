@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
+
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import EngineRecord
 from ragserve.router.errors import RouterError

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+
 from ragserve.router.engines import EngineRecord, Load, TokenizerBlob
 from ragserve.router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
 

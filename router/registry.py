@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
+
 from ragserve.router.admission import Refused, admit
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import Load
@@ -14,11 +16,27 @@ from ragserve.router.metrics import RouterMetrics
 from ragserve.router.pool import EnginePool
 from ragserve.router.prompt import Tokenizers
 from ragserve.router.state import RouterState, plan_events
-
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
 MISSED_HEARTBEATS = 3
+UNAVAILABLE = "router state (Redis) is unavailable; retry"
+
+
+def state_errors_unavailable(method):
+    """A shared-state failure becomes UNAVAILABLE (engines retry), not an opaque UNKNOWN."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.warning("%s failed: %s", method.__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, UNAVAILABLE)
+
+    return wrapper
 
 
 class RegistryServicer(registry_pb2_grpc.RegistryServicer):
@@ -32,6 +50,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         self.metrics = metrics
         self.ttl_s = MISSED_HEARTBEATS * cfg.heartbeat_interval_ms / 1000
 
+    @state_errors_unavailable
     async def Register(self, request: registry_pb2.RegisterRequest, context) -> registry_pb2.RegisterResponse:
         live = await self.state.engines()
         try:
@@ -59,6 +78,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             router_id=self.cfg.router_id, resume_from_seq=seq, heartbeat_interval_ms=self.cfg.heartbeat_interval_ms
         )
 
+    @state_errors_unavailable
     async def Heartbeat(self, request: registry_pb2.HeartbeatRequest, context) -> registry_pb2.HeartbeatResponse:
         load = Load(
             num_running=request.load.num_running,
@@ -74,6 +94,16 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.HeartbeatResponse(known=known)
 
     async def StreamKVEvents(self, request_iterator, context):
+        try:
+            async for ack in self._apply_batches(request_iterator, context):
+                yield ack
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.warning("StreamKVEvents failed: %s", exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, UNAVAILABLE)
+
+    async def _apply_batches(self, request_iterator, context):
         async for batch in request_iterator:
             engine_id = batch.engine_id
             if not await self.state.is_registered(engine_id):
@@ -88,6 +118,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
                     self.metrics.kv_events.labels(op.kind).inc()
             yield registry_pb2.KVEventAck(acked_seq=new_seq)
 
+    @state_errors_unavailable
     async def Deregister(self, request: registry_pb2.DeregisterRequest, context) -> registry_pb2.DeregisterResponse:
         if await self.state.drop(request.engine_id):
             log.info("engine %s deregistered: %s", request.engine_id, request.reason or "no reason given")

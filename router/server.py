@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 from grpc_health.v1 import health_pb2
+
 from ragserve.router.app import Gateway, create_app
 from ragserve.router.auth import Authenticator, RateLimiter, parse_keys_file
 from ragserve.router.config import RouterConfig

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragserve.router.engines import EngineRecord, Load, TokenizerBlob
-
 from ragserve.v1 import registry_pb2
 
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import kmock
 import pytest
+
 from ragserve.router.k8s import matches, parse_selector, pod_engine
 
 NS = "ragserve"

@@ -6,6 +6,7 @@ import hashlib
 from collections import Counter
 
 import pytest
+
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import STATIC, EngineRecord
 from ragserve.router.hashring import bounded_order, ring_order

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import httpx
+import pytest
 
 DOCS = [" ".join(f"shared{d}-item{i}" for i in range(150)) for d in range(4)]
 
@@ -56,3 +57,25 @@ def test_router_refuses_to_start_without_its_redis(cluster, port):
     out = router.output()
     assert f"cannot reach Redis at redis://:***@127.0.0.1:{port}/0" in out
     assert "secret" not in out and "Traceback" not in out
+
+
+def test_losing_redis_degrades_routing_but_never_fails_requests(cluster, until):
+    import grpc
+
+    from ragserve.v1 import registry_pb2, registry_pb2_grpc
+
+    redis = cluster.redis()
+    router = cluster.router("--redis", redis, "--heartbeat-interval-ms", "300", "--redis-prefix", "t2:")
+    cluster.engine("deg-0", router=router)
+    until(lambda: engines(router) == 1, message="engine registered")
+    assert post(router, rag(0, "before")).status_code == 200
+    next(p for p in cluster.procs if p.name == "redis").stop(signal.SIGKILL)
+    for i in range(3):  # the last known engines keep serving; routing falls back to load
+        resp = post(router, rag(0, f"after {i}"))
+        assert resp.headers["x-ragserve-engine"] == "deg-0"
+    with grpc.insecure_channel(router.grpc) as channel:
+        stub = registry_pb2_grpc.RegistryStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Heartbeat(registry_pb2.HeartbeatRequest(engine_id="deg-0"), timeout=20)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "Redis" in info.value.details()
+    assert "Traceback" not in router.output()

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 import pytest_asyncio
+
 from ragserve.router.engines import EngineRecord, Load, TokenizerBlob
 from ragserve.router.memory_state import MemoryState
 from ragserve.router.redis_state import RedisState
 from ragserve.router.state import CLEARED, REMOVED, STORED, KVOp, plan_events
-
 from ragserve.v1 import registry_pb2
 
 BLOB = TokenizerBlob('{"fake": "tokenizer"}', "{{ messages }}", {"eos_token": "</s>"})
