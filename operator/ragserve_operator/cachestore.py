@@ -1,0 +1,97 @@
+"""The cachestore: a StatefulSet running `ragserve cachestore` (stable pod names: engines shard over
+them by rendezvous hashing) and its headless Service."""
+
+from __future__ import annotations
+
+import math
+
+from ragserve.config import parse_bytes
+from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
+from ragserve_operator.pods import container, pod_template, redis_args, redis_url_env
+from ragserve_operator.spec import RAGServeSpec
+
+DATA_DIR = "/data"
+GIB = 1024**3
+
+
+def disk_quantity(disk: str) -> str:
+    """Volume size for a disk budget, with 10% headroom for the filesystem and files in flight."""
+    return f"{math.ceil(parse_bytes(disk) * 1.1 / GIB)}Gi"
+
+
+def cachestore_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
+    cs = spec.cachestore
+    args = ["cachestore", "--host", "0.0.0.0", "--port", str(cs["port"]), "--memory", cs["memory"]]
+    if cs["disk"]:
+        args += ["--disk-dir", DATA_DIR, "--disk", cs["disk"]]
+    if cs["redisTier"]:
+        args += redis_args(owner, spec, db=1)
+    if cs.get("maxMessageBytes"):
+        args += ["--max-message-bytes", str(cs["maxMessageBytes"])]
+    return args + ["--metrics-port", str(CACHESTORE_METRICS_PORT)]
+
+
+def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
+    cs = spec.cachestore
+    name = owner.child("cachestore")
+    mounts = [{"name": "data", "mountPath": DATA_DIR}] if cs["disk"] else []
+    volumes, claims = [], []
+    if cs["disk"] and cs.get("storageClassName"):
+        claims.append(
+            {
+                "metadata": {"name": "data", "labels": owner.selector("cachestore")},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": cs["storageClassName"],
+                    "resources": {"requests": {"storage": disk_quantity(cs["disk"])}},
+                },
+            }
+        )
+    elif cs["disk"]:
+        volumes.append({"name": "data", "emptyDir": {"sizeLimit": disk_quantity(cs["disk"])}})
+    grpc_probe = {"grpc": {"port": cs["port"]}, "periodSeconds": 10, "failureThreshold": 3}
+    store = container(
+        "cachestore",
+        spec.image,
+        cachestore_args(owner, spec),
+        cs,
+        env=redis_url_env(spec) if cs["redisTier"] else [],
+        mounts=mounts,
+        ports=[
+            {"name": "grpc", "containerPort": cs["port"], "protocol": "TCP"},
+            {"name": "metrics", "containerPort": CACHESTORE_METRICS_PORT, "protocol": "TCP"},
+        ],
+        livenessProbe=grpc_probe,
+        readinessProbe={**grpc_probe, "periodSeconds": 5},
+    )
+    pod = {"part": cs, "containers": [store], "volumes": volumes, "terminationGracePeriodSeconds": 30}
+    body = {
+        "replicas": cs["replicas"],
+        "serviceName": owner.child("cachestore-headless"),
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": owner.selector("cachestore")},
+        "template": pod_template(owner, spec, "cachestore", None, pod),
+    }
+    if claims:
+        body["volumeClaimTemplates"] = claims
+    metadata = owner.metadata(name, "cachestore")
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata, "spec": body}
+
+
+def cachestore_service(owner: Owner, spec: RAGServeSpec) -> dict:
+    """Headless, publishing not-ready pods too: shard addresses resolve from the start."""
+    port = spec.cachestore["port"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(owner.child("cachestore-headless"), "cachestore"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": owner.selector("cachestore"),
+            "ports": [
+                {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": CACHESTORE_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }

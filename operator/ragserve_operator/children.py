@@ -1,0 +1,49 @@
+"""Everything one RAGServe owns, as desired manifests (pure: spec in, objects out)."""
+
+from __future__ import annotations
+
+from ragserve_operator.cachestore import cachestore_service, cachestore_statefulset
+from ragserve_operator.engines import cachestore_addresses, engine_deployment, engine_service, pool_replicas
+from ragserve_operator.names import Owner
+from ragserve_operator.redis import redis_configmap, redis_deployment, redis_service
+from ragserve_operator.router import router_deployment, router_service
+from ragserve_operator.scaling import engine_hpa, engine_scaledobject
+from ragserve_operator.spec import RAGServeSpec
+
+# kinds the operator creates, and so may prune
+OWNED_KINDS = ("Deployment", "StatefulSet", "Service", "ConfigMap", "HorizontalPodAutoscaler", "ScaledObject")
+
+
+def endpoints_configmap(owner: Owner, spec: RAGServeSpec) -> dict:
+    """In-cluster addresses, for apps to `envFrom` (OPENAI_BASE_URL works with the openai SDK as is)."""
+    router = owner.host(owner.child("router"))
+    data = {
+        "OPENAI_BASE_URL": f"http://{router}:{spec.router['port']}/v1",
+        "RAGSERVE_ROUTER_URL": f"http://{router}:{spec.router['port']}",
+        "RAGSERVE_ROUTER": f"{router}:{spec.router['grpcPort']}",
+    }
+    if addresses := cachestore_addresses(owner, spec):
+        data["RAGSERVE_CACHESTORE"] = ",".join(addresses)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.metadata(owner.child("endpoints"), "endpoints"),
+        "data": data,
+    }
+
+
+def desired_children(owner: Owner, spec: RAGServeSpec, live_replicas: dict[str, int | None]) -> list[dict]:
+    """live_replicas: engine Deployment name -> its current spec.replicas (None when it does not exist)."""
+    out = [endpoints_configmap(owner, spec), router_deployment(owner, spec), router_service(owner, spec)]
+    for pool in spec.pools:
+        replicas = pool_replicas(spec, pool, live_replicas.get(owner.child("engine", pool.name)))
+        out += [engine_deployment(owner, spec, pool, replicas), engine_service(owner, pool)]
+        if spec.autoscaling["mode"] == "hpa":
+            out.append(engine_hpa(owner, spec, pool))
+        elif spec.autoscaling["mode"] == "keda":
+            out.append(engine_scaledobject(owner, spec, pool))
+    if spec.cachestore["enabled"]:
+        out += [cachestore_statefulset(owner, spec), cachestore_service(owner, spec)]
+    if spec.redis["mode"] == "inCluster":
+        out += [redis_configmap(owner, spec), redis_deployment(owner, spec), redis_service(owner)]
+    return out

@@ -1,0 +1,58 @@
+"""`ragserve operator`: run the RAGServe operator (kopf, in-process)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from importlib import resources
+
+from ragserve.config import add_flag
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--namespace", default="", help="watch RAGServes in these namespaces (comma-separated; globs ok)")
+    add_flag(parser, "--all-namespaces", action="store_true", help="watch RAGServes in every namespace")
+    add_flag(
+        parser,
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="liveness endpoint URL, empty to disable",
+    )
+    add_flag(parser, "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
+    add_flag(parser, "--peering", default=None, help="kopf peering name to run several replicas (default: standalone)")
+    add_flag(parser, "--verbose", action="store_true", help="debug logging")
+    add_flag(parser, "--print-crd", action="store_true", help="print the RAGServe CRD (YAML) and exit")
+
+
+def namespaces_of(args: argparse.Namespace) -> list[str]:
+    namespaces = [n.strip() for n in (args.namespace or "").split(",") if n.strip()]
+    if bool(namespaces) == bool(args.all_namespaces):
+        raise ValueError("choose either --namespace NS[,NS...] or --all-namespaces")
+    return namespaces
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.print_crd:
+        sys.stdout.write(resources.files("ragserve_operator").joinpath("crd.yaml").read_text())
+        return 0
+    namespaces = namespaces_of(args)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # read by kopf's login and by our client alike
+    import kopf
+
+    import ragserve_operator.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=namespaces,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0

@@ -1,0 +1,104 @@
+"""Pod-template pieces every component shares (the chart's defaults: non-root, read-only root fs)."""
+
+from __future__ import annotations
+
+from ragserve import __version__
+from ragserve_operator.names import Owner
+from ragserve_operator.spec import Image, RAGServeSpec
+
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# Writable scratch for a read-only root filesystem: /tmp and /cache.
+SCRATCH_ENV = [
+    {"name": "HOME", "value": "/tmp"},
+    {"name": "RAGSERVE_CACHE_DIR", "value": "/cache/ragserve"},
+    {"name": "XDG_CACHE_HOME", "value": "/cache"},
+]
+SCRATCH_MOUNTS = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/cache"}]
+SCRATCH_VOLUMES = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+
+
+def http_probe(path: str, period: int, failures: int, timeout: int = 3) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def resources(raw: dict | None, extra_limits: dict[str, str] | None = None) -> dict:
+    """Quantities as strings (what the API server returns), so drift checks compare like with like."""
+    out = {kind: {k: str(v) for k, v in (raw or {}).get(kind, {}).items()} for kind in ("requests", "limits")}
+    if extra_limits:
+        out["limits"].update(extra_limits)
+        out["requests"].update(extra_limits)
+    return {k: v for k, v in out.items() if v}
+
+
+def container(
+    name: str,
+    image: Image,
+    args: list[str],
+    part: dict,
+    env: list[dict] | None = None,
+    limits: dict[str, str] | None = None,
+    mounts: list[dict] | None = None,
+    **fields,
+) -> dict:
+    """A ragserve container: `ragserve <args>` with the scratch mounts and the part's env/resources."""
+    return {
+        "name": name,
+        "image": image.ref(__version__),
+        "imagePullPolicy": image.pull_policy,
+        "command": ["ragserve"],
+        "args": args + list(part.get("extraArgs", [])),
+        "env": (env or []) + SCRATCH_ENV + list(part.get("env", [])),
+        "resources": resources(part.get("resources"), limits),
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": SCRATCH_MOUNTS + (mounts or []),
+        **fields,
+    }
+
+
+def pod_template(owner: Owner, spec: RAGServeSpec, component: str, pool: str | None, pod: dict) -> dict:
+    """A pod template: selector labels, security context, scheduling from the part's settings."""
+    part = pod.pop("part")
+    out = {
+        "securityContext": POD_SECURITY,
+        "volumes": SCRATCH_VOLUMES + pod.pop("volumes", []),
+        **pod,
+    }
+    if spec.image_pull_secrets:
+        out["imagePullSecrets"] = spec.image_pull_secrets
+    for key in ("nodeSelector", "tolerations"):
+        if part.get(key):
+            out[key] = part[key]
+    return {"metadata": {"labels": owner.selector(component, pool)}, "spec": out}
+
+
+def redis_url_env(spec: RAGServeSpec) -> list[dict]:
+    """RAGSERVE_REDIS from a Secret (a URL with a password stays out of the pod spec)."""
+    secret = spec.redis.get("urlSecret")
+    if spec.redis["mode"] != "external" or not secret or spec.redis.get("url"):
+        return []
+    ref = {"name": secret["name"], "key": secret["key"]}
+    return [{"name": "RAGSERVE_REDIS", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def redis_args(owner: Owner, spec: RAGServeSpec, db: int) -> list[str]:
+    if spec.redis["mode"] == "inCluster":
+        return ["--redis", f"redis://{owner.host(owner.child('redis'))}:6379/{db}"]
+    if spec.redis["mode"] == "external" and spec.redis.get("url"):
+        return ["--redis", spec.redis["url"]]
+    return []

@@ -1,0 +1,81 @@
+"""One reconcile pass for a RAGServe: validate, apply the children, prune, write the status."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+
+from ragserve_operator.apply import Emit, NotOwnedError, apply_all, contains, prune
+from ragserve_operator.children import OWNED_KINDS, desired_children
+from ragserve_operator.kube import Kube, KubeError
+from ragserve_operator.names import Owner
+from ragserve_operator.spec import RAGServeSpec, SpecError, parse_spec
+from ragserve_operator.status import WORKLOADS, component, degraded_status, healthy_status
+
+log = logging.getLogger(__name__)
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def lock_for(owner: Owner) -> threading.Lock:
+    """Child events and RAGServe events reconcile the same object from different threads: one at a time."""
+    with _locks_guard:
+        return _locks[(owner.namespace, owner.name)]
+
+
+def _clean(value):
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def write_status(kube: Kube, owner: Owner, previous: dict, status: dict) -> None:
+    status = _clean(status)
+    if not contains(previous, status):
+        kube.patch("RAGServe", owner.namespace, owner.name, {"status": status}, sub="status")
+
+
+def apply_spec(kube: Kube, owner: Owner, spec: RAGServeSpec, emit: Emit) -> list:
+    names = [owner.child("engine", pool.name) for pool in spec.pools]
+    fetched = {("Deployment", name): kube.get("Deployment", owner.namespace, name) for name in names}
+    live_replicas = {name: (obj or {}).get("spec", {}).get("replicas") for (_, name), obj in fetched.items()}
+    desired = desired_children(owner, spec, live_replicas)
+    applied = apply_all(kube, owner, desired, emit, fetched)
+    prune(kube, owner, desired, OWNED_KINDS, emit)
+    return [component(obj) for (kind, _), obj in applied.live.items() if kind in WORKLOADS]
+
+
+def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], Emit]) -> dict | None:
+    """Reconcile the RAGServe as stored now (read under the lock: events queue up behind each other).
+    Returns the status written, None if it is gone. Invalid specs and API refusals end as a Degraded
+    status, not an exception."""
+    with lock_for(Owner(name, namespace, "")):
+        body = kube.get("RAGServe", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        owner, emit = Owner.of(body), emitter(body)
+        generation = body["metadata"].get("generation")
+        previous = body.get("status") or {}
+        try:
+            spec = parse_spec(body.get("spec"), owner.name)
+            status = healthy_status(previous, generation, apply_spec(kube, owner, spec, emit))
+        except SpecError as exc:
+            status = degraded_status(previous, generation, "InvalidSpec", f"invalid spec: {exc}")
+        except (KubeError, NotOwnedError) as exc:
+            log.warning("reconcile %s/%s failed: %s", owner.namespace, owner.name, exc)
+            status = degraded_status(previous, generation, "ApplyFailed", str(exc))
+        _announce(previous, status, emit)
+        write_status(kube, owner, previous, status)
+    return status
+
+
+def _announce(previous: dict, status: dict, emit: Emit) -> None:
+    """An Event when the phase changes, or when the reason for being Degraded does."""
+    if status["phase"] == "Degraded":
+        if status["message"] != previous.get("message") or previous.get("phase") != "Degraded":
+            reason = next(c["reason"] for c in status["conditions"] if c["type"] == "Degraded")
+            emit("Warning", reason, status["message"])
+    elif status["phase"] != previous.get("phase"):
+        emit("Normal", status["phase"], status["message"])

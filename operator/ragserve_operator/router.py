@@ -1,0 +1,72 @@
+"""The router: a Deployment running `ragserve router` and its Service (HTTP API + gRPC registry)."""
+
+from __future__ import annotations
+
+from ragserve_operator.names import Owner
+from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env
+from ragserve_operator.spec import RAGServeSpec
+
+API_KEYS_DIR = "/etc/ragserve/api-keys"
+
+
+def router_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
+    r = spec.router
+    args = ["router", "--host", "0.0.0.0", "--port", str(r["port"]), "--grpc-port", str(r["grpcPort"])]
+    args += ["--policy", r["policy"]] + redis_args(owner, spec, db=0)
+    if secret := r.get("apiKeySecret"):
+        args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
+    if r.get("maxBodyBytes"):
+        args += ["--max-body-bytes", str(r["maxBodyBytes"])]
+    return args
+
+
+def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
+    r = spec.router
+    volumes, mounts = [], []
+    if secret := r.get("apiKeySecret"):
+        volumes.append({"name": "api-keys", "secret": {"secretName": secret["name"], "defaultMode": 0o440}})
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+    router = container(
+        "router",
+        spec.image,
+        router_args(owner, spec),
+        r,
+        env=redis_url_env(spec),
+        mounts=mounts,
+        ports=[
+            {"name": "http", "containerPort": r["port"], "protocol": "TCP"},
+            {"name": "grpc", "containerPort": r["grpcPort"], "protocol": "TCP"},
+        ],
+        startupProbe=http_probe("/health", 2, 60),
+        livenessProbe=http_probe("/health", 10, 3, timeout=5),
+        readinessProbe=http_probe("/ready", 5, 2),
+    )
+    pod = {"part": r, "containers": [router], "volumes": volumes, "terminationGracePeriodSeconds": 60}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(owner.child("router"), "router"),
+        "spec": {
+            "replicas": r["replicas"],
+            "selector": {"matchLabels": owner.selector("router")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": pod_template(owner, spec, "router", None, pod),
+        },
+    }
+
+
+def router_service(owner: Owner, spec: RAGServeSpec) -> dict:
+    r = spec.router
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(owner.child("router"), "router"),
+        "spec": {
+            "type": r["serviceType"],
+            "selector": owner.selector("router"),
+            "ports": [
+                {"name": "http", "port": r["port"], "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": r["grpcPort"], "targetPort": "grpc", "protocol": "TCP"},
+            ],
+        },
+    }

@@ -1,0 +1,88 @@
+"""autoscaling.mode hpa / keda: an HPA (custom metrics from prometheus-adapter) or a KEDA ScaledObject
+(Prometheus triggers) per engine pool, with the same targets and stabilization windows."""
+
+from __future__ import annotations
+
+from ragserve_operator.names import Owner
+from ragserve_operator.spec import Pool, RAGServeSpec
+
+# metric -> (CRD target key, Prometheus name, custom-metrics name as prometheus-adapter serves it)
+METRICS = [
+    ("targetWaitingRequests", "vllm:num_requests_waiting", "vllm_num_requests_waiting"),
+    ("targetRunningRequests", "vllm:num_requests_running", "vllm_num_requests_running"),
+    ("targetKVCacheUsage", "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc"),
+]
+
+
+def quantity(value: float) -> str:
+    """4 -> "4", 0.8 -> "800m" (a Kubernetes quantity)."""
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def behavior(a: dict) -> dict:
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": a["scaleUpStabilizationSeconds"]},
+        "scaleDown": {"stabilizationWindowSeconds": a["scaleDownStabilizationSeconds"]},
+    }
+
+
+def _target_ref(owner: Owner, pool: Pool) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.child("engine", pool.name)}
+
+
+def engine_hpa(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
+    a = spec.autoscaling
+    metrics = [
+        {
+            "type": "Pods",
+            "pods": {"metric": {"name": adapter}, "target": {"type": "AverageValue", "averageValue": quantity(a[key])}},
+        }
+        for key, _, adapter in METRICS
+        if a.get(key) is not None
+    ]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": owner.metadata(owner.child("engine", pool.name), "engine", pool.name),
+        "spec": {
+            "scaleTargetRef": _target_ref(owner, pool),
+            "minReplicas": pool.raw["minReplicas"],
+            "maxReplicas": pool.raw["maxReplicas"],
+            "metrics": metrics,
+            "behavior": behavior(a),
+        },
+    }
+
+
+def engine_scaledobject(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
+    a = spec.autoscaling
+    deployment = owner.child("engine", pool.name)
+    # Deployment pods are <deployment>-<replicaset hash>-<pod hash>; Prometheus regexes are anchored
+    selector = f'namespace="{owner.namespace}",pod=~"{deployment}-[a-z0-9]+-[a-z0-9]+"'
+    triggers = [
+        {
+            "type": "prometheus",
+            "name": adapter,
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": a["prometheusAddress"],
+                "query": f"sum({prom}{{{selector}}})",
+                "threshold": str(a[key]),
+            },
+        }
+        for key, prom, adapter in METRICS
+        if a.get(key) is not None
+    ]
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": owner.metadata(deployment, "engine", pool.name),
+        "spec": {
+            "scaleTargetRef": {"name": deployment},
+            "pollingInterval": a["intervalSeconds"],
+            "minReplicaCount": pool.raw["minReplicas"],
+            "maxReplicaCount": pool.raw["maxReplicas"],
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(a)}},
+            "triggers": triggers,
+        },
+    }

@@ -1,0 +1,174 @@
+"""The RAGServe spec: CRD schema defaults and validation (the same schema the API server enforces),
+the cross-field rules the CRD states in CEL, and typed views of the result."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ragserve.config import parse_bytes
+
+GROUP = "ragserve.dev"
+VERSION = "v1alpha1"
+PLURAL = "ragserves"
+KIND = "RAGServe"
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME = 31  # children are named <name>-engine-<pool> (pool <= 24): DNS labels stay <= 63
+
+# Mirrors of the CRD's x-kubernetes-validations (same messages; test_crd checks they match).
+CROSS_FIELD_RULES: list[tuple[str, Any]] = [
+    (
+        "router.replicas > 1 needs shared state: set redis.mode to inCluster or external",
+        lambda s: s["router"]["replicas"] <= 1 or s["redis"]["mode"] != "off",
+    ),
+    (
+        "cachestore.redisTier needs a Redis: set redis.mode to inCluster or external",
+        lambda s: not s["cachestore"]["redisTier"] or s["redis"]["mode"] != "off",
+    ),
+    (
+        "redis.mode external needs redis.url or redis.urlSecret",
+        lambda s: s["redis"]["mode"] != "external" or "url" in s["redis"] or "urlSecret" in s["redis"],
+    ),
+]
+POOL_RULES: list[tuple[str, Any]] = [
+    ("minReplicas must be <= maxReplicas", lambda p: p["minReplicas"] <= p["maxReplicas"]),
+]
+
+
+class SpecError(ValueError):
+    """An invalid RAGServe spec; the message says what to fix."""
+
+
+@functools.cache
+def crd() -> dict:
+    return yaml.safe_load(resources.files(__package__).joinpath("crd.yaml").read_text())
+
+
+def spec_schema() -> dict:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def apply_defaults(schema: dict, value: Any) -> Any:
+    """Fill `default`s the way the API server does (nested defaults apply inside defaulted objects)."""
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                apply_defaults(sub, value[key])
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            apply_defaults(schema["items"], item)
+    return value
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    out = "spec"
+    for part in error.absolute_path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def check_name(name: str) -> None:
+    if len(name) > MAX_NAME or not NAME_RE.match(name):
+        raise SpecError(
+            f"metadata.name {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters "
+            "(it prefixes the names of the children)"
+        )
+
+
+def validated(raw: dict | None) -> dict:
+    """Defaulted copy of a raw spec, or SpecError listing every problem."""
+    spec = apply_defaults(spec_schema(), copy.deepcopy(dict(raw or {})))
+    validator = jsonschema.Draft4Validator(spec_schema())
+    problems = [f"{_path(e)}: {e.message}" for e in sorted(validator.iter_errors(spec), key=str)]
+    if not problems:
+        problems += [message for message, ok in CROSS_FIELD_RULES if not ok(spec)]
+        for i, pool in enumerate(spec["engines"]):
+            problems += [f"spec.engines[{i}]: {message}" for message, ok in POOL_RULES if not ok(pool)]
+        names = [pool["name"] for pool in spec["engines"]]
+        problems += [f"spec.engines: pool name {n!r} is used twice" for n in sorted(set(names)) if names.count(n) > 1]
+        problems += _size_problems(spec)
+    if problems:
+        raise SpecError("; ".join(problems))
+    return spec
+
+
+def _size_problems(spec: dict) -> list[str]:
+    cs = spec["cachestore"]
+    sizes = [("spec.cachestore.memory", cs["memory"]), ("spec.cachestore.disk", cs["disk"])]
+    for i, pool in enumerate(spec["engines"]):
+        sizes.append((f"spec.engines[{i}].engine.kvCacheMemory", pool["engine"].get("kvCacheMemory")))
+    out = []
+    for where, text in sizes:
+        try:
+            if text:
+                parse_bytes(text)
+        except argparse.ArgumentTypeError as exc:
+            out.append(f"{where}: {exc}")
+    return out
+
+
+@dataclass(frozen=True)
+class Image:
+    repository: str
+    tag: str
+    pull_policy: str
+
+    def ref(self, default_tag: str) -> str:
+        return f"{self.repository}:{self.tag or default_tag}"
+
+
+def _image(raw: dict, fallback: Image | None = None) -> Image:
+    base = fallback or Image("", "", "IfNotPresent")
+    return Image(
+        raw.get("repository", base.repository), raw.get("tag", base.tag), raw.get("pullPolicy", base.pull_policy)
+    )
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    model: str
+    image: Image
+    raw: dict = field(repr=False)  # the defaulted pool, for pass-through fields (resources, env, ...)
+
+    @property
+    def engine_flags(self) -> dict[str, Any]:
+        return self.raw["engine"]
+
+
+@dataclass(frozen=True)
+class RAGServeSpec:
+    image: Image
+    pools: list[Pool]
+    router: dict
+    cachestore: dict
+    redis: dict
+    autoscaling: dict
+    image_pull_secrets: list[dict]
+
+
+def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
+    if name is not None:
+        check_name(name)
+    spec = validated(raw)
+    engine_image = _image(spec["engineImage"])
+    pools = [Pool(p["name"], p["model"], _image(p.get("image", {}), engine_image), p) for p in spec["engines"]]
+    return RAGServeSpec(
+        image=_image(spec["image"]),
+        pools=pools,
+        router=spec["router"],
+        cachestore=spec["cachestore"],
+        redis=spec["redis"],
+        autoscaling=spec["autoscaling"],
+        image_pull_secrets=spec.get("imagePullSecrets", []),
+    )

@@ -1,0 +1,215 @@
+"""An in-memory Kubernetes API (kmock) on loopback, and the operator as a real subprocess against it.
+
+kmock's emulator stores objects and streams watch events but is no API server; KubeSim adds the few
+server behaviours the operator relies on: uid / creationTimestamp / generation / resourceVersion,
+generation bumps on spec changes, generateName, the namespace from the URL, and listing the
+cluster-scoped namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import kmock
+import pytest
+import pytest_asyncio
+from kmock._internal import dicts as kmock_dicts
+from kmock._internal import parsing as kmock_parsing
+
+from ragserve_operator.spec import GROUP, PLURAL, VERSION
+
+NS = "rs-test"
+RAGSERVES = f"{GROUP}/{VERSION}/{PLURAL}"
+_parse_path = kmock_parsing.parse_path
+
+
+def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
+    # kmock reads /api/v1/namespaces as "namespace <missing>": it is the cluster-scoped list of namespaces
+    if path.rstrip("/") == "/api/v1/namespaces":
+        return kmock_parsing.ParsedPath(group="", version="v1", plural="namespaces")
+    return _parse_path(path)
+
+
+class KubeSim(kmock.KubernetesEmulator):
+    namespace = NS
+    _version = 0
+
+    def obj(self, resource: str | kmock.resource, name: str, namespace: str = NS) -> dict | None:
+        """The stored object (e.g. obj("apps/v1/deployments", "x")), None if absent or deleted."""
+        key = (kmock.resource(resource), namespace, name)
+        return None if key not in self.objects or self.objects[key].deleted else self.objects[key].raw
+
+    def events(self) -> list[dict]:
+        return [o.raw for (r, _, _), o in self.objects.items() if r == "v1/events" and not o.deleted]
+
+    async def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        async with self.request(method, path, json=body) as response:
+            assert response.status < 300, await response.text()
+            return await response.json()
+
+    async def _handle(self, request: kmock.Request):
+        data = request.data
+        if request.resource is not None and request.action == kmock.action.UPDATE and isinstance(data, list):
+            # a JSON patch (kopf's, guarded by a "test" of resourceVersion): 422 on a stale version, as the
+            # API server answers, else apply it and bump the version
+            self._check_version(request, data)
+            data.append({"op": "add", "path": "/metadata/resourceVersion", "value": self._next_version()})
+        elif request.resource is not None and isinstance(data, dict):
+            if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+                data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+            if request.action == kmock.action.CREATE:
+                meta = data.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:6]
+                if request.namespace:
+                    meta.setdefault("namespace", request.namespace)
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).isoformat())
+            elif request.action == kmock.action.UPDATE and request.subresource is None and "spec" in data:
+                self._bump_generation(request, data)
+        return await super()._handle(request)
+
+    def _check_version(self, request: kmock.Request, ops: list) -> None:
+        live = self.obj(request.resource, request.name, request.namespace) or {}
+        current = live.get("metadata", {}).get("resourceVersion")
+        for op in ops:
+            if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion" and op["value"] != current:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message="resourceVersion changed")
+
+    def _next_version(self) -> str:
+        KubeSim._version += 1
+        return str(KubeSim._version)
+
+    def _bump_generation(self, request: kmock.Request, data: dict) -> None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        live = self.objects[key].raw
+        merged = kmock_dicts.patch_dict(copy.deepcopy(live), data)
+        if merged.get("spec") != live.get("spec"):
+            data.setdefault("metadata", {})["generation"] = live.get("metadata", {}).get("generation", 1) + 1
+
+
+def kubeconfig(url: str, path: Path) -> Path:
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: sim, cluster: {{server: "{url}"}}}}]
+users: [{{name: sim, user: {{token: test-token}}}}]
+contexts: [{{name: sim, context: {{cluster: sim, user: sim, namespace: {NS}}}}}]
+current-context: sim
+"""
+    )
+    return path
+
+
+@pytest_asyncio.fixture
+async def kube(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeSim]:
+    monkeypatch.setattr(kmock_parsing, "parse_path", _parse_path_fixed)
+    async with KubeSim() as sim, kmock.Server(sim):
+        sim.resources.load_bundled()
+        verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+        sim.resources[RAGSERVES] = kmock.ResourceInfo(
+            kind="RAGServe", singular="ragserve", namespaced=True, subresources={"status"}, verbs=verbs
+        )
+        sim.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+            kind="ScaledObject", singular="scaledobject", namespaced=True, verbs=verbs
+        )
+        async with sim.post("/api/v1/namespaces", json={"metadata": {"name": NS}}) as response:
+            assert response.status < 300
+        yield sim
+
+
+async def start_operator(sim: KubeSim, tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
+    config = kubeconfig(str(sim.url).rstrip("/"), tmp_path / "kubeconfig.yaml")
+    args = [
+        "operator",
+        "--namespace",
+        NS,
+        "--kubeconfig",
+        str(config),
+        "--liveness",
+        f"http://127.0.0.1:{port}/healthz",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") and k != "KUBECONFIG"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragserve.cli", *args, *extra],
+        env=env,
+        stdout=open(tmp_path / "operator.log", "w"),  # noqa: SIM115  (closed with the process)
+        stderr=subprocess.STDOUT,
+    )
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest_asyncio.fixture
+async def operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterator[subprocess.Popen]:
+    proc = await start_operator(kube, tmp_path, port)
+    try:
+        await _eventually(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
+        # kmock's watches ignore resourceVersion (events between a list and its watch are lost): wait for them
+        await _eventually(lambda: _watching(kube), timeout=60, what="the operator's watch streams")
+        yield proc
+    finally:
+        stop(proc)
+        log = (tmp_path / "operator.log").read_text()
+        print(log[-20000:])
+
+
+WATCHED = ("ragserves", "deployments", "statefulsets", "services", "configmaps")
+
+
+def _watching(sim: KubeSim) -> bool:
+    watched = {str(r.url.path).rsplit("/", 1)[-1] for r in sim._requests if r.params.get("watch") == "true"}
+    return set(WATCHED) <= watched
+
+
+async def _alive(proc: subprocess.Popen, port: int) -> bool:
+    assert proc.poll() is None, "operator exited"
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+    line = await reader.readline()
+    writer.close()
+    return b" 200 " in line
+
+
+@pytest.fixture
+def eventually() -> Callable:
+    return _eventually
+
+
+async def _eventually(check: Callable, timeout: float = 30.0, what: str = "condition", every: float = 0.2):
+    """Poll check() (sync or async) until it returns something truthy; fail with `what` after timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(every)
