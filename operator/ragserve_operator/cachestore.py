@@ -24,8 +24,8 @@ def cachestore_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
     args = ["cachestore", "--host", "0.0.0.0", "--port", str(cs["port"]), "--memory", cs["memory"]]
     if cs["disk"]:
         args += ["--disk-dir", DATA_DIR, "--disk", cs["disk"]]
-    if cs["redisTier"]:
-        args += redis_args(owner, spec, db=1)
+    if cs["redisTier"]:  # replicas share the Redis: each its own key prefix
+        args += redis_args(owner, spec, db=1) + ["--redis-prefix", "ragserve-kv:$(POD_NAME):"]
     if cs.get("maxMessageBytes"):
         args += ["--max-message-bytes", str(cs["maxMessageBytes"])]
     return args + ["--metrics-port", str(CACHESTORE_METRICS_PORT)]
@@ -55,16 +55,24 @@ def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
         spec.image,
         cachestore_args(owner, spec),
         cs,
-        env=redis_url_env(spec) if cs["redisTier"] else [],
+        env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        + (redis_url_env(spec) if cs["redisTier"] else []),
         mounts=mounts,
         ports=[
             {"name": "grpc", "containerPort": cs["port"], "protocol": "TCP"},
             {"name": "metrics", "containerPort": CACHESTORE_METRICS_PORT, "protocol": "TCP"},
         ],
+        startupProbe={"grpc": {"port": cs["port"]}, "periodSeconds": 2, "failureThreshold": 150},
         livenessProbe=grpc_probe,
         readinessProbe={**grpc_probe, "periodSeconds": 5},
     )
-    pod = {"part": cs, "containers": [store], "volumes": volumes, "terminationGracePeriodSeconds": 30}
+    pod = {
+        "part": cs,
+        "containers": [store],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+    }
     body = {
         "replicas": cs["replicas"],
         "serviceName": owner.child("cachestore-headless"),

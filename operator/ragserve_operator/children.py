@@ -6,7 +6,7 @@ from ragserve_operator.cachestore import cachestore_service, cachestore_stateful
 from ragserve_operator.engines import cachestore_addresses, engine_deployment, engine_service, pool_replicas
 from ragserve_operator.names import Owner
 from ragserve_operator.redis import redis_configmap, redis_deployment, redis_service
-from ragserve_operator.router import router_deployment, router_service
+from ragserve_operator.router import registry_service, router_deployment, router_service
 from ragserve_operator.scaling import engine_hpa, engine_scaledobject
 from ragserve_operator.spec import RAGServeSpec
 
@@ -20,7 +20,7 @@ def endpoints_configmap(owner: Owner, spec: RAGServeSpec) -> dict:
     data = {
         "OPENAI_BASE_URL": f"http://{router}:{spec.router['port']}/v1",
         "RAGSERVE_ROUTER_URL": f"http://{router}:{spec.router['port']}",
-        "RAGSERVE_ROUTER": f"{router}:{spec.router['grpcPort']}",
+        "RAGSERVE_ROUTER": f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}",
     }
     if addresses := cachestore_addresses(owner, spec):
         data["RAGSERVE_CACHESTORE"] = ",".join(addresses)
@@ -35,6 +35,7 @@ def endpoints_configmap(owner: Owner, spec: RAGServeSpec) -> dict:
 def desired_children(owner: Owner, spec: RAGServeSpec, live_replicas: dict[str, int | None]) -> list[dict]:
     """live_replicas: engine Deployment name -> its current spec.replicas (None when it does not exist)."""
     out = [endpoints_configmap(owner, spec), router_deployment(owner, spec), router_service(owner, spec)]
+    out.append(registry_service(owner, spec))
     for pool in spec.pools:
         replicas = pool_replicas(spec, pool, live_replicas.get(owner.child("engine", pool.name)))
         out += [engine_deployment(owner, spec, pool, replicas), engine_service(owner, pool)]

@@ -37,12 +37,20 @@ def cachestore_addresses(owner: Owner, spec: RAGServeSpec) -> list[str]:
     return [f"{sts}-{i}.{headless}:{cs['port']}" for i in range(cs["replicas"])]
 
 
+def model_path(pool: Pool) -> str:
+    """A relative model path with a model PVC lives under its mount; anything else is passed as is."""
+    pvc = pool.raw.get("modelPVC")
+    if pvc and not pool.model.startswith("/"):
+        return f"{pvc['mountPath'].rstrip('/')}/{pool.model}"
+    return pool.model
+
+
 def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
-    args = ["engine", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--model", pool.model]
+    args = ["engine", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--model", model_path(pool)]
     if pool.raw.get("servedModelName"):
         args += ["--served-model-name", pool.raw["servedModelName"]]
     args += engine_flags(pool)
-    args += ["--router", f"{owner.host(owner.child('router'))}:{spec.router['grpcPort']}"]
+    args += ["--router", f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}"]
     args += ["--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}"]
     if addresses := cachestore_addresses(owner, spec):
         args += ["--cachestore", ",".join(addresses)]
@@ -78,7 +86,11 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
         pool.image,
         engine_args(owner, spec, pool),
         raw,
-        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        env=[
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "TRITON_CACHE_DIR", "value": "/cache/triton"},
+            {"name": "HF_HOME", "value": "/cache/huggingface"},
+        ],
         limits={raw["gpuResourceName"]: str(gpus)} if gpus else None,
         mounts=mounts,
         ports=[{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
@@ -90,7 +102,13 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
         livenessProbe={"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
         readinessProbe={"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2},
     )
-    pod = {"part": raw, "containers": [engine], "volumes": volumes, "terminationGracePeriodSeconds": 120}
+    pod = {
+        "part": raw,
+        "containers": [engine],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 120,
+    }
     # a GPU pool cannot surge (no spare GPUs): replace one pod at a time instead
     rolling = {"maxSurge": 0, "maxUnavailable": 1} if gpus else {"maxSurge": 1, "maxUnavailable": 0}
     body = {

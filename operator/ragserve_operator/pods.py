@@ -75,6 +75,7 @@ def pod_template(owner: Owner, spec: RAGServeSpec, component: str, pool: str | N
     """A pod template: selector labels, security context, scheduling from the part's settings."""
     part = pod.pop("part")
     out = {
+        "enableServiceLinks": False,  # Service env vars (<SVC>_PORT, ...) would read as RAGSERVE_* flags
         "securityContext": POD_SECURITY,
         "volumes": SCRATCH_VOLUMES + pod.pop("volumes", []),
         **pod,

@@ -66,6 +66,7 @@ def redis_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
             "template": {
                 "metadata": {"labels": owner.selector("redis"), "annotations": {CONFIG_HASH: conf_hash}},
                 "spec": {
+                    "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 999, "runAsGroup": 999, "fsGroup": 999},
                     "containers": [redis],
                     "volumes": [

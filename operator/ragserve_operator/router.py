@@ -41,7 +41,13 @@ def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
         livenessProbe=http_probe("/health", 10, 3, timeout=5),
         readinessProbe=http_probe("/ready", 5, 2),
     )
-    pod = {"part": r, "containers": [router], "volumes": volumes, "terminationGracePeriodSeconds": 60}
+    pod = {
+        "part": r,
+        "containers": [router],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 60,
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -56,17 +62,25 @@ def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
 
 
 def router_service(owner: Owner, spec: RAGServeSpec) -> dict:
-    r = spec.router
+    """The OpenAI API, of the type the spec asks for."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": owner.metadata(owner.child("router"), "router"),
         "spec": {
-            "type": r["serviceType"],
+            "type": spec.router["serviceType"],
             "selector": owner.selector("router"),
-            "ports": [
-                {"name": "http", "port": r["port"], "targetPort": "http", "protocol": "TCP"},
-                {"name": "grpc", "port": r["grpcPort"], "targetPort": "grpc", "protocol": "TCP"},
-            ],
+            "ports": [{"name": "http", "port": spec.router["port"], "targetPort": "http", "protocol": "TCP"}],
         },
+    }
+
+
+def registry_service(owner: Owner, spec: RAGServeSpec) -> dict:
+    """The gRPC registry engines register on: cluster-internal whatever the API Service's type."""
+    port = {"name": "grpc", "port": spec.router["grpcPort"], "targetPort": "grpc", "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(owner.child("router-registry"), "router"),
+        "spec": {"type": "ClusterIP", "selector": owner.selector("router"), "ports": [{**port, "appProtocol": "grpc"}]},
     }

@@ -6,11 +6,13 @@ from __future__ import annotations
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import Pool, RAGServeSpec
 
-# metric -> (CRD target key, Prometheus name, custom-metrics name as prometheus-adapter serves it)
+# (CRD target key, Prometheus name, custom-metrics name as prometheus-adapter serves it, KEDA aggregation):
+# request counts are summed (AverageValue: desired = sum / target), KV usage is the pool average
+# (Value: desired = current x average / target), as in the chart.
 METRICS = [
-    ("targetWaitingRequests", "vllm:num_requests_waiting", "vllm_num_requests_waiting"),
-    ("targetRunningRequests", "vllm:num_requests_running", "vllm_num_requests_running"),
-    ("targetKVCacheUsage", "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc"),
+    ("targetWaitingRequests", "vllm:num_requests_waiting", "vllm_num_requests_waiting", "sum"),
+    ("targetRunningRequests", "vllm:num_requests_running", "vllm_num_requests_running", "sum"),
+    ("targetKVCacheUsage", "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc", "avg"),
 ]
 
 
@@ -37,7 +39,7 @@ def engine_hpa(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
             "type": "Pods",
             "pods": {"metric": {"name": adapter}, "target": {"type": "AverageValue", "averageValue": quantity(a[key])}},
         }
-        for key, _, adapter in METRICS
+        for key, _, adapter, _ in METRICS
         if a.get(key) is not None
     ]
     return {
@@ -58,19 +60,19 @@ def engine_scaledobject(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
     a = spec.autoscaling
     deployment = owner.child("engine", pool.name)
     # Deployment pods are <deployment>-<replicaset hash>-<pod hash>; Prometheus regexes are anchored
-    selector = f'namespace="{owner.namespace}",pod=~"{deployment}-[a-z0-9]+-[a-z0-9]+"'
+    selector = f'namespace="{owner.namespace}",pod=~"{deployment}-[a-z0-9]+-[a-z0-9]{{5}}"'
     triggers = [
         {
             "type": "prometheus",
-            "name": adapter,
-            "metricType": "AverageValue",
+            "name": adapter.replace("_", "-"),
+            "metricType": "AverageValue" if agg == "sum" else "Value",
             "metadata": {
                 "serverAddress": a["prometheusAddress"],
-                "query": f"sum({prom}{{{selector}}})",
+                "query": f"{agg}({prom}{{{selector}}})",
                 "threshold": str(a[key]),
             },
         }
-        for key, prom, adapter in METRICS
+        for key, prom, adapter, agg in METRICS
         if a.get(key) is not None
     ]
     return {

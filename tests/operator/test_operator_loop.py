@@ -51,6 +51,7 @@ EXPECTED = [
     ("apps/v1/deployments", "demo-redis"),
     ("apps/v1/statefulsets", "demo-cachestore"),
     ("v1/services", "demo-router"),
+    ("v1/services", "demo-router-registry"),
     ("v1/services", "demo-engine-small"),
     ("v1/services", "demo-engine-big"),
     ("v1/services", "demo-cachestore-headless"),
@@ -83,7 +84,7 @@ async def test_full_loop(kube, operator, eventually):
     assert small["spec"]["replicas"] == 2
     args = small["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--max-num-seqs") + 1] == "8"
-    assert args[args.index("--router") + 1] == f"demo-router.{NS}.svc:50051"
+    assert args[args.index("--router") + 1] == f"demo-router-registry.{NS}.svc:50051"
     big = kube.obj(DEPLOYMENTS, "demo-engine-big")["spec"]["template"]["spec"]
     assert big["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 

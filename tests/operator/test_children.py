@@ -1,0 +1,210 @@
+"""The manifests a RAGServe turns into: valid Kubernetes objects whose containers run exactly the
+`ragserve` commands of the local stack (the real CLI parser accepts every container's args)."""
+
+from __future__ import annotations
+
+import argparse
+
+import kubernetes_validate
+import pytest
+
+from ragserve.cli import build_parser
+from ragserve_operator.children import desired_children
+from ragserve_operator.engines import pool_replicas
+from ragserve_operator.names import Owner
+from ragserve_operator.spec import parse_spec
+
+OWNER = Owner("demo", "ns1", "4b1c2a0e-0000-4000-8000-000000000001")
+FULL = {
+    "engines": [
+        {"name": "small", "model": "smollm2-135m", "engine": {"enablePrefixCaching": False, "kvCacheMemory": "1GiB"}},
+        {"name": "big", "model": "llama", "gpus": 2, "modelPVC": {"claimName": "models"}, "maxBodyBytes": 1000000},
+    ],
+    "router": {"replicas": 2, "apiKeySecret": {"name": "keys"}, "maxBodyBytes": 2000000, "policy": "prefix"},
+    "cachestore": {"replicas": 3, "disk": "20GiB", "storageClassName": "fast", "redisTier": True},
+    "redis": {"mode": "inCluster"},
+    "imagePullSecrets": [{"name": "regcred"}],
+}
+SPECS = {
+    "minimal": {"engines": [{"name": "a", "model": "smollm2-135m"}]},
+    "full": FULL,
+    "external-redis-secret": {
+        "engines": [{"name": "a", "model": "m"}],
+        "router": {"replicas": 3},
+        "cachestore": {"redisTier": True, "disk": "1GiB"},
+        "redis": {"mode": "external", "urlSecret": {"name": "redis", "key": "u"}},
+    },
+    "hpa": {**FULL, "autoscaling": {"mode": "hpa", "targetRunningRequests": 8}},
+    "keda": {**FULL, "autoscaling": {"mode": "keda"}},
+    "no-cachestore": {"engines": [{"name": "a", "model": "m"}], "cachestore": {"enabled": False}},
+}
+
+
+def children(name: str) -> list[dict]:
+    return desired_children(OWNER, parse_spec(SPECS[name], OWNER.name), {})
+
+
+def by_name(objs: list[dict], kind: str, name: str) -> dict:
+    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def containers(objs: list[dict]):
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                yield obj, c
+
+
+def parse(container: dict) -> argparse.Namespace:
+    """The container's command line through the real `ragserve` parser, with $(VAR)s as the kubelet expands them."""
+    assert container["command"] == ["ragserve"]
+    values = {"POD_IP": "10.0.0.7", "POD_NAME": "demo-cachestore-0"}
+    args = [
+        a.replace("$(POD_IP)", values["POD_IP"]).replace("$(POD_NAME)", values["POD_NAME"]) for a in container["args"]
+    ]
+    subcommand = args[0]
+    parser = build_parser()
+    if subcommand not in parser._subparsers._group_actions[0].choices:
+        pytest.skip(f"`ragserve {subcommand}` is not in this tree yet")
+    return parser.parse_args(args)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_children_are_valid_kubernetes_objects(name: str):
+    objs = children(name)
+    names = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert len(names) == len(set(names))
+    for obj in objs:
+        assert obj["metadata"]["ownerReferences"] == [OWNER.reference()]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ragserve-operator"
+        if obj["kind"] == "ScaledObject":  # a KEDA CRD: not in the Kubernetes schemas
+            continue
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_router_and_cachestore_containers_run_the_real_cli(name: str):
+    checked = set()
+    for _, container in containers(children(name)):
+        if container["name"] in ("router", "cachestore"):
+            args = parse(container)
+            assert args.command == container["name"]
+            checked.add(args.command)
+    assert "router" in checked
+
+
+def test_router_flags_follow_the_spec():
+    objs = children("full")
+    args = parse(by_name(objs, "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0])
+    assert (args.host, args.port, args.grpc_port, args.policy) == ("0.0.0.0", 8080, 50051, "prefix")
+    assert args.redis == "redis://demo-redis.ns1.svc:6379/0"
+    assert args.api_keys_file == "/etc/ragserve/api-keys/api-keys"
+    assert args.max_body_bytes == 2000000
+    pod = by_name(objs, "Deployment", "demo-router")["spec"]["template"]["spec"]
+    assert pod["volumes"][-1]["secret"]["secretName"] == "keys" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["enableServiceLinks"] is False
+    registry = by_name(objs, "Service", "demo-router-registry")["spec"]
+    assert registry["type"] == "ClusterIP" and registry["ports"][0]["port"] == 50051
+
+
+def test_cachestore_flags_follow_the_spec():
+    objs = children("full")
+    sts = by_name(objs, "StatefulSet", "demo-cachestore")
+    args = parse(sts["spec"]["template"]["spec"]["containers"][0])
+    assert (args.port, args.disk_dir, args.metrics_port) == (50061, "/data", 9090)
+    assert args.redis == "redis://demo-redis.ns1.svc:6379/1"
+    assert args.redis_prefix == "ragserve-kv:demo-cachestore-0:"
+    assert sts["spec"]["serviceName"] == "demo-cachestore-headless" and sts["spec"]["replicas"] == 3
+    claim = sts["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["storageClassName"] == "fast" and claim["resources"]["requests"]["storage"] == "22Gi"
+    headless = by_name(objs, "Service", "demo-cachestore-headless")["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+
+
+def test_engine_containers_run_the_real_cli():
+    objs = children("full")
+    small = by_name(objs, "Deployment", "demo-engine-small")["spec"]["template"]["spec"]
+    args = parse(small["containers"][0])
+    assert (args.command, args.port, args.model, args.block_size) == ("engine", 8000, "smollm2-135m", 16)
+    assert args.enable_prefix_caching is False and args.kv_cache_memory == 1024**3
+    assert args.router == "demo-router-registry.ns1.svc:50051"
+    assert args.advertise_url == "http://10.0.0.7:8000"
+    assert args.cachestore.split(",") == [
+        f"demo-cachestore-{i}.demo-cachestore-headless.ns1.svc:50061" for i in range(3)
+    ]
+    big = by_name(objs, "Deployment", "demo-engine-big")["spec"]["template"]["spec"]
+    assert parse(big["containers"][0]).model == "/models/llama"
+
+
+def test_engine_pods():
+    objs = children("full")
+    big = by_name(objs, "Deployment", "demo-engine-big")
+    pod = big["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in engine["volumeMounts"]
+    assert engine["args"][engine["args"].index("--max-body-bytes") + 1] == "1000000"
+    assert big["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}  # no spare GPUs
+    small = by_name(objs, "Deployment", "demo-engine-small")
+    assert small["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert small["spec"]["template"]["metadata"]["labels"]["ragserve.dev/pool"] == "small"
+    assert engine["image"] == "ghcr.io/ragserve/ragserve-engine:0.1.0"
+
+
+def test_secret_redis_url_goes_through_env():
+    objs = children("external-redis-secret")
+    for _, container in containers(objs):
+        env = {e["name"]: e for e in container["env"]}
+        if container["name"] in ("router", "cachestore"):
+            assert env["RAGSERVE_REDIS"]["valueFrom"]["secretKeyRef"] == {"name": "redis", "key": "u"}
+            assert "--redis" not in container["args"]
+    assert not [o for o in objs if o["metadata"]["name"] == "demo-redis"]
+
+
+def test_hpa_mode():
+    objs = children("hpa")
+    hpa = by_name(objs, "HorizontalPodAutoscaler", "demo-engine-small")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "demo-engine-small"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
+    targets = {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"] for m in hpa["metrics"]}
+    assert targets == {
+        "vllm_num_requests_waiting": "4",
+        "vllm_num_requests_running": "8",
+        "vllm_kv_cache_usage_perc": "800m",
+    }
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+def test_keda_mode():
+    scaled = by_name(children("keda"), "ScaledObject", "demo-engine-big")["spec"]
+    assert scaled["scaleTargetRef"] == {"name": "demo-engine-big"}
+    queries = {t["name"]: (t["metricType"], t["metadata"]["query"]) for t in scaled["triggers"]}
+    pods = 'namespace="ns1",pod=~"demo-engine-big-[a-z0-9]+-[a-z0-9]{5}"'
+    assert queries["vllm-num-requests-waiting"] == ("AverageValue", f"sum(vllm:num_requests_waiting{{{pods}}})")
+    assert queries["vllm-kv-cache-usage-perc"] == ("Value", f"avg(vllm:kv_cache_usage_perc{{{pods}}})")
+
+
+def test_no_cachestore():
+    objs = children("no-cachestore")
+    assert not [o for o in objs if o["metadata"]["name"].startswith("demo-cachestore")]
+    engine = by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]["containers"][0]
+    assert "--cachestore" not in engine["args"]
+
+
+@pytest.mark.parametrize(
+    "mode,current,expected",
+    [
+        ("none", None, 1),
+        ("none", 5, 1),  # the spec's replicas rule
+        ("operator", None, 2),  # created at minReplicas
+        ("operator", 3, 3),  # the autoscaler's choice is kept
+        ("operator", 9, 4),  # ... within min/max
+        ("operator", 1, 2),
+        ("hpa", None, 2),
+        ("hpa", 3, None),  # the HPA owns replicas once it exists
+        ("keda", 7, None),
+    ],
+)
+def test_pool_replicas(mode: str, current: int | None, expected: int | None):
+    spec = parse_spec({"engines": [{"name": "a", "model": "m", "minReplicas": 2}], "autoscaling": {"mode": mode}})
+    assert pool_replicas(spec, spec.pools[0], current) == expected

@@ -1,0 +1,148 @@
+"""The RAGServe CRD: a valid apiextensions object, one source with identical copies, a schema that
+rejects what it can express, CEL rules mirrored by the operator, and the kubectl install manifests."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from ragserve.cli import build_parser
+from ragserve_operator.kube import KINDS
+from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, apply_defaults, crd, spec_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "operator/ragserve_operator/crd.yaml"
+COPIES = [ROOT / "charts/ragserve/crds/ragserve.dev_ragserves.yaml", ROOT / "operator/deploy/01-crd.yaml"]
+K8S = "1.30.0"
+
+
+def test_crd_is_a_valid_custom_resource_definition():
+    assert kubernetes_validate.validate(crd(), K8S, strict=True)
+    version = crd()["spec"]["versions"][0]
+    assert (crd()["metadata"]["name"], version["name"]) == ("ragserves.ragserve.dev", "v1alpha1")
+    assert version["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize("copy_path", COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_copies_are_identical(copy_path: Path):
+    assert copy_path.read_text() == SOURCE.read_text(), f"cp {SOURCE.relative_to(ROOT)} {copy_path.relative_to(ROOT)}"
+
+
+def test_printer_columns_point_at_status_fields():
+    version = crd()["spec"]["versions"][0]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"] == ".status.readyEngines" and columns["Desired"] == ".status.desiredEngines"
+    for path in columns.values():
+        if path.startswith(".status."):
+            assert path.removeprefix(".status.") in status
+
+
+def _walk(schema: dict, path: str = "spec"):
+    yield path, schema
+    for key, sub in schema.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{key}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    """Every node has a type (int-or-string and preserve-unknown-fields nodes aside), as the API server requires."""
+    for path, node in _walk(spec_schema()):
+        assert (
+            "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+        ), path
+
+
+def _schema_errors(spec: dict) -> list[str]:
+    spec = apply_defaults(spec_schema(), copy.deepcopy(spec))
+    return [e.message for e in jsonschema.Draft4Validator(spec_schema()).iter_errors(spec)]
+
+
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        ({"engines": [{"name": "a", "model": "m", "engine": {"kvCacheDtype": "fp4"}}]}, "'fp4' is not one of"),
+        ({"engines": [{"name": "a", "model": "m", "engine": {"blockSize": 12}}]}, "12 is not one of"),
+        ({"engines": [{"name": "a", "model": "m", "minReplicas": 0}]}, "0 is less than the minimum of 1"),
+        ({"engines": [{"name": "A_b", "model": "m"}]}, "does not match"),
+        ({"engines": []}, "should be non-empty"),
+        ({"engines": [{"name": "a", "model": "m"}], "router": {"policy": "random"}}, "'random' is not one of"),
+        ({"engines": [{"name": "a", "model": "m"}], "cachestore": {"memory": "4 gigs"}}, "does not match"),
+        ({"engines": [{"name": "a", "model": "m"}], "autoscaling": {"targetKVCacheUsage": 0}}, "less than or equal"),
+        ({"engines": [{"name": "a", "model": "m"}], "autoscaling": {"mode": "vpa"}}, "'vpa' is not one of"),
+        ({"engines": [{"name": "a"}]}, "'model' is a required property"),
+    ],
+)
+def test_schema_rejects(spec: dict, fragment: str):
+    errors = _schema_errors(spec)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_example_specs_pass_the_schema():
+    assert _schema_errors({"engines": [{"name": "default", "model": "smollm2-135m"}]}) == []
+    assert _schema_errors(yaml.safe_load((ROOT / "operator/examples/ragserve.yaml").read_text())["spec"]) == []
+
+
+def _cel_messages(schema: dict) -> set[str]:
+    return {rule["message"] for _, node in _walk(schema) for rule in node.get("x-kubernetes-validations", [])}
+
+
+def test_every_cel_rule_is_mirrored_by_the_operator():
+    """kmock (and clusters older than CEL) do not run CEL: the operator checks the same rules itself."""
+    assert _cel_messages(spec_schema()) == {m for m, _ in CROSS_FIELD_RULES} | {m for m, _ in POOL_RULES}
+    root = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert "metadata.name must be a DNS-1035 label of at most 31 characters" in root[0]["message"]
+
+
+def test_print_crd_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "ragserve.cli", "operator", "--print-crd"], capture_output=True, text=True, check=True
+    )
+    assert yaml.safe_load(out.stdout) == crd()
+
+
+def _deploy_objects() -> list[dict]:
+    docs = []
+    for path in sorted((ROOT / "operator/deploy").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def test_kubectl_manifests_validate_and_run_the_operator_cli():
+    objs = _deploy_objects()
+    assert [o["kind"] for o in objs][:2] == ["Namespace", "CustomResourceDefinition"]
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S, strict=True)
+    deployment = next(o for o in objs if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.command, args.all_namespaces) == ("operator", True)
+    assert args.liveness == "http://0.0.0.0:8080/healthz" and container["ports"][0]["containerPort"] == 8080
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_cluster_role_covers_every_kind_the_operator_touches():
+    role = next(o for o in _deploy_objects() if o["kind"] == "ClusterRole")
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    for kind in KINDS.values():
+        group = kind.api_version.rsplit("/", 1)[0] if "/" in kind.api_version else ""
+        read_only = kind.plural in ("pods", "ragserves")
+        needed = {"get", "list", "watch"} if read_only else {"get", "list", "create", "patch", "delete"}
+        assert needed <= granted[(group, kind.plural)], kind
+    assert {"patch"} <= granted[("ragserve.dev", "ragserves/status")]
+    assert {"create"} <= granted[("", "events")]
