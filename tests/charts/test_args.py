@@ -9,10 +9,10 @@ import importlib.util
 import io
 
 import pytest
-from ragserve.engine.config import EngineConfig, add_engine_arguments
 
 from ragserve.cli import SUBCOMMANDS, build_parser
 from ragserve.config import env_name
+from ragserve.engine.config import EngineConfig, add_engine_arguments
 
 # Read by ragserve.models.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}

@@ -170,3 +170,11 @@ def test_release_named_like_the_chart(chart):
     docs = [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
     names = {d["metadata"]["name"] for d in workloads(docs)}
     assert names == {"ragserve-router", "ragserve-engine-default", "ragserve-cachestore", "ragserve-operator"}
+
+
+@pytest.mark.parametrize("kube", KUBE_VERSIONS)
+def test_shipped_crd_is_valid(chart, kube):
+    crds = [yaml.safe_load(c["data"]) for c in chart.crds]
+    assert [c["spec"]["names"]["kind"] for c in crds] == ["RAGServe"]
+    for crd in crds:
+        kubernetes_validate.validate(crd, kube, strict=True)
