@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import EngineRecord
@@ -104,6 +105,7 @@ class Proxy:
             else:
                 if resp.status_code < 500:
                     self.pool.mark_success(engine)
+                    self.metrics.inflight.inc()
                     return engine, resp
                 await resp.aclose()
                 failure = SERVER_ERROR
@@ -127,8 +129,7 @@ class Proxy:
             self.metrics.requests.labels(r.model, "", r.decision.policy, str(CLIENT_CLOSED)).inc()
             return Response(status_code=CLIENT_CLOSED)
         if r.stream and resp.status_code == 200:
-            headers = self._response_headers(r, engine, resp)
-            return StreamingResponse(self._relay(r, engine, resp), status_code=200, headers=headers)
+            return self._relay(r, engine, resp)
         try:
             body = await race_disconnect(r.request, resp.aread())
         except (ClientGone, httpx.HTTPError) as exc:
@@ -144,31 +145,15 @@ class Proxy:
         self._finish(r, engine, resp.status_code)
         return Response(body, status_code=resp.status_code, headers=self._response_headers(r, engine, resp))
 
-    async def _relay(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> AsyncIterator[bytes]:
-        sniffer = UsageSniffer()
-        code = 200
-        first = True
-        try:
-            async for chunk in resp.aiter_raw():
-                if first:
-                    self.metrics.ttft.labels(r.model).observe(time.monotonic() - r.started)
-                    first = False
-                sniffer.feed(chunk)
-                yield chunk
-        except httpx.HTTPError as exc:  # headers were sent: the stream can only end early
-            log.warning("request %s: engine %s broke the stream: %s", r.request_id, engine.engine_id, exc)
-            self.pool.mark_failure(engine, CONNECT)
-            code = 502
-        except asyncio.CancelledError:
-            code = CLIENT_CLOSED
-            raise
-        finally:
-            await resp.aclose()
-            self._account_usage(r, engine, sniffer.usage)
-            self._finish(r, engine, code)
+    def _relay(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> StreamingResponse:
+        relay = Relay(self, r, engine, resp)
+        headers = self._response_headers(r, engine, resp)
+        # the background task also runs when the client left before the body started
+        return StreamingResponse(relay.body(), status_code=200, headers=headers, background=BackgroundTask(relay.close))
 
     def _finish(self, r: Routed, engine: EngineRecord, code: int) -> None:
         self.pool.health[engine.engine_id].inflight -= 1
+        self.metrics.inflight.dec()
         self.metrics.requests.labels(r.model, engine.engine_id, r.decision.policy, str(code)).inc()
         self.metrics.latency.labels(r.model).observe(time.monotonic() - r.started)
 
@@ -195,6 +180,41 @@ def _usage_of(body: bytes) -> dict | None:
     except ValueError:
         return None
     return data.get("usage") if isinstance(data, dict) else None
+
+
+class Relay:
+    """One SSE stream from an engine to the client; close() runs exactly once, however it ends."""
+
+    def __init__(self, proxy: Proxy, r: Routed, engine: EngineRecord, resp: httpx.Response) -> None:
+        self.proxy, self.r, self.engine, self.resp = proxy, r, engine, resp
+        self.sniffer = UsageSniffer()
+        self.code = CLIENT_CLOSED  # until the stream completes
+        self.closed = False
+
+    async def body(self) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for chunk in self.resp.aiter_raw():
+                if first:
+                    self.proxy.metrics.ttft.labels(self.r.model).observe(time.monotonic() - self.r.started)
+                    first = False
+                self.sniffer.feed(chunk)
+                yield chunk
+            self.code = 200
+        except httpx.HTTPError as exc:  # headers were sent: the stream can only end early
+            log.warning("request %s: engine %s broke the stream: %s", self.r.request_id, self.engine.engine_id, exc)
+            self.proxy.pool.mark_failure(self.engine, CONNECT)
+            self.code = 502
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.resp.aclose()
+        self.proxy._account_usage(self.r, self.engine, self.sniffer.usage)
+        self.proxy._finish(self.r, self.engine, self.code)
 
 
 class UsageSniffer:

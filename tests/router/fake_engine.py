@@ -37,6 +37,7 @@ class Engine:
         self.release = asyncio.Event()
         self.release.set()
         self.new_events = asyncio.Event()
+        self.compute = asyncio.Lock()
 
     def prompt_tokens(self, body: dict, chat: bool) -> list[int]:
         if chat:
@@ -95,7 +96,8 @@ def build_app(engine: Engine) -> FastAPI:
             error = {"message": f"bad request: {exc!r}", "type": "invalid_request_error", "param": None, "code": None}
             return JSONResponse({"error": error}, status_code=400)
         cached = engine.prefill(tokens, body.get("cache_salt"))
-        await asyncio.sleep(args.prefill_delay * (len(tokens) - cached) / args.block_size)
+        async with engine.compute:  # one prefill at a time, like an accelerator busy with a batch
+            await asyncio.sleep(args.prefill_delay * (len(tokens) - cached) / args.block_size)
         usage = {
             "prompt_tokens": len(tokens),
             "completion_tokens": 2,

@@ -45,3 +45,4 @@ def test_metrics_families_and_values(cluster, metrics, until):
     assert metrics(router.url, "ragserve_router_routing_seconds_count") == 2
     assert metrics(router.url, "ragserve_router_engines_registered", source="grpc") == 1
     assert metrics.total(router.url, "ragserve_router_routing_decisions_total") == 2
+    assert metrics(router.url, "ragserve_router_requests_in_flight") == 0
