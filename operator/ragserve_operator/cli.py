@@ -12,7 +12,9 @@ from ragserve.config import add_flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "--namespace", default="", help="watch RAGServes in these namespaces (comma-separated; globs ok)")
+    add_flag(
+        parser, "--namespace", default=None, help="watch RAGServes in these namespaces (comma-separated; globs ok)"
+    )
     add_flag(parser, "--all-namespaces", action="store_true", help="watch RAGServes in every namespace")
     add_flag(
         parser,
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     kopf.run(
         clusterwide=args.all_namespaces,
         namespaces=namespaces,

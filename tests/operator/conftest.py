@@ -13,6 +13,7 @@ import copy
 import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -193,6 +194,23 @@ async def _alive(proc: subprocess.Popen, port: int) -> bool:
     line = await reader.readline()
     writer.close()
     return b" 200 " in line
+
+
+@pytest.fixture
+def free_ports() -> Callable[[int], list[int]]:
+    """n distinct free loopback ports (sockets held together, so no port comes twice)."""
+
+    def take(n: int) -> list[int]:
+        sockets = [socket.socket() for _ in range(n)]
+        try:
+            for s in sockets:
+                s.bind(("127.0.0.1", 0))
+            return [s.getsockname()[1] for s in sockets]
+        finally:
+            for s in sockets:
+                s.close()
+
+    return take
 
 
 @pytest.fixture

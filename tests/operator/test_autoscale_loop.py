@@ -1,0 +1,138 @@
+"""The operator's autoscaler end to end: engine pods (in the in-memory API) whose /metrics are real
+Prometheus endpoints on loopback; the operator scrapes them, scales the pool's Deployment, records the
+decision in status and events, and hands scaling over to an HPA / KEDA when the mode says so."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from ragserve_operator.spec import GROUP, PLURAL, VERSION
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
+NS = "rs-test"  # conftest's
+BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
+DEPLOYMENTS = "apps/v1/deployments"
+
+
+class Engine:
+    """An engine's load gauges served over HTTP (what the operator reads from every engine pod)."""
+
+    def __init__(self, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.waiting = Gauge("vllm:num_requests_waiting", "", ["model_name"], registry=self.registry).labels("m")
+        Gauge("vllm:num_requests_running", "", ["model_name"], registry=self.registry).labels("m").set(1)
+        Gauge("vllm:kv_cache_usage_perc", "", ["model_name"], registry=self.registry).labels("m").set(0.1)
+        self.port = port
+        self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join()
+
+
+@contextlib.contextmanager
+def engines(ports: list[int]):
+    started = [Engine(p) for p in ports]
+    try:
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+def engine_pod(name: str, pool: str, instance: str, port: int) -> dict:
+    labels = {
+        "app.kubernetes.io/name": "ragserve",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": "engine",
+        "ragserve.dev/pool": pool,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def replicas(kube, name: str) -> int | None:
+    live = kube.obj(DEPLOYMENTS, name)
+    return None if live is None else live["spec"].get("replicas")
+
+
+def decision(kube, name: str) -> dict:
+    records = ((kube.obj(f"{GROUP}/{VERSION}/{PLURAL}", name) or {}).get("status") or {}).get("autoscaling") or []
+    return records[0] if records else {}
+
+
+AUTOSCALED = {
+    "engines": [{"name": "a", "model": "m", "minReplicas": 1, "maxReplicas": 3}],
+    "autoscaling": {
+        "mode": "operator",
+        "intervalSeconds": 1,
+        "targetWaitingRequests": 2,
+        "scaleDownStabilizationSeconds": 4,
+    },
+}
+
+
+async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator, eventually, free_ports):
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "auto"}, "spec": AUTOSCALED}
+    await kube.call("POST", BASE, body)
+    await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="pool created at minReplicas")
+    with engines(free_ports(2)) as running:
+        for i, engine in enumerate(running):
+            await kube.call(
+                "POST", f"/api/v1/namespaces/{NS}/pods", engine_pod(f"auto-a-{i}", "a", "auto", engine.port)
+            )
+        await eventually(lambda: decision(kube, "auto").get("podsWithMetrics") == 2, what="both pods scraped")
+        assert replicas(kube, "auto-engine-a") == 1
+
+        for engine in running:
+            engine.waiting.set(10)  # ceil(2 pods x 10 / 2) = 10 -> maxReplicas 3
+        await eventually(lambda: replicas(kube, "auto-engine-a") == 3, what="scale up to maxReplicas")
+        record = decision(kube, "auto")
+        assert record["metrics"]["waiting"] == 10 and record["recommendedReplicas"] == 10
+        assert "maxReplicas 3" in record["reason"] and record["lastScaleTime"]
+
+        for engine in running:
+            engine.waiting.set(0)
+        await eventually(
+            lambda: "stabilization window keeps 3" in decision(kube, "auto").get("reason", ""), what="hold"
+        )
+        assert replicas(kube, "auto-engine-a") == 3
+        await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="scale down after the window", timeout=30)
+
+    history = [v["spec"]["replicas"] for v in kube.objects[DEPLOYMENTS, NS, "auto-engine-a"].history if v]
+    assert set(history) == {1, 3} and max(history) == 3  # straight to max, never beyond
+
+    def scaled(prefix: str) -> bool:
+        return any(e["reason"] == "Scaled" and e["message"].startswith(prefix) for e in kube.events())
+
+    assert scaled("engine pool a: 1 -> 3 replicas (waiting 10/pod")
+    await eventually(lambda: scaled("engine pool a: 3 -> 1 replicas"), what="the scale-down Event")
+
+
+async def test_hpa_and_keda_modes_take_over_and_hand_back(kube, operator, eventually):
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "ext"}, "spec": AUTOSCALED}
+    await kube.call("POST", BASE, body)
+    await eventually(lambda: replicas(kube, "ext-engine-a") == 1, what="pool")
+    await kube.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/ext-engine-a", {"spec": {"replicas": 2}})
+
+    hpas = "autoscaling/v2/horizontalpodautoscalers"
+    await kube.call("PATCH", f"{BASE}/ext", {"spec": {"autoscaling": {"mode": "hpa"}}})
+    await eventually(lambda: kube.obj(hpas, "ext-engine-a"), what="HPA")
+    assert kube.obj(hpas, "ext-engine-a")["spec"]["maxReplicas"] == 3
+    assert replicas(kube, "ext-engine-a") == 2  # the HPA owns replicas now: left as they are
+
+    await kube.call("PATCH", f"{BASE}/ext", {"spec": {"autoscaling": {"mode": "keda"}}})
+    await eventually(lambda: kube.obj("keda.sh/v1alpha1/scaledobjects", "ext-engine-a"), what="ScaledObject")
+    await eventually(lambda: kube.obj(hpas, "ext-engine-a") is None, what="HPA removed")
+
+    await kube.call("PATCH", f"{BASE}/ext", {"spec": {"autoscaling": {"mode": "none"}}})
+    await eventually(lambda: kube.obj("keda.sh/v1alpha1/scaledobjects", "ext-engine-a") is None, what="KEDA removed")
+    await eventually(lambda: replicas(kube, "ext-engine-a") == 1, what="the spec's replicas again")

@@ -1,0 +1,73 @@
+"""Reading engine load from Prometheus exposition (rendered by prometheus_client, served over loopback)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_http_server
+
+from ragserve_operator.autoscaler import PodMetrics
+from ragserve_operator.metrics import parse_metrics, pod_metrics_url, scrape_pods
+
+
+def exposition(waiting: dict[str, float], running: float = 0.0, kv: float = 0.0) -> CollectorRegistry:
+    """A registry with the engine's vLLM gauges (one series per served model)."""
+    registry = CollectorRegistry()
+    labels = ["model_name"]
+    w = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=registry)
+    r = Gauge("vllm:num_requests_running", "running", labels, registry=registry)
+    k = Gauge("vllm:kv_cache_usage_perc", "kv usage", labels, registry=registry)
+    for i, (model, n) in enumerate(waiting.items()):
+        w.labels(model).set(n)
+        r.labels(model).set(running if i == 0 else 0)
+        k.labels(model).set(kv if i == 0 else kv / 2)
+    Gauge("vllm:num_requests_waiting_total_bogus", "not ours", registry=registry).set(99)
+    return registry
+
+
+def test_parse_sums_requests_and_takes_the_highest_kv_usage():
+    text = generate_latest(exposition({"a": 3, "b": 2}, running=5, kv=0.5)).decode()
+    assert parse_metrics(text) == PodMetrics(waiting=5.0, running=5.0, kv_usage=0.5)
+
+
+def test_parse_names_what_is_missing():
+    with pytest.raises(ValueError, match="vllm:kv_cache_usage_perc"):
+        parse_metrics("vllm:num_requests_waiting 1\nvllm:num_requests_running 0\n")
+
+
+def pod(ip: str | None, port: int = 8000, ready: bool = True, phase: str = "Running", deleting: bool = False) -> dict:
+    meta = {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {"name": "p"}
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {
+            "phase": phase,
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_pod_metrics_url():
+    assert pod_metrics_url(pod("10.1.2.3", 8123)) == "http://10.1.2.3:8123/metrics"
+    assert pod_metrics_url(pod("fd00::7")) == "http://[fd00::7]:8000/metrics"
+    assert pod_metrics_url(pod("10.1.2.3", ready=False)) is None
+    assert pod_metrics_url(pod(None)) is None
+    assert pod_metrics_url(pod("10.1.2.3", phase="Pending")) is None
+
+
+@pytest.mark.asyncio
+async def test_scrape_pods_over_http(port):
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=exposition({"m": 7}, running=2, kv=0.25))
+    try:
+        pods = [
+            pod("127.0.0.1", port),
+            pod("127.0.0.1", port, ready=False),  # counts, without metrics
+            pod("127.0.0.1", 1),  # nothing listens there: counts, without metrics
+            pod("127.0.0.1", port, deleting=True),  # terminating: does not count
+            pod("127.0.0.1", port, phase="Failed"),
+        ]
+        samples = await scrape_pods(pods, timeout_s=2.0)
+    finally:
+        server.shutdown()
+        thread.join()
+    assert samples == [PodMetrics(waiting=7.0, running=2.0, kv_usage=0.25), None, None]
