@@ -94,7 +94,12 @@ SCENARIOS: dict[str, dict] = {
     },
     "tls": {
         "router": {
-            "tls": {"enabled": True, "secretName": "router-tls", "clientAuth": True},
+            "tls": {
+                "enabled": True,
+                "secretName": "router-tls",
+                "clientAuth": True,
+                "engineClientSecret": "engine-client-tls",
+            },
             "apiKeys": {"existingSecret": "client-keys", "key": "keys"},
             "maxBodyBytes": 1048576,
         },

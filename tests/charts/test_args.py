@@ -16,7 +16,15 @@ from ragserve.engine.config import EngineConfig, add_engine_arguments
 
 # Read by ragserve.models.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}
-CLUSTER_FLAGS = {"--host", "--port", "--router", "--advertise-url", "--cachestore", "--max-body-bytes"}
+CLUSTER_FLAGS = {
+    "--host",
+    "--port",
+    "--router",
+    "--advertise-url",
+    "--cachestore",
+    "--max-body-bytes",
+    "--drain-timeout",
+}
 
 
 def ragserve_containers(manifests: list[dict]) -> list[tuple[str, dict]]:
@@ -137,3 +145,34 @@ def test_an_unknown_flag_is_caught(render):
             assert not missing_subcommand(c["args"][0])
             error = parse(c["args"])
             assert isinstance(error, str) and ("--no-such-flag" in error or "lots" in error), where
+
+
+def test_engines_verify_the_router_registry_tls(render, scenarios):
+    docs = render(scenarios["tls"])
+    (where, engine), *_ = [(w, c) for w, c in ragserve_containers(docs) if "-engine-" in w]
+    args = engine["args"]
+    assert args[args.index("--router-tls-ca") + 1] == "/etc/ragserve/router-ca/ca.crt"
+    assert args[args.index("--router-tls-cert") + 1] == "/etc/ragserve/router-client/tls.crt"
+    assert args[args.index("--router-tls-key") + 1] == "/etc/ragserve/router-client/tls.key"
+    pod = next(d for d in docs if d["metadata"]["name"] == where.split("/")[0])["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["router-ca"] == {"secretName": "router-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert volumes["router-client"]["secretName"] == "engine-client-tls"  # never the router's own key
+    router = next(c for w, c in ragserve_containers(docs) if "-router/" in w)["args"]
+    assert router[router.index("--tls-client-ca") + 1] == "/etc/ragserve/tls/ca.crt"
+
+
+def test_drain_fits_in_the_grace_period(render):
+    pool = {"name": "p", "model": "m", "terminationGracePeriodSeconds": 300, "preStopSleepSeconds": 10}
+    args = engine_args(render({"engines": [pool]}), "p")
+    assert args[args.index("--drain-timeout") + 1] == "285"
+
+
+def test_cachestore_client_security_is_wired_or_warned(chart):
+    """The engine has no cachestore client TLS/token flags yet: the chart warns; once it has, wire them."""
+    assert not missing_subcommand("engine")
+    flags = {env.removeprefix("RAGSERVE_") for env in subcommand_env_names("engine")}
+    client_flags = sorted(f for f in flags if f.startswith("CACHESTORE_"))
+    assert not client_flags, f"`ragserve engine` now has {client_flags}: mount the Secrets and pass them"
+    notes = chart.render({"cachestore": {"tls": {"enabled": True, "secretName": "s"}}}, name="rs", namespace="ai")
+    assert "engines cannot reach the cachestore" in notes["ragserve/templates/NOTES.txt"]

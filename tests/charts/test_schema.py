@@ -83,6 +83,10 @@ CONFLICTS = [
     ({"redis": {"enabled": True, "external": {"url": "redis://r:6379"}}}, "either redis.enabled"),
     ({"router": {"tls": {"enabled": True}}}, "router.tls.enabled needs router.tls.secretName"),
     ({"cachestore": {"tls": {"enabled": True}}}, "cachestore.tls.enabled needs cachestore.tls.secretName"),
+    (
+        {"router": {"tls": {"enabled": True, "secretName": "t", "clientAuth": True}}},
+        "router.tls.clientAuth needs router.tls.engineClientSecret",
+    ),
     ({"engines": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, 'pool name "a" is used twice'),
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "pvc"}}]}, "needs modelSource.pvc.claimName"),
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "hostPath"}}]}, "needs modelSource.hostPath"),

@@ -28,11 +28,19 @@
 {{- include "ragserve.arg" (list "--router" (include "ragserve.routerRegistry" $)) }}
 - --advertise-url
 - {{ printf "http://$(POD_IP):%d" (int $p.port) | quote }}
+{{- if $.Values.router.tls.enabled }}
+{{- include "ragserve.arg" (list "--router-tls-ca" "/etc/ragserve/router-ca/ca.crt") }}
+{{- if $.Values.router.tls.clientAuth }}
+{{- include "ragserve.arg" (list "--router-tls-cert" "/etc/ragserve/router-client/tls.crt") }}
+{{- include "ragserve.arg" (list "--router-tls-key" "/etc/ragserve/router-client/tls.key") }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and $.Values.cachestore.enabled $p.useCachestore }}
 {{- include "ragserve.arg" (list "--cachestore" (include "ragserve.cachestoreAddresses" $)) }}
 {{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $p.maxBodyBytes) }}
+{{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $p.terminationGracePeriodSeconds) (int $p.preStopSleepSeconds)) 5))) }}
 {{- range $p.extraArgs }}
 - {{ . | quote }}
 {{- end }}
