@@ -95,6 +95,9 @@ class Proxy:
             try:
                 req = self.client.build_request("POST", engine.url + r.path, content=r.body, headers=self._headers(r))
                 resp = await self.client.send(req, stream=True)
+            except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
+                health.inflight -= 1
+                raise RouterError(503, "the router is overloaded; try again", "overloaded") from None
             except httpx.TimeoutException:
                 failure = TIMEOUT
             except httpx.HTTPError:
