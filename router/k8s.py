@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ragserve.router.config import RouterConfig
 from ragserve.router.engines import K8S, EngineRecord
-from ragserve.router.pool import EnginePool
+from ragserve.router.pool import EnginePool, Health
 
 log = logging.getLogger(__name__)
 PORT_ANNOTATION = "ragserve.io/port"
@@ -85,7 +85,7 @@ class PodWatcher:
         if current is not None and current.url == record.url:
             return
         self.pool.discovered[name] = record
-        self.pool.health.pop(name, None)
+        self.pool.health[name] = Health(healthy=False)  # routable once its first probe succeeds
         log.info("pod %s joined the engine pool at %s", name, record.url)
         asyncio.ensure_future(self.pool.probe(record))
 

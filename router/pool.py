@@ -42,6 +42,7 @@ class EnginePool:
         self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers)
         for i, url in enumerate(cfg.static_engines):
             self.discovered[f"static-{i}"] = EngineRecord(f"static-{i}", url, [], source=STATIC)
+            self.health[f"static-{i}"] = Health(healthy=False)  # until the first probe answers
 
     def all(self) -> list[EngineRecord]:
         urls = {r.url for r in self.registered.values()}
@@ -112,7 +113,7 @@ class EnginePool:
             health.healthy = False
             return
         if not health.healthy:
-            log.info("engine %s is healthy again", record.engine_id)
+            log.info("engine %s is healthy", record.engine_id)
         health.healthy, health.failures = True, 0
 
     async def _probe_openai(self, record: EngineRecord) -> None:
