@@ -124,7 +124,9 @@ class Policies:
         if len(cands) > 1 and self._guard_tripped(cands):
             return Decision(self._by_load(cands), "kv_aware", "imbalance_guard", cached)
         n = len(req.key.hashes)
-        tie = req.key.hashes[0] if req.key.hashes else str(next(self._rr))
+        # equal costs (a new document): ties follow the leading blocks, so one document's burst stays
+        # together while different documents spread, the same way on every replica
+        tie = req.key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self._rr))
 
         def cost(r: EngineRecord) -> tuple[float, float, int]:
             uncached = n - cached.get(r.engine_id, 0)

@@ -110,6 +110,19 @@ class Cluster:
         self.wait_http(proc)
         return proc
 
+    def real_engines(self, router: Proc, count: int, *flags: str, ports: list[int] | None = None) -> list[Proc]:
+        """Real `ragserve engine` processes on the tiny test model, registered with the router."""
+        procs = []
+        for i in range(count):
+            port = ports[i] if ports else free_port()
+            argv = [sys.executable, "-m", "ragserve.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--model", str(self.model_dir), "--served-model-name", "tiny", "--router", router.grpc]
+            argv += ["--advertise-url", f"http://127.0.0.1:{port}", "--device", "cpu", *flags]
+            procs.append(self._spawn(f"engine-{port}", argv, port))
+        for proc in procs:
+            self.wait_http(proc, timeout=300)
+        return procs
+
     def redis(self) -> str:
         if shutil.which("redis-server") is None:
             pytest.skip("redis-server is not installed")

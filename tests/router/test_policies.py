@@ -145,3 +145,16 @@ async def test_round_robin_and_least_loaded():
     loads.update(e0=3, e1=1, e2=2)
     order = (await policies.decide("least_loaded", req([]), records)).order
     assert [r.engine_id for r in order] == ["e1", "e2", "e0"]
+
+
+@pytest.mark.asyncio
+async def test_kv_aware_spreads_new_documents_that_share_a_system_prompt():
+    state, loads, records, policies = setup(prefix_key_blocks=4)
+
+    def doc(d: int, question: int) -> list[bytes]:
+        return [h(0), h(1)] + [h(1000 * d + i) for i in range(2, 6)] + [h(10**6 + question)]
+
+    firsts = {d: (await policies.decide("kv_aware", req(doc(d, 0)), records)).order[0].engine_id for d in range(30)}
+    assert set(firsts.values()) == set(IDS)  # not all on one engine because block 0 is shared
+    again = {d: (await policies.decide("kv_aware", req(doc(d, 1)), records)).order[0].engine_id for d in range(30)}
+    assert again == firsts  # a burst of one new document stays together even before any event
