@@ -35,7 +35,9 @@ class LayerKVCache:
 
     data: torch.Tensor  # [num_blocks, 2, block_size, num_kv_heads, head_dim] (strided view)
     kv_dtype: str = "auto"
-    scales: torch.Tensor | None = None  # quantized caches only; layout set by the quantizer
+    scales: torch.Tensor | None = None  # int8: [num_blocks, 2, block_size, num_kv_heads] float32, per token per head
+    k_scale: float = 1.0  # fp8: per-tensor scales (stored = value / scale)
+    v_scale: float = 1.0
 
     @property
     def block_size(self) -> int:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ragserve.engine.attention import quant
 from ragserve.engine.attention.backend import LayerKVCache
 
 
 @dataclass
 class KVCacheTensors:
     data: torch.Tensor  # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
-    scales: torch.Tensor | None
-    kv_dtype: str  # the --kv-cache-dtype in effect ("auto" = model dtype)
+    scales: torch.Tensor | None  # int8: [num_blocks, num_layers, 2, block_size, num_kv_heads] float32
+    kv_dtype: str  # canonical --kv-cache-dtype ("auto" = model dtype, "fp8" -> "fp8_e4m3")
 
     def layers(self) -> list[LayerKVCache]:
         return [
@@ -40,18 +42,27 @@ class KVCacheTensors:
 
 
 def bytes_per_block(kv_cache_dtype: str, model_dtype: torch.dtype, block_shape: tuple[int, ...]) -> int:
+    """Bytes of one block (data + int8 scales); block_shape = (1, num_layers, 2, block_size, kv_heads, head_dim)."""
     numel = 1
     for d in block_shape:
         numel *= d
-    if kv_cache_dtype != "auto":
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported yet")
-    return numel * torch.empty((), dtype=model_dtype).element_size()
+    size = numel * _element_size(quant.storage_dtype(kv_cache_dtype, model_dtype))
+    if quant.has_scale_tensor(kv_cache_dtype):
+        size += numel // block_shape[-1] * _element_size(quant.SCALE_DTYPE)
+    return size
 
 
 def allocate_kv_cache(
     kv_cache_dtype: str, model_dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> KVCacheTensors:
     """shape = (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)."""
-    if kv_cache_dtype != "auto":
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported yet")
-    return KVCacheTensors(torch.zeros(shape, dtype=model_dtype, device=device), None, "auto")
+    kv_dtype = quant.canonical(kv_cache_dtype)
+    data = torch.zeros(shape, dtype=quant.storage_dtype(kv_dtype, model_dtype), device=device)
+    scales = None
+    if quant.has_scale_tensor(kv_dtype):
+        scales = torch.ones(shape[:-1], dtype=quant.SCALE_DTYPE, device=device)
+    return KVCacheTensors(data, scales, kv_dtype)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -1,9 +1,11 @@
-"""Torch reference attention backend: plain gathers and SDPA, runs on any device."""
+"""Torch reference attention backend: plain gathers and SDPA, runs on any device and every KV dtype."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ragserve.engine.attention import quant
 from ragserve.engine.attention.backend import AttentionMetadata, LayerKVCache
 
 
@@ -16,18 +18,26 @@ class TorchAttentionBackend:
             key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
         bs = cache.block_size
         blocks, offsets = slot_mapping // bs, slot_mapping % bs
-        cache.data[blocks, 0, offsets] = key.to(cache.data.dtype)
-        cache.data[blocks, 1, offsets] = value.to(cache.data.dtype)
+        for kv, x, scale in ((0, key, cache.k_scale), (1, value, cache.v_scale)):
+            q, scales = quant.quantize(x, cache.kv_dtype, cache.data.dtype, scale)
+            cache.data[blocks, kv, offsets] = q
+            if scales is not None:
+                cache.scales[blocks, kv, offsets] = scales
 
     def gather_kv(
         self, cache: LayerKVCache, block_table: torch.Tensor, seq_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sequence's first seq_len K and V as [seq_len, num_kv_heads, head_dim]."""
+        """A sequence's first seq_len K and V as [seq_len, num_kv_heads, head_dim], dequantized."""
         num_blocks = -(-seq_len // cache.block_size)
-        kv = cache.data[block_table[:num_blocks].long()]  # [nb, 2, bs, H, D]
-        k = kv[:, 0].reshape(-1, *kv.shape[-2:])[:seq_len]
-        v = kv[:, 1].reshape(-1, *kv.shape[-2:])[:seq_len]
-        return k, v
+        ids = block_table[:num_blocks].long()
+        kv = cache.data[ids]  # [nb, 2, bs, H, D]
+        scales = None if cache.scales is None else cache.scales[ids]  # [nb, 2, bs, H]
+        out = []
+        for i, scale in ((0, cache.k_scale), (1, cache.v_scale)):
+            x = kv[:, i].reshape(-1, *kv.shape[-2:])[:seq_len]
+            s = None if scales is None else scales[:, i].reshape(-1, scales.shape[-1])[:seq_len]
+            out.append(quant.dequantize(x, cache.kv_dtype, scale, s))
+        return out[0], out[1]
 
     def forward(
         self,
@@ -40,14 +50,15 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         out = torch.empty_like(query)
         starts = meta.query_start_loc_cpu
+        quantized = quant.quant_mode(cache.kv_dtype) != quant.QUANT_NONE
         for i, seq_len in enumerate(meta.seq_lens_cpu):
             q_start, q_end = starts[i], starts[i + 1]
             q_len = q_end - q_start
             if q_len == 0:
                 continue
-            if q_len == seq_len:  # nothing cached before this step: use the fresh K/V
+            if q_len == seq_len and not quantized:  # nothing cached before this step: use the fresh K/V
                 k, v = key[q_start:q_end], value[q_start:q_end]
-            else:
+            else:  # quantized caches always attend over the stored values, like the kernels
                 k, v = self.gather_kv(cache, meta.block_tables[i], seq_len)
             out[q_start:q_end] = _causal_sdpa(query[q_start:q_end], k.to(query.dtype), v.to(query.dtype), scale)
         return out
