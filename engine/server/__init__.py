@@ -1,0 +1,1 @@
+"""The engine's HTTP server: OpenAI API, metrics, warm-up, and its cluster duties (registration, KV events)."""
