@@ -41,10 +41,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     namespaces = namespaces_of(args)
     if args.kubeconfig:
+        if not os.path.isfile(args.kubeconfig):
+            raise FileNotFoundError(f"kubeconfig {args.kubeconfig} does not exist")
         os.environ["KUBECONFIG"] = args.kubeconfig  # read by kopf's login and by our client alike
     import kopf
+    from kubernetes.config import ConfigException
 
     import ragserve_operator.handlers  # noqa: F401  (registers the handlers)
+    from ragserve_operator.kube import Kube, load_config
+
+    try:
+        kube = Kube(load_config())
+    except ConfigException as exc:
+        raise ValueError(f"no Kubernetes API to talk to (not in a pod, no usable kubeconfig): {exc}") from exc
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -57,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(kube=kube),
     )
     return 0

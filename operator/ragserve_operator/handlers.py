@@ -39,7 +39,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    memo.kube = Kube(load_config())
+    if getattr(memo, "kube", None) is None:  # `kopf run -m ragserve_operator.handlers`
+        memo.kube = Kube(load_config())
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

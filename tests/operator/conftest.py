@@ -146,7 +146,7 @@ async def start_operator(sim: KubeSim, tmp_path: Path, port: int, *extra: str) -
     proc = subprocess.Popen(
         [sys.executable, "-m", "ragserve.cli", *args, *extra],
         env=env,
-        stdout=open(tmp_path / "operator.log", "w"),  # noqa: SIM115  (closed with the process)
+        stdout=open(tmp_path / "operator.log", "a"),  # noqa: SIM115  (closed with the process)
         stderr=subprocess.STDOUT,
     )
     return proc
@@ -163,17 +163,32 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest_asyncio.fixture
-async def operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterator[subprocess.Popen]:
-    proc = await start_operator(kube, tmp_path, port)
-    try:
+async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterator[Callable]:
+    """Start the operator (stopping the previous one first); every process is stopped at teardown."""
+    procs: list[subprocess.Popen] = []
+
+    async def start() -> subprocess.Popen:
+        for old in procs:
+            stop(old)
+        kube._requests.clear()  # so the readiness check below sees this process's watches
+        proc = await start_operator(kube, tmp_path, port)
+        procs.append(proc)
         await _eventually(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
         # kmock's watches ignore resourceVersion (events between a list and its watch are lost): wait for them
         await _eventually(lambda: _watching(kube), timeout=60, what="the operator's watch streams")
-        yield proc
+        return proc
+
+    try:
+        yield start
     finally:
-        stop(proc)
-        log = (tmp_path / "operator.log").read_text()
-        print(log[-20000:])
+        for proc in procs:
+            stop(proc)
+        print((tmp_path / "operator.log").read_text()[-20000:])
+
+
+@pytest_asyncio.fixture
+async def operator(run_operator: Callable) -> subprocess.Popen:
+    return await run_operator()
 
 
 WATCHED = ("ragserves", "deployments", "statefulsets", "services", "configmaps")

@@ -129,9 +129,9 @@ async def test_full_loop(kube, operator, eventually):
     # removing a pool deletes its children
     await kube.call("PATCH", f"{BASE}/demo", {"spec": {"engines": [change["spec"]["engines"][0]]}})
     await eventually(lambda: kube.obj(DEPLOYMENTS, "demo-engine-big") is None, what="pruned pool")
-    assert kube.obj("v1/services", "demo-engine-big") is None
-    reasons = {e["reason"] for e in kube.events()}
-    assert {"Created", "Updated", "Deleted", "Ready", "Progressing"} <= reasons
+    await eventually(lambda: kube.obj("v1/services", "demo-engine-big") is None, what="pruned pool Service")
+    reasons = {"Created", "Updated", "Deleted", "Ready", "Progressing"}
+    await eventually(lambda: reasons <= {e["reason"] for e in kube.events()}, what="events")
 
 
 async def test_invalid_spec_degrades_and_operator_keeps_running(kube, operator, eventually):
@@ -152,4 +152,34 @@ async def test_invalid_spec_degrades_and_operator_keeps_running(kube, operator, 
     await eventually(lambda: condition(kube, "bad", "Degraded").get("status") == "False", what="Degraded cleared")
     assert kube.obj(DEPLOYMENTS, "bad-engine-a")
     assert any(e["type"] == "Warning" and e["reason"] == "InvalidSpec" for e in kube.events())
+    assert operator.poll() is None
+
+
+async def test_restart_resumes_and_deletion_is_not_blocked(kube, run_operator, eventually):
+    await run_operator()
+    await kube.call("POST", BASE, ragserve("again", {"engines": [{"name": "a", "model": "m"}]}))
+    await eventually(lambda: kube.obj("v1/services", "again-router"), what="children")
+    finalizers = kube.obj(RAGSERVES, "again")["metadata"]["finalizers"]
+    assert finalizers == ["ragserve.dev/operator"]  # held for the autoscaler loop only
+
+    await run_operator()  # stops the first one; changes while it was down are picked up on resume
+    await kube.call("DELETE", f"/api/v1/namespaces/{NS}/services/again-router")
+    await eventually(lambda: kube.obj("v1/services", "again-router"), what="recreated after restart")
+
+    await kube.call("DELETE", f"{BASE}/again")
+    await eventually(lambda: kube.obj(RAGSERVES, "again") is None, what="RAGServe deleted (finalizer released)")
+
+
+async def test_a_foreign_object_in_the_way_degrades(kube, operator, eventually):
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "clash-endpoints"}, "data": {"k": "v"}}
+    await kube.call("POST", f"/api/v1/namespaces/{NS}/configmaps", foreign)
+    await kube.call("POST", BASE, ragserve("clash", {"engines": [{"name": "a", "model": "m"}]}))
+    await eventually(lambda: condition(kube, "clash", "Degraded").get("reason") == "ApplyFailed", what="ApplyFailed")
+    message = condition(kube, "clash", "Degraded")["message"]
+    assert message == "ConfigMap clash-endpoints exists and is not controlled by RAGServe clash; rename or delete it"
+    assert kube.obj("v1/configmaps", "clash-endpoints")["data"] == {"k": "v"}  # left alone
+    await kube.call("DELETE", f"/api/v1/namespaces/{NS}/configmaps/clash-endpoints")
+    await eventually(
+        lambda: condition(kube, "clash", "Degraded").get("status") == "False", what="recovered", timeout=60
+    )
     assert operator.poll() is None
