@@ -74,8 +74,10 @@ class EngineMetrics:
         self.cache_config = Gauge(
             "vllm:cache_config_info", "Information of the KV cache config", ["block_size", "num_gpu_blocks"], registry=r
         )
-        for child in (self.prompt_tokens, self.generation_tokens, self.external_queries, self.external_hits):
-            child.labels(model_name)  # export zeros before the first request
+        for family in (self.prompt_tokens, self.generation_tokens, self.external_queries, self.external_hits):
+            family.labels(model_name)  # export zeros before the first request
+        for family in (self.ttft, self.itl, self.e2e, self.queue_time):
+            family.labels(model_name)
         for reason in FINISH_REASONS[:2]:
             self.request_success.labels(model_name, reason)
 

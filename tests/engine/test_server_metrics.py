@@ -1,0 +1,110 @@
+"""/metrics (vLLM names, parsed with prometheus_client) moves with requests; disconnects free KV blocks."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.engine.test_server_support import LONG_CONTEXT, MODEL_NAME, metric, scrape, start_engine, wait_for
+
+BLOCKS = 256
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    proc = start_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def sdk(engine):
+    client = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def idle(engine) -> bool:
+    s = scrape(engine.url)
+    return metric(s, "vllm:num_requests_running") == 0 and metric(s, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_cache_config_and_zeroed_counters(engine):
+    s = scrape(engine.url)
+    assert s[f"vllm:cache_config_info{{block_size=16,num_gpu_blocks={BLOCKS}}}"] == 1
+    for name in ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"):
+        assert metric(s, name) == 0
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert metric(s, name) == 0
+
+
+def test_counters_and_histograms_move_with_requests(sdk, engine):
+    before = scrape(engine.url)
+    messages = [{"role": "system", "content": LONG_CONTEXT}, {"role": "user", "content": "Why?"}]
+    first = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=5, temperature=0)
+    second = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=5, temperature=0)
+    after = scrape(engine.url)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    prompt = first.usage.prompt_tokens + second.usage.prompt_tokens
+    assert delta("vllm:prompt_tokens_total") == prompt
+    assert delta("vllm:generation_tokens_total") == 10
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    assert delta("vllm:prefix_cache_queries_total") == prompt
+    assert delta("vllm:prefix_cache_hits_total") == second.usage.prompt_tokens_details.cached_tokens > 0
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert delta(f"vllm:{name}_seconds_count") == 2
+    assert delta("vllm:inter_token_latency_seconds_count") == 8  # 4 gaps per 5-token request
+    assert delta("vllm:time_to_first_token_seconds_sum") > 0
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_stream_disconnect_aborts_and_frees_blocks(sdk, engine):
+    before = scrape(engine.url)
+    stream = sdk.completions.create(
+        model=MODEL_NAME,
+        prompt=LONG_CONTEXT,
+        max_tokens=3000,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    busy = scrape(engine.url)
+    assert metric(busy, "vllm:num_requests_running") == 1
+    assert metric(busy, "vllm:kv_cache_usage_perc") > 0
+    stream.close()
+    wait_for(lambda: idle(engine), what="blocks freed after the client disconnected")
+    after = scrape(engine.url)
+    generated = metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
+    assert 3 <= generated < 3000
+    success = "vllm:request_success_total"
+    assert metric(after, success, finished_reason="length") == metric(before, success, finished_reason="length")
+    assert "finish=abort" in engine.output()
+
+
+def test_non_stream_disconnect_aborts(engine):
+    before = scrape(engine.url)
+    body = {"prompt": LONG_CONTEXT, "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(engine.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+    wait_for(lambda: idle(engine), what="blocks freed after the client gave up")
+    after = scrape(engine.url)
+    generated = metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
+    assert generated < 3000
+    ok = sdk_free_request(engine)
+    assert ok["usage"]["completion_tokens"] == 2
+
+
+def sdk_free_request(engine) -> dict:
+    return httpx.post(
+        engine.url + "/v1/completions", json={"prompt": "still alive?", "max_tokens": 2}, timeout=30
+    ).json()
