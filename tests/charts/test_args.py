@@ -146,8 +146,12 @@ def test_engines_verify_the_router_registry_tls(render, scenarios):
 
 def test_drain_fits_in_the_grace_period(render):
     pool = {"name": "p", "model": "m", "terminationGracePeriodSeconds": 300, "preStopSleepSeconds": 10}
-    args = engine_args(render({"engines": [pool]}), "p")
+    router = {"terminationGracePeriodSeconds": 90, "drainDelaySeconds": 15}
+    docs = render({"engines": [pool], "router": router})
+    args = engine_args(docs, "p")
     assert args[args.index("--drain-timeout") + 1] == "285"
+    ns = parse(next(c for w, c in ragserve_containers(docs) if "-router/" in w)["args"])
+    assert (ns.drain_delay, ns.drain_timeout) == (15.0, 70.0)
 
 
 def test_cachestore_client_security_is_wired_or_warned(chart):

@@ -17,6 +17,8 @@
 {{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
 {{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $r.maxBodyBytes) }}
+{{- include "ragserve.arg" (list "--drain-delay" $r.drainDelaySeconds) }}
+{{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $r.terminationGracePeriodSeconds) (int $r.drainDelaySeconds)) 5))) }}
 {{- include "ragserve.tlsArgs" $r.tls }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
