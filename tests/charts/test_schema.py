@@ -44,6 +44,7 @@ BAD_VALUES = [
     ),
     ({"engineDefaults": {"model": "m"}}, "/engineDefaults/model", "false schema"),
     ({"engineDefaults": {"autoscaling": {"mode": "vpa"}}}, "/engineDefaults/autoscaling/mode", "one of"),
+    ({"engineDefaults": {"autoscaling": {"minReplicas": 0}}}, "/engineDefaults/autoscaling/minReplicas", "minimum"),
     (
         {"engineDefaults": {"autoscaling": {"targetKVCacheUsage": 85}}},
         "/engineDefaults/autoscaling/targetKVCacheUsage",
