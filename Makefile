@@ -23,7 +23,7 @@ install: $(STAMP)
 
 run: install
 	$(VENV)/bin/ragserve info
-	@echo "install OK; the engine issue makes this generate"
+	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

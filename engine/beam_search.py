@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
 from ragserve.engine.sequence import Request, Sequence
 
 if TYPE_CHECKING:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from ragserve.engine.block_pool import BlockPool, KVCacheBlock
 from ragserve.engine.sequence import Sequence
-
 from ragserve.keys import block_hashes
 
 

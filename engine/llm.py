@@ -12,9 +12,10 @@ from ragserve.engine.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **kwargs) -> None:
+    def __init__(self, model: str | None = None, loaded_model=None, **kwargs) -> None:
+        """kwargs are EngineConfig fields; `loaded_model` shares weights with another LLM."""
         config = EngineConfig(**({"model": model} if model else {}), **kwargs)
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, loaded_model)
         self._ids = itertools.count()
 
     @property

@@ -5,29 +5,30 @@ from __future__ import annotations
 import time
 
 import torch
+
 from ragserve.engine.beam_search import beam_step
 from ragserve.engine.block_pool import BlockPool
 from ragserve.engine.config import EngineConfig
 from ragserve.engine.kv_cache_manager import KVCacheManager
 from ragserve.engine.model_runner import ModelOutput, ModelRunner
+from ragserve.engine.models.llama import LlamaForCausalLM
 from ragserve.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ragserve.engine.sampler import Sampler, SamplingRow, top_logprobs
 from ragserve.engine.sampling_params import SamplingParams
 from ragserve.engine.scheduler import Scheduler, SchedulerOutput
 from ragserve.engine.sequence import Request, Sequence
 from ragserve.engine.stop import check_stop
-
 from ragserve.keys import KVLayout, root_hash
 from ragserve.models import load_tokenizer, model_fingerprint, resolve_model
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM | None = None) -> None:
         self.config = config
         self.source = resolve_model(config.model, config.served_model_name)
         self.model_id = model_fingerprint(self.source)
         self.tokenizer = load_tokenizer(self.source)
-        self.runner = ModelRunner(config, self.source)
+        self.runner = ModelRunner(config, self.source, model)
         mc = self.runner.model_config
         if config.max_model_len and config.max_model_len > mc.max_position:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {mc.max_position} positions")
@@ -122,6 +123,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out.scheduled:
+            self.runner.copy_blocks(out)  # a step may only preempt: its swap-outs still happen
+            if self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
+                raise RuntimeError(f"scheduler stalled with {self.stats()}")
             return []
         model_out = self.runner.execute(out)
         self.scheduler.update_after_step(out)

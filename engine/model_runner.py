@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from ragserve.engine.attention.backend import AttentionMetadata
 from ragserve.engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve.engine.attention.selector import get_attention_backend
 from ragserve.engine.config import EngineConfig
 from ragserve.engine.layers.attention import ForwardContext
+from ragserve.engine.models.llama import LlamaForCausalLM
 from ragserve.engine.models.loader import load_model
 from ragserve.engine.scheduler import SchedulerOutput
-
 from ragserve.models import ModelSource
 
 CPU_DEFAULT_KV_BYTES = 1 << 30
@@ -41,12 +42,13 @@ class ModelOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, source: ModelSource) -> None:
+    def __init__(self, config: EngineConfig, source: ModelSource, model: LlamaForCausalLM | None = None) -> None:
+        """`model` reuses already loaded weights (tests and benchmarks run several engines on one model)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
-        self.model = load_model(source, self.dtype, self.device)
+        self.model = model or load_model(source, self.dtype, self.device)
         self.model_config = self.model.config
         self.backend = get_attention_backend(config.attention_backend, self.device)
         self.block_size = config.block_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from ragserve.engine.sampling_params import SamplingParams
 
 

@@ -147,8 +147,7 @@ class Scheduler:
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs or not self.kv.can_swap_in(seqs):
                 break
             chunk = self._chunk(req, budget)
-            extra = sum(self.kv.num_blocks_needed(s, chunk) for s in seqs)
-            if chunk == 0 or len({h for s in seqs for h in s.swapped_table}) + extra > self.kv.pool.num_free_blocks:
+            if chunk == 0 or self._swap_in_blocks(seqs, chunk) > self.kv.pool.num_free_blocks:
                 break
             self.swapped.pop(0)
             out.swap_in += self.kv.swap_in(seqs)
@@ -157,6 +156,15 @@ class Scheduler:
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
         return budget
+
+    def _swap_in_blocks(self, seqs: list[Sequence], chunk: int) -> int:
+        """Device blocks to swap a group back in and give it `chunk` more tokens (CoW included)."""
+        bs = self.kv.block_size
+        total = len({h for s in seqs for h in s.swapped_table})
+        for s in seqs:
+            total += max(0, -(-(s.num_computed_tokens + chunk) // bs) - len(s.swapped_table))
+            total += 1 if len(seqs) > 1 and s.num_computed_tokens % bs else 0
+        return total
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 import torch
+
 from ragserve.engine.block_pool import KVCacheBlock
 from ragserve.engine.sampling_params import SamplingParams
 

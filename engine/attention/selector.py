@@ -23,7 +23,8 @@ def get_attention_backend(name: str, device: torch.device):
         raise ValueError(CPU_TRITON_ERROR)
     if not _triton_importable():
         raise ValueError("attention backend 'triton' needs the triton package (pip install triton)")
-    from ragserve.engine.attention.triton_backend import TritonAttentionBackend, kernels_interpreted
+    from ragserve.engine.attention.triton_backend import TritonAttentionBackend
+    from ragserve.engine.attention.triton_utils import kernels_interpreted
 
     if device.type != "cuda" and not kernels_interpreted():
         raise ValueError("the Triton kernels were imported before TRITON_INTERPRET=1 was set; set it at start-up")

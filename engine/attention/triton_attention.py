@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ragserve.engine.attention.triton_utils import round_to_grid
+
 LOG2E = 1.4426950408889634
 
 
@@ -69,7 +71,10 @@ def paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     QUANT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # the query dtype (float32 under the interpreter, whose bf16 dot is wrong)
     DOT_PRECISION: tl.constexpr,
+    OUT_MANTISSA: tl.constexpr,  # > 0: round the output to its format first (interpreter only)
+    OUT_MIN_EXP: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -91,7 +96,7 @@ def paged_attention_kernel(
     dim_ok = dims < HEAD_DIM
     tokens = (q_start + q_pos).to(tl.int64)
     q_offs = tokens[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT_DTYPE)
 
     # causal: row r sees positions <= cached + q_pos[r]; the block's last row bounds the tiles
     last_pos = cached + tl.minimum(local * BLOCK_Q + BLOCK_Q, q_len) - 1
@@ -113,7 +118,7 @@ def paged_attention_kernel(
         slot_off = block * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_ct
         kv_mask = pos_ok[None, :] & dim_ok[:, None]
         k = tl.load(cache_head + slot_off[None, :] + dims[:, None], mask=kv_mask, other=0.0)  # [D, N]
-        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if QUANT == 2:
             k_scales = tl.load(scales_head + block * stride_sb + (pos % BLOCK_SIZE) * stride_st, mask=pos_ok, other=0.0)
             s = s * k_scales[None, :]
@@ -130,12 +135,14 @@ def paged_attention_kernel(
             p = p * v_scales[None, :]
         v_offs = stride_ckv + slot_off[:, None] + dims[None, :]
         v = tl.load(cache_head + v_offs, mask=pos_ok[:, None] & dim_ok[None, :], other=0.0)  # [N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m_i = m_new
 
     acc = acc * v_scale
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
+        if OUT_MANTISSA > 0:
+            out = round_to_grid(out, OUT_MANTISSA, OUT_MIN_EXP)
         o_offs = tokens[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
     else:
@@ -157,6 +164,8 @@ def reduce_splits_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    OUT_MANTISSA: tl.constexpr,
+    OUT_MIN_EXP: tl.constexpr,
 ):
     """Merge the splits of one (token, head): rescale each partial sum to the global max."""
     token = tl.program_id(0).to(tl.int64)
@@ -170,5 +179,7 @@ def reduce_splits_kernel(
     w = tl.math.exp2(m - m_max)
     parts = tl.load(part_out_ptr + (base * NUM_SPLITS + splits[:, None]) * HEAD_DIM_P + dims[None, :])
     out = tl.sum(parts * w[:, None], axis=0) / tl.sum(l_part * w, axis=0)
+    if OUT_MANTISSA > 0:
+        out = round_to_grid(out, OUT_MANTISSA, OUT_MIN_EXP)
     dst = out_ptr + token * stride_ot + head * stride_oh + dims
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)

@@ -14,11 +14,13 @@ import contextlib
 
 import torch
 import triton
+import triton.language as tl
 
 from ragserve.engine.attention import quant
 from ragserve.engine.attention.backend import AttentionMetadata, LayerKVCache
 from ragserve.engine.attention.triton_attention import LOG2E, paged_attention_kernel, reduce_splits_kernel
-from ragserve.engine.attention.triton_write import last_dim_contiguous, write_kv
+from ragserve.engine.attention.triton_utils import float_format, kernels_interpreted, last_dim_contiguous
+from ragserve.engine.attention.triton_write import write_kv
 
 MAX_SPLITS = 32
 MIN_TILES_PER_SPLIT = 4
@@ -86,13 +88,13 @@ class TritonAttentionBackend:
             meta.block_tables.stride(0),
             NUM_HEADS=num_heads, GQA=gqa, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
             BLOCK_SIZE=cache.block_size, TILE_N=tile_n, BLOCK_M=block_m, BLOCK_Q=block_q,
-            NUM_SPLITS=splits, QUANT=mode,
-            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            NUM_SPLITS=splits, QUANT=mode, **_numerics(query.dtype),
         )  # fmt: skip
         if splits > 1:
             reduce_splits_kernel[(num_tokens, num_heads)](
                 out, parts, ml, out.stride(0), out.stride(1),
                 NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, NUM_SPLITS=splits,
+                **{k: v for k, v in _numerics(query.dtype).items() if k.startswith("OUT_")},
             )  # fmt: skip
         return out
 
@@ -120,6 +122,16 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def kernels_interpreted() -> bool:
-    """Whether the kernels were built for the interpreter (decided when Triton decorates them, at import)."""
-    return type(paged_attention_kernel).__name__ == "InterpretedFunction"
+def _numerics(dtype: torch.dtype) -> dict:
+    """Dot dtype/precision and output rounding; the interpreter gets float32 dots and pre-rounded outputs."""
+    interpreted = kernels_interpreted() and dtype != torch.float32
+    mantissa, min_exp = float_format(dtype) if interpreted else (0, 0)
+    return dict(
+        DOT_DTYPE=_TL_DTYPES[torch.float32 if interpreted else dtype],
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        OUT_MANTISSA=mantissa,
+        OUT_MIN_EXP=min_exp,
+    )
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

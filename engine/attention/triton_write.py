@@ -6,32 +6,13 @@ Addresses are computed in int64 so block ids times the block stride never overfl
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from ragserve.engine.attention import quant
 from ragserve.engine.attention.backend import LayerKVCache
-
-
-@triton.jit
-def _round_to_fp8_grid(x, MANTISSA: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr):
-    """Round float32 to the nearest (ties to even) fp8 value, so the cast after it is exact.
-
-    The cast alone would do this on a GPU, but the Triton interpreter's float -> fp8 cast drops the
-    carry into the exponent (1.99 -> 1.0); rounding first gives the same bytes on both.
-    """
-    SHIFT: tl.constexpr = 23 - MANTISSA
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = bits + (((bits >> SHIFT) & 1) + ((1 << (SHIFT - 1)) - 1))
-    normal = ((bits >> SHIFT) << SHIFT).to(tl.float32, bitcast=True)
-    # below the smallest normal the grid step is fixed: adding a power of two rounds to it
-    magic = 2.0 ** (MIN_NORMAL_EXP - MANTISSA + 23)
-    sub = (tl.abs(x) + magic) - magic
-    sub = tl.where(x < 0, -sub, sub)
-    return tl.where(tl.abs(x) < 2.0**MIN_NORMAL_EXP, sub, normal)
+from ragserve.engine.attention.triton_utils import float_format, last_dim_contiguous, round_to_grid
 
 
 @triton.jit
@@ -51,7 +32,7 @@ def _store_quantized(
         tl.store(dst, x.to(dst.dtype.element_ty), mask=mask)
     elif QUANT == 1:
         y = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
-        y = _round_to_fp8_grid(y, FP8_MANTISSA, FP8_MIN_EXP)
+        y = round_to_grid(y, FP8_MANTISSA, FP8_MIN_EXP)
         tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
     else:
         row_scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-8) / 127.0
@@ -138,10 +119,5 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_m
 
 
 def _fp8_constants(dtype: torch.dtype) -> dict:
-    info = torch.finfo(dtype)
-    mantissa, min_exp = -int(math.log2(info.eps)), int(math.log2(info.smallest_normal))
-    return dict(FP8_MAX=float(info.max), FP8_MANTISSA=mantissa, FP8_MIN_EXP=min_exp)
-
-
-def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+    mantissa, min_exp = float_format(dtype)
+    return dict(FP8_MAX=float(torch.finfo(dtype).max), FP8_MANTISSA=mantissa, FP8_MIN_EXP=min_exp)

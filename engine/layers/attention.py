@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from ragserve.engine.attention.backend import AttentionBackend, AttentionMetadata, LayerKVCache
 from ragserve.engine.layers.norm import RMSNorm
 from ragserve.engine.layers.rotary import RotaryEmbedding
-from torch import nn
 
 
 @dataclass

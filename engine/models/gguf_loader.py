@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from ragserve.engine.models.config import SUPPORTED, ModelConfig
 
 _NAMES = {

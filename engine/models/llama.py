@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from ragserve.engine.layers.attention import Attention, ForwardContext
 from ragserve.engine.layers.norm import RMSNorm
 from ragserve.engine.layers.rotary import RotaryEmbedding
 from ragserve.engine.models.config import ModelConfig
-from torch import nn
 
 
 class MLP(nn.Module):

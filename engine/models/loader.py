@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
 from ragserve.engine.models.config import ModelConfig
 from ragserve.engine.models.llama import LlamaForCausalLM
-
 from ragserve.models import ModelSource
 
 # HF checkpoint names → (our fused parameter, shard index in it)

@@ -1,0 +1,80 @@
+"""AsyncLLM: concurrent streams, abort on early exit, errors raised to the caller, KV events."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ragserve.engine.async_engine import AsyncLLM
+from ragserve.engine.config import EngineConfig
+from ragserve.engine.sampling_params import SamplingParams
+from ragserve.testing import tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine():
+    llm = AsyncLLM(EngineConfig(model=str(tiny_model("llama")), num_gpu_blocks=64))
+    yield llm
+    llm.shutdown()
+
+
+async def collect(engine: AsyncLLM, rid: str, prompt, params: SamplingParams):
+    outs = [o async for o in engine.generate(prompt, params, rid)]
+    return outs
+
+
+def test_concurrent_streams_match_offline_greedy(engine):
+    from ragserve.engine.llm import LLM
+
+    prompts = [list(range(100 + i, 140 + 7 * i)) for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, f"c{i}", p, params) for i, p in enumerate(prompts)))
+
+    results = asyncio.run(main())
+    for outs in results:
+        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 6
+        tokens = [len(o.outputs[0].token_ids) for o in outs]
+        assert tokens == sorted(tokens) and len(outs) >= 2  # streamed token by token
+    offline = LLM(str(tiny_model("llama")), num_gpu_blocks=64, loaded_model=engine.engine.runner.model)
+    expected = [o.outputs[0].token_ids for o in offline.generate(prompts, params)]
+    assert [outs[-1].outputs[0].token_ids for outs in results] == expected
+
+
+def test_early_exit_aborts_and_frees_blocks(engine):
+    async def main():
+        gen = engine.generate(list(range(10, 90)), SamplingParams(max_tokens=200, ignore_eos=True), "leave")
+        async for out in gen:
+            if len(out.outputs[0].token_ids) >= 2:
+                break
+        await gen.aclose()
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if engine.stats()["free_blocks"] == engine.stats()["num_blocks"] and not engine.engine.requests:
+                return True
+        return False
+
+    assert asyncio.run(main())
+
+
+def test_bad_request_raises_in_caller_and_engine_keeps_serving(engine):
+    async def main():
+        with pytest.raises(ValueError, match="prompt must not be empty"):
+            await collect(engine, "bad", [], SamplingParams())
+        return await collect(engine, "good", [5, 6, 7], SamplingParams(max_tokens=2))
+
+    assert asyncio.run(main())[-1].finished
+
+
+def test_kv_events_reach_listeners(engine):
+    seen = []
+    engine.add_kv_event_listener(seen.extend)
+
+    async def main():
+        await collect(engine, "ev", list(range(3000, 3040)), SamplingParams(max_tokens=1))
+
+    asyncio.run(main())
+    stored = [h for e in seen if e.kind == "stored" for h in e.block_hashes]
+    assert len(stored) >= 2 and set(stored) <= set(engine.engine.pool.cached) | set(stored)
