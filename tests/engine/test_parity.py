@@ -40,7 +40,7 @@ def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
     assert base.engine.kv.stats.hits > 0
     for label, llm in _regimes(path, base, prompts):
         outs = llm.generate(prompts, GREEDY)
-        for p, o, first in zip(prompts, outs, again, strict=True):
+        for o, first in zip(outs, again, strict=True):
             assert o.outputs[0].token_ids == first.outputs[0].token_ids, label
         if label.startswith("preempt"):
             assert llm.engine.scheduler.num_preemptions > 0, label
