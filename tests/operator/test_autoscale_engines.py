@@ -1,0 +1,135 @@
+"""Autoscaling against real `ragserve engine` processes (tiny model): load generated here makes requests
+queue, the operator scales the pool up to maxReplicas, holds through the stabilization window once the
+load stops, then scales down to minReplicas."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ragserve.testing import tiny_model
+from ragserve_operator.spec import GROUP, PLURAL, VERSION
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
+NS = "rs-test"  # conftest's
+DEPLOYMENT = "scale-engine-a"
+
+
+async def start_engine(port: int, log: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "ragserve.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--model", str(tiny_model("llama")), "--served-model-name", "tiny", "--device", "cpu"]
+    argv += ["--max-num-seqs", "1"]  # one running request per engine: the rest queue
+    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+
+async def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 300.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while loop.time() < deadline:
+            assert proc.poll() is None, "engine exited"
+            try:
+                if (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"engine on {port} did not become healthy")
+
+
+async def keep_busy(port: int, stop: asyncio.Event) -> int:
+    """One client slot: long completions back to back until told to stop. Returns completions done."""
+    done = 0
+    body = {"model": "tiny", "prompt": "Tell me a long story about caches.", "max_tokens": 256, "ignore_eos": True}
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        while not stop.is_set():
+            response = await client.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            done += 1
+    return done
+
+
+def pod(name: str, port: int) -> dict:
+    labels = {
+        "app.kubernetes.io/name": "ragserve",
+        "app.kubernetes.io/instance": "scale",
+        "app.kubernetes.io/component": "engine",
+        "ragserve.dev/pool": "a",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+SPEC = {
+    "engines": [{"name": "a", "model": "tiny", "minReplicas": 1, "maxReplicas": 3}],
+    "autoscaling": {
+        "mode": "operator",
+        "intervalSeconds": 1,
+        "targetWaitingRequests": 2,
+        "scaleDownStabilizationSeconds": 5,
+    },
+}
+
+
+async def test_scales_real_engines(kube, operator, eventually, free_ports, tmp_path):
+    ports = free_ports(2)
+    engines = [await start_engine(p, tmp_path / f"engine-{p}.log") for p in ports]
+    stop = asyncio.Event()
+    try:
+        await asyncio.gather(*(wait_healthy(e, p) for e, p in zip(engines, ports, strict=True)))
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "scale"}, "spec": SPEC}
+        await kube.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
+        for i, port in enumerate(ports):
+            await kube.call("POST", f"/api/v1/namespaces/{NS}/pods", pod(f"scale-a-{i}", port))
+
+        def replicas() -> int | None:
+            live = kube.obj("apps/v1/deployments", DEPLOYMENT)
+            return None if live is None else live["spec"]["replicas"]
+
+        def record() -> dict:
+            status = (kube.obj(f"{GROUP}/{VERSION}/{PLURAL}", "scale") or {}).get("status") or {}
+            return (status.get("autoscaling") or [{}])[0]
+
+        await eventually(lambda: record().get("podsWithMetrics") == 2, what="both engines scraped", timeout=60)
+        assert replicas() == 1 and record()["metrics"]["waiting"] == 0  # idle: stays at minReplicas
+
+        slots = [asyncio.create_task(keep_busy(p, stop)) for p in ports for _ in range(6)]
+        await eventually(lambda: replicas() == 3, what="scale up under queueing", timeout=120)
+        ups = [
+            e["message"] for e in kube.events() if e["reason"] == "Scaled" and "-> 3 replicas (waiting" in e["message"]
+        ]
+        assert ups, [e["message"] for e in kube.events() if e["reason"] == "Scaled"]
+
+        stop.set()
+        finished = await asyncio.gather(*slots)
+        assert sum(finished) >= len(slots)
+
+        def held() -> bool:  # idle again, yet still at 3: the scale-down window holds the recent highs
+            r = record()
+            return r["metrics"]["waiting"] == 0 and "stabilization window keeps 3" in r["reason"]
+
+        await eventually(held, what="held by the window", timeout=60)
+        assert replicas() == 3
+        await eventually(lambda: replicas() == 1, what="scale down after the load stops", timeout=90)
+    finally:
+        stop.set()
+        for engine in engines:
+            engine.terminate()
+        for engine in engines:
+            try:
+                engine.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                engine.kill()
+                engine.wait()
+    history = [v["spec"]["replicas"] for v in kube.objects["apps/v1/deployments", NS, DEPLOYMENT].history if v]
+    assert min(history) == 1 and max(history) == 3  # within min/max throughout
