@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ragserve_operator.names import ENGINE_PORT, Owner
-from ragserve_operator.pods import container, pod_template
+from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
 
 STARTUP_TIMEOUT_S = 1800  # model download + load + warm-up
@@ -90,6 +90,7 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "TRITON_CACHE_DIR", "value": "/cache/triton"},
             {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *secret_env("RAGSERVE_API_KEY", spec.engine_api_key),
         ],
         limits={raw["gpuResourceName"]: str(gpus)} if gpus else None,
         mounts=mounts,

@@ -90,11 +90,16 @@ def pod_template(owner: Owner, spec: RAGServeSpec, component: str, pool: str | N
 
 def redis_url_env(spec: RAGServeSpec) -> list[dict]:
     """RAGSERVE_REDIS from a Secret (a URL with a password stays out of the pod spec)."""
-    secret = spec.redis.get("urlSecret")
-    if spec.redis["mode"] != "external" or not secret or spec.redis.get("url"):
+    if spec.redis["mode"] != "external" or spec.redis.get("url"):
         return []
-    ref = {"name": secret["name"], "key": secret["key"]}
-    return [{"name": "RAGSERVE_REDIS", "valueFrom": {"secretKeyRef": ref}}]
+    return secret_env("RAGSERVE_REDIS", spec.redis.get("urlSecret"))
+
+
+def secret_env(name: str, ref: dict | None) -> list[dict]:
+    """An env var from a Secret key ({name, key}), or nothing."""
+    if not ref:
+        return []
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}]
 
 
 def redis_args(owner: Owner, spec: RAGServeSpec, db: int) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ragserve_operator.names import Owner
-from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env
+from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env
 from ragserve_operator.spec import RAGServeSpec
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
@@ -31,7 +31,7 @@ def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
         spec.image,
         router_args(owner, spec),
         r,
-        env=redis_url_env(spec),
+        env=redis_url_env(spec) + secret_env("RAGSERVE_ENGINE_API_KEY", spec.engine_api_key),
         mounts=mounts,
         ports=[
             {"name": "http", "containerPort": r["port"], "protocol": "TCP"},

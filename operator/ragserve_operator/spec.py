@@ -155,6 +155,7 @@ class RAGServeSpec:
     redis: dict
     autoscaling: dict
     image_pull_secrets: list[dict]
+    engine_api_key: dict | None = None  # {name, key} of a Secret
 
 
 def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
@@ -171,4 +172,5 @@ def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
         redis=spec["redis"],
         autoscaling=spec["autoscaling"],
         image_pull_secrets=spec.get("imagePullSecrets", []),
+        engine_api_key=spec.get("engineApiKeySecret"),
     )

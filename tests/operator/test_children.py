@@ -24,6 +24,7 @@ FULL = {
     "cachestore": {"replicas": 3, "disk": "20GiB", "storageClassName": "fast", "redisTier": True},
     "redis": {"mode": "inCluster"},
     "imagePullSecrets": [{"name": "regcred"}],
+    "engineApiKeySecret": {"name": "engine-key"},
 }
 SPECS = {
     "minimal": {"engines": [{"name": "a", "model": "smollm2-135m"}]},
@@ -149,6 +150,17 @@ def test_engine_pods():
     assert small["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert small["spec"]["template"]["metadata"]["labels"]["ragserve.dev/pool"] == "small"
     assert engine["image"] == "ghcr.io/ragserve/ragserve-engine:0.1.0"
+
+
+def test_engine_api_key_from_a_secret():
+    """Engines require it (--api-key via RAGSERVE_API_KEY); the router sends it (--engine-api-key)."""
+    expected = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
+    for obj, container in containers(children("full")):
+        env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+        wanted = {"engine": "RAGSERVE_API_KEY", "router": "RAGSERVE_ENGINE_API_KEY"}.get(container["name"])
+        if wanted:
+            assert env[wanted] == expected, obj["metadata"]["name"]
+    assert "RAGSERVE_API_KEY" not in str(children("minimal"))
 
 
 def test_secret_redis_url_goes_through_env():
