@@ -1,0 +1,105 @@
+"""`ragserve up`: flags (cheap to import) and the foreground run with clean Ctrl-C/SIGTERM shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import threading
+from pathlib import Path
+
+from ragserve.config import add_flag, parse_bytes, positive_int
+from ragserve.engine.config import add_engine_arguments
+from ragserve.stack.spec import LOG_LEVELS, POLICIES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("stack")
+    add_flag(g, "--engines", type=positive_int, default=2, help="number of engine processes")
+    add_flag(g, "--host", default="127.0.0.1", help="router bind address (the rest stays on 127.0.0.1)")
+    add_flag(g, "--port", type=int, default=8080, help="router HTTP port (0: a free port)")
+    add_flag(g, "--policy", default="kv_aware", choices=POLICIES, help="routing policy")
+    add_flag(g, "--redis", default="auto", help="auto (start redis-server if installed), off, or a redis:// URL")
+    add_flag(g, "--no-cachestore", action="store_true", help="run without the shared KV-block store")
+    add_flag(g, "--cachestore-memory", type=parse_bytes, default="1GiB", help="cachestore RAM tier")
+    add_flag(g, "--engine-arg", action="append", help="extra flag for every engine, e.g. --engine-arg=--seed=1")
+    add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--guard-abs=4")
+    add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
+    add_flag(g, "--logs", action=argparse.BooleanOptionalAction, default=True, help="stream the processes' logs")
+    add_flag(g, "--ready-timeout", type=float, default=600.0, help="seconds to wait for everything to be ready")
+    add_flag(g, "--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL on shutdown")
+    add_flag(g, "--state-file", default=None, help="write URLs and PIDs as JSON here once ready")
+    g = parser.add_argument_group("demo")
+    add_flag(g, "--demo", action="store_true", help="run `ragserve demo` against the stack once it is ready")
+    add_flag(g, "--exit-after-demo", action="store_true", help="with --demo: stop the stack when the demo ends")
+    add_flag(g, "--demo-args", default="", help="extra `ragserve demo` flags, one shell-quoted string")
+    add_engine_arguments(parser)  # engine flags (--num-gpu-blocks, --max-model-len, ...) go to every engine
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragserve.models import resolve_model
+    from ragserve.stack.banner import banner
+    from ragserve.stack.process import Child, ChildSpec, LogSink
+    from ragserve.stack.spec import StackConfig, port_in_use, ragserve
+    from ragserve.stack.supervisor import Stack, StackError, child_env
+
+    cfg = StackConfig.from_args(args)
+    model_name = resolve_model(cfg.model, cfg.served_model_name).name  # unknown models fail here
+    if cfg.port and port_in_use(cfg.host, cfg.port):
+        raise ValueError(f"port {cfg.port} on {cfg.host} is in use: pick another --port (0: any free port)")
+    demo_argv = shlex.split(args.demo_args)
+    stack = Stack(cfg, LogSink(show=args.logs))
+    stop = threading.Event()
+    _on_signals(stop, stack)
+    code = 0
+    try:
+        if not stack.start(stop):
+            return 130
+        print(banner(stack, model_name), flush=True)
+        if args.state_file:
+            Path(args.state_file).write_text(json.dumps(stack.state(), indent=2))
+        if args.demo or args.exit_after_demo:
+            demo = Child(ChildSpec("demo", ragserve("demo", "--url", stack.url, *demo_argv), ""), stack.sink, 0, False)
+            demo.start(child_env())
+            code = _watch_demo(stack, demo, stop, args.exit_after_demo)
+        else:
+            stack.watch(stop)
+    except StackError as exc:
+        stack.say(f"error: {exc}")
+        code = 1
+    finally:
+        stack.stop()
+    return code
+
+
+def _watch_demo(stack, demo, stop: threading.Event, exit_after: bool) -> int:
+    """Serve on after the demo unless exit_after; a failed demo is reported, serving goes on."""
+    from ragserve.stack.process import stop_all
+
+    reported = False
+    try:
+        while not stop.wait(0.25):
+            stack.check_alive(ignore=(demo,))
+            code = demo.poll()
+            if code is None or reported:
+                continue
+            stack.say(f"demo finished with exit code {code}" + ("" if exit_after else "; still serving (Ctrl-C stops)"))
+            if exit_after:
+                return code
+            reported = True
+    finally:
+        stop_all([demo], 5.0, stack.say)
+    return 0
+
+
+def _on_signals(stop: threading.Event, stack) -> None:
+    def handler(sig: int, _frame) -> None:
+        if stop.is_set():  # second Ctrl-C: no more grace
+            stack.kill()
+            return
+        stack.say(f"{signal.Signals(sig).name}: shutting down (again to kill at once)")
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)

@@ -1,0 +1,85 @@
+"""Readiness probes for the stack's processes, also the containers' HEALTHCHECK command.
+
+    python -m ragserve.stack.health http://127.0.0.1:8000/ready    # HTTP 200
+    python -m ragserve.stack.health grpc://127.0.0.1:50061          # grpc.health.v1 SERVING
+    python -m ragserve.stack.health redis://127.0.0.1:6379          # PING -> PONG
+
+Exit status 0 when healthy, 1 otherwise. Torch-free and cheap to import.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+TIMEOUT_S = 2.0
+
+
+def http_get(url: str, timeout: float = TIMEOUT_S) -> tuple[int, dict]:
+    """(status, JSON body or {}) of a GET; status 0 when the server cannot be reached."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback URLs we built)
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except (OSError, ValueError):
+        return 0, {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {}
+    return status, body if isinstance(body, dict) else {}
+
+
+def grpc_serving(address: str, timeout: float = TIMEOUT_S) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def redis_pong(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def check(target: str, timeout: float = TIMEOUT_S) -> bool:
+    """True when the server behind target (http(s)://, grpc://HOST:PORT, redis://HOST:PORT) is healthy."""
+    parts = urlsplit(target)
+    if parts.scheme in ("http", "https"):
+        return http_get(target, timeout)[0] == 200
+    if parts.scheme == "grpc":
+        return grpc_serving(parts.netloc, timeout)
+    if parts.scheme == "redis":
+        return redis_pong(parts.hostname or "127.0.0.1", parts.port or 6379, timeout)
+    raise ValueError(f"unsupported probe target {target!r}: use http://, grpc:// or redis://")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m ragserve.stack.health http://HOST:PORT/PATH | grpc://HOST:PORT | redis://HOST:PORT")
+        return 2
+    try:
+        healthy = check(argv[0])
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print("healthy" if healthy else f"unhealthy: {argv[0]}")
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
