@@ -38,6 +38,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks
     scheduling_policy: str = "fcfs"
+    cachestore: str | None = None  # HOST:PORT[,HOST:PORT]: shared KV-block store (flag lives with the server)
 
     def __post_init__(self) -> None:
         checks = [

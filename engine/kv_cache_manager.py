@@ -100,14 +100,18 @@ class KVCacheManager:
         self.pool.free_blocks([old])
         seq.blocks[idx] = new
 
-    def cache_blocks(self, seq: Sequence, cache_salt: str | None) -> None:
-        """Register blocks whose tokens are all computed under their chained hash."""
+    def cache_blocks(self, seq: Sequence, cache_salt: str | None) -> list[tuple[KVCacheBlock, bytes]]:
+        """Register blocks whose tokens are all computed under their chained hash; returns the new ones."""
         hashes = self.update_hashes(seq, cache_salt)
         num_full = min(seq.num_computed_tokens // self.block_size, len(hashes), len(seq.blocks))
+        new = []
         for i in range(num_full):
             block = seq.blocks[i]
             if block.block_hash is None:
                 self.pool.cache_full_block(block, hashes[i], hashes[i - 1] if i else None)
+                if block.block_hash is not None:
+                    new.append((block, hashes[i]))
+        return new
 
     def pin(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         """Hold a reference on the cached prefix of `hashes` so eviction skips it (warm-up)."""

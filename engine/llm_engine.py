@@ -35,14 +35,22 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or mc.max_position
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool, config.block_size, root_hash(self.model_id), self.runner.num_swap_blocks)
+        self.layout = KVLayout(
+            self.model_id, f"{self.runner.kv.kv_dtype}:{self.runner.kv.storage_dtype_name}", config.block_size,
+            mc.num_layers, mc.num_kv_heads, mc.head_dim,
+        )  # fmt: skip
         self.scheduler = Scheduler(config, self.kv)
+        self.connector = None
+        if config.cachestore:
+            from ragserve.engine.kv_connector import CacheStoreConnector
+
+            self.connector = CacheStoreConnector(
+                config.cachestore, self.layout.fingerprint(), self.runner.kv, self.pool, config.block_size
+            )
+            self.scheduler.connector = self.connector
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.eos_ids = set(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
-        self.layout = KVLayout(
-            self.model_id, self.runner.kv.kv_dtype, config.block_size,
-            mc.num_layers, mc.num_kv_heads, mc.head_dim,
-        )  # fmt: skip
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -129,6 +137,8 @@ class LLMEngine:
             return []
         model_out = self.runner.execute(out)
         self.scheduler.update_after_step(out)
+        if self.connector is not None and out.newly_cached:
+            self.connector.offload(out.newly_cached)
         return self._process(out, model_out)
 
     def _process(self, out: SchedulerOutput, model_out: ModelOutput) -> list[RequestOutput]:
@@ -237,4 +247,6 @@ class LLMEngine:
             "prefix_cache_queries": self.kv.stats.queries,
             "prefix_cache_hits": self.kv.stats.hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "external_prefix_cache_queries": self.connector.stats.queries if self.connector else 0,
+            "external_prefix_cache_hits": self.connector.stats.hits if self.connector else 0,
         }

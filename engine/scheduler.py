@@ -33,6 +33,7 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     num_preempted: int = 0
+    newly_cached: list = field(default_factory=list)  # (block, hash) registered after this step
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +48,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.num_preemptions = 0
+        self.connector = None  # CacheStoreConnector, when a cachestore is configured
 
     def _key(self, req: Request):
         if self.config.scheduling_policy == "priority":
@@ -173,6 +175,8 @@ class Scheduler:
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             hits = self._prefix_hits(req)
+            if self._fetch_external(req, len(hits[0])):
+                hits = self._prefix_hits(req)
             remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
             chunk = min(remaining, budget // len(seqs))
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
@@ -190,6 +194,17 @@ class Scheduler:
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
 
+    def _fetch_external(self, req: Request, num_local: int) -> int:
+        """Once per request: pull blocks past the local hit from the cachestore into the cache."""
+        if self.connector is None or req.external_checked or len(req.live_seqs) > 1:
+            return 0
+        req.external_checked = True
+        if req.params.prompt_logprobs is not None:
+            return 0
+        seq = req.live_seqs[0]
+        hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size]
+        return self.connector.fetch(hashes, num_local)
+
     def _prefix_hits(self, req: Request) -> list[list]:
         seqs = req.live_seqs
         if req.params.prompt_logprobs is not None:  # cached positions would have no logits
@@ -202,7 +217,7 @@ class Scheduler:
         """The step computed the scheduled tokens: advance and publish full blocks."""
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_blocks(s.seq, s.request.cache_salt)
+            out.newly_cached += self.kv.cache_blocks(s.seq, s.request.cache_salt)
 
     def finish(self, req: Request) -> None:
         self.kv.swap.free += list(dict.fromkeys(h for seq in req.seqs for h in seq.swapped_table))

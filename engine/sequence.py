@@ -86,6 +86,7 @@ class Request:
     beam_finished: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     needs_fork: bool = False  # n > 1 or beam search: fork once the prompt is prefilled
+    external_checked: bool = False  # the cachestore was asked for this request's prefix
 
     @property
     def live_seqs(self) -> list[Sequence]:

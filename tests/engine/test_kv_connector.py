@@ -1,0 +1,84 @@
+"""Engine <-> cachestore: engine B fetches the blocks engine A computed instead of recomputing them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ragserve.engine.llm import LLM
+from ragserve.engine.sampling_params import SamplingParams
+from ragserve.testing import tiny_model
+from tests.cachestore.helpers import wait_serving
+from tests.conftest import free_port
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks of "retrieved document"
+
+
+@pytest.fixture
+def cachestore():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
+         "--memory", "256MiB", "--metrics-port", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    wait_serving(address)
+    yield address, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def engine(address: str, **kwargs) -> LLM:
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=128, cachestore=address, **kwargs)
+
+
+def test_peer_fetch_replaces_prefill_and_output_matches_cold_run(cachestore):
+    address, _ = cachestore
+    a = engine(address)
+    cold = a.generate([CONTEXT + [11, 12, 13]], GREEDY)[0]
+    a.engine.connector.flush()
+    assert a.engine.connector.stats.offloaded >= 20
+
+    b = engine(address, loaded_model=a.engine.runner.model)
+    question = CONTEXT + [21, 22, 23, 24]
+    warm = b.generate([question], GREEDY)[0]
+    assert b.engine.connector.stats.hits == 20 * 16  # every full context block was fetched
+    assert warm.num_cached_tokens == 20 * 16  # so B prefilled only the question
+    reference = LLM(str(tiny_model("llama")), num_gpu_blocks=128, loaded_model=a.engine.runner.model)
+    assert warm.outputs[0].token_ids == reference.generate([question], GREEDY)[0].outputs[0].token_ids
+    # a second, identical question on A is a local hit, not a fetch
+    again = a.generate([CONTEXT + [11, 12, 13]], GREEDY)[0]
+    assert again.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
+def test_other_layout_never_served(cachestore):
+    address, _ = cachestore
+    a = engine(address)
+    a.generate([CONTEXT + [1]], GREEDY)
+    a.engine.connector.flush()
+    c = LLM(str(tiny_model("llama")), num_gpu_blocks=128, cachestore=address, block_size=32)
+    c.generate([CONTEXT + [1]], GREEDY)
+    assert c.engine.connector.stats.hits == 0
+
+
+def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
+    address, proc = cachestore
+    a = engine(address)
+    ref = LLM(str(tiny_model("llama")), num_gpu_blocks=128, loaded_model=a.engine.runner.model)
+    prompts = [CONTEXT + [i, i + 1] for i in range(3)]
+    expected = [o.outputs[0].token_ids for o in ref.generate(prompts, GREEDY)]
+    assert a.generate(prompts[:1], GREEDY)[0].outputs[0].token_ids == expected[0]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    b = engine(address, loaded_model=a.engine.runner.model)
+    outs = b.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert b.engine.connector.stats.hits == 0
+    b.engine.connector.flush()  # offloads to the dead store are dropped, not raised
