@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
+import grpc
 import httpx
 import pytest
 
@@ -13,6 +14,7 @@ from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.models import model_fingerprint, resolve_model
 from ragserve.testing import tiny_model
 from ragserve.tokenizer import PromptTokenizer
+from tests.cachestore.pki import write_test_pki
 from tests.conftest import free_port
 from tests.engine.test_registration_support import (
     Recorder,
@@ -30,8 +32,8 @@ def cluster(tmp_path):
     port = free_port()
     servers, engines = [], []
 
-    def recorder(rec: Recorder | None = None) -> Recorder:
-        server, rec = serve_recorder(port, rec)
+    def recorder(rec: Recorder | None = None, credentials=None) -> Recorder:
+        server, rec = serve_recorder(port, rec, credentials)
         servers.append(server)
         return rec
 
@@ -173,3 +175,20 @@ def test_sigterm_deregisters_drains_and_exits(cluster):
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"  # the running request finished
     assert rec.deregisters[0].engine_id == "eng-term" and rec.deregisters[0].reason == "SIGTERM"
     assert proc.popen.wait(30) == 0
+
+
+def test_mutual_tls_registration(cluster, tmp_path):
+    recorder, engine, _ = cluster
+    pki = write_test_pki(tmp_path)
+    credentials = grpc.ssl_server_credentials(
+        [(pki["server_key"].read_bytes(), pki["server_cert"].read_bytes())],
+        root_certificates=pki["ca"].read_bytes(),
+        require_client_auth=True,
+    )
+    rec = recorder(credentials=credentials)
+    tls = ["--router-tls-ca", str(pki["ca"]), "--router-tls-cert", str(pki["client_cert"])]
+    proc = engine("eng-tls", *tls, "--router-tls-key", str(pki["client_key"]))
+    wait_for(lambda: registered(rec), what="registration over mutual TLS")
+    complete(proc.url, prompt_ids(9))
+    want = expected_index(rec.registers[0].identity.model_id, [prompt_ids(9)])
+    wait_for(lambda: index_of(rec, "eng-tls") == want, what="KV events over mutual TLS")

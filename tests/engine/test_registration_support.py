@@ -93,14 +93,19 @@ class Recorder(registry_pb2_grpc.RegistryServicer):
             self.index.pop(engine_id, None)
 
 
-def serve_recorder(port: int, recorder: Recorder | None = None) -> tuple[grpc.Server, Recorder]:
+def serve_recorder(
+    port: int, recorder: Recorder | None = None, credentials: grpc.ServerCredentials | None = None
+) -> tuple[grpc.Server, Recorder]:
     recorder = recorder or Recorder()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", 64 * 1024**2), ("grpc.so_reuseport", 1)],
     )
     registry_pb2_grpc.add_RegistryServicer_to_server(recorder, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    if credentials is None:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+    else:
+        server.add_secure_port(f"127.0.0.1:{port}", credentials)
     server.start()
     return server, recorder
 
