@@ -1,6 +1,11 @@
-"""Knowledge warm-up: prefilled prefixes hit on the next request; pinned ones survive cache pressure."""
+"""Knowledge warm-up: prefilled prefixes hit on the next request; pinned ones survive cache pressure.
+
+The engine here has a small KV cache (40 blocks), which also makes preemption observable.
+"""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -93,3 +98,16 @@ def test_pinning_is_bounded_and_inputs_validated(engine):
     assert "tokens" in warm(engine, 400, texts=["word " * 5000])["error"]["message"]
     assert warm(engine, 404, texts=["a"], model="other")["error"]["code"] == "model_not_found"
     assert httpx.get(engine.url + "/v1/warmup").json()["data"] == []
+
+
+def test_preemptions_are_counted_and_requests_still_finish(engine):
+    before = metric(scrape(engine.url), "vllm:num_preemptions_total")
+
+    def run(k: int) -> dict:
+        body = {"prompt": [5000 + k * 300 + j for j in range(100)], "max_tokens": 300, "ignore_eos": True}
+        return httpx.post(engine.url + "/v1/completions", json=body, timeout=300).json()
+
+    with ThreadPoolExecutor(3) as pool:  # 3 x 25 blocks at the end > 40 blocks
+        results = list(pool.map(run, range(3)))
+    assert [r["usage"]["completion_tokens"] for r in results] == [300, 300, 300]
+    assert metric(scrape(engine.url), "vllm:num_preemptions_total") > before
