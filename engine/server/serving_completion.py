@@ -53,11 +53,13 @@ class CompletionServing(OpenAIServing):
         entries: list,
         echo: tuple[str, dict | None] | None = None,
         finished: bool = True,
+        offset: int = 0,
     ) -> dict:
+        """One choice; `offset` is where this piece starts in the choice's whole text (streaming)."""
         prefix, prompt_lp = echo or ("", None)
         logprobs = None
         if fmt:
-            logprobs, _ = fmt.completion(tokens, entries, len(prefix))
+            logprobs, _ = fmt.completion(tokens, entries, offset + len(prefix))
             if prompt_lp:
                 logprobs = {k: prompt_lp[k] + logprobs[k] for k in logprobs}
         return {
@@ -82,6 +84,7 @@ class CompletionServing(OpenAIServing):
         fmt = self._logprobs(req)
         holdback = stop_holdback(req.stop_strings)
         cursors: dict[int, ChoiceCursor] = {}
+        offsets: dict[int, int] = {}
         done: set[int] = set()
         async for i, out in gen.outputs():
             last[i] = out
@@ -98,4 +101,7 @@ class CompletionServing(OpenAIServing):
                     done.add(index)
                 elif not delta and not echo and not (fmt and tokens):
                     continue
-                yield {"choices": [self._choice(index, delta, fmt, c, tokens, entries, echo, c.finished)]}
+                offset = offsets.get(index, 0)
+                choice = self._choice(index, delta, fmt, c, tokens, entries, echo, c.finished, offset)
+                offsets[index] = offset + len(choice["text"])
+                yield {"choices": [choice]}

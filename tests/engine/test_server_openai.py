@@ -133,6 +133,14 @@ def test_completion_logprobs_and_echo(sdk):
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[n_prompt] == len(prompt)
     plain = sdk.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0)
     assert choice.text == prompt + plain.choices[0].text
+    chunks = list(
+        sdk.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2, echo=True, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.choices[0].logprobs.text_offset] == lp.text_offset
 
 
 def test_stop_string_and_stop_token(sdk):
