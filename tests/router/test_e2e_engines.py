@@ -11,9 +11,6 @@ import httpx
 import openai
 import pytest
 
-# the engine's HTTP server is being written concurrently (issue 5); until it lands these cannot run
-pytest.importorskip("ragserve.engine.server.server", reason="`ragserve engine` server not available yet")
-
 DOCS = [" ".join(f"passage{d} sentence{i} states fact {i * 7 % 13}." for i in range(60)) for d in range(4)]
 
 
