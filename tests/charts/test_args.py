@@ -13,7 +13,7 @@ from ragserve.engine.config import EngineConfig, add_engine_arguments
 
 # Read by ragserve.models.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}
-CLUSTER_FLAGS = {
+SERVER_FLAGS = {
     "--host",
     "--port",
     "--router",
@@ -21,6 +21,7 @@ CLUSTER_FLAGS = {
     "--cachestore",
     "--max-body-bytes",
     "--drain-timeout",
+    "--log-level",
 }
 
 
@@ -78,7 +79,7 @@ def test_engine_values_reach_engine_flags(render, scenarios):
     add_engine_arguments(parser)
     args = engine_args(render(scenarios["gpu-pool"]), "llama")
     ns, rest = parser.parse_known_args(args[1:])
-    assert {a for a in rest if a.startswith("--")} == CLUSTER_FLAGS
+    assert {a for a in rest if a.startswith("--")} == SERVER_FLAGS
     cfg = EngineConfig.from_args(ns)
     assert (cfg.model, cfg.served_model_name) == ("/models/llama-3-8b-instruct", "llama-3-8b")
     assert (cfg.dtype, cfg.device, cfg.block_size, cfg.kv_cache_dtype) == ("bfloat16", "cuda", 32, "fp8")
@@ -161,3 +162,20 @@ def test_cachestore_client_security_is_wired_or_warned(chart):
     assert not client_flags, f"`ragserve engine` now has {client_flags}: mount the Secrets and pass them"
     notes = chart.render({"cachestore": {"tls": {"enabled": True, "secretName": "s"}}}, name="rs", namespace="ai")
     assert "engines cannot reach the cachestore" in notes["ragserve/templates/NOTES.txt"]
+
+
+def test_same_flags_as_the_local_stack(render, scenarios):
+    """Every flag `ragserve up` gives a process, the chart gives it too (except the per-process engine id)."""
+    from ragserve.stack.spec import Ports, StackConfig, cachestore_spec, engine_spec, router_spec
+
+    cfg = StackConfig(engines=1, redis="redis://127.0.0.1:6379")
+    ports = Ports(8080, 50051, 50061, 9090, 6379, [8000])
+    local = {
+        "router": router_spec(cfg, ports, cfg.redis).argv,
+        "cachestore": cachestore_spec(cfg, ports, cfg.redis).argv,
+        "engine": engine_spec(cfg, ports, 0).argv,
+    }
+    chart = {c["args"][0]: c["args"] for _, c in ragserve_containers(render(scenarios["hpa"]))}
+    for component, argv in local.items():
+        flags = {a for a in argv if a.startswith("--")} - {"--engine-id"}
+        assert flags <= set(chart[component]), (component, sorted(flags - set(chart[component])))

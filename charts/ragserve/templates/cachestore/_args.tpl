@@ -7,6 +7,7 @@
 {{- include "ragserve.arg" (list "--port" $c.port) }}
 {{- include "ragserve.arg" (list "--metrics-port" $c.metricsPort) }}
 {{- include "ragserve.arg" (list "--memory" $c.memory) }}
+{{- include "ragserve.arg" (list "--log-level" (upper .Values.logLevel)) }}
 {{- if $c.disk.enabled }}
 {{- include "ragserve.arg" (list "--disk-dir" "/var/lib/ragserve/cachestore") }}
 {{- include "ragserve.arg" (list "--disk" $c.disk.budget) }}

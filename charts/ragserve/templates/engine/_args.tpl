@@ -40,6 +40,7 @@
 {{- include "ragserve.arg" (list "--cachestore" (include "ragserve.cachestoreAddresses" $)) }}
 {{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $p.maxBodyBytes) }}
+{{- include "ragserve.arg" (list "--log-level" $.Values.logLevel) }}
 {{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $p.terminationGracePeriodSeconds) (int $p.preStopSleepSeconds)) 5))) }}
 {{- range $p.extraArgs }}
 - {{ . | quote }}

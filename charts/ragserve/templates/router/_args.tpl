@@ -7,6 +7,7 @@
 {{- include "ragserve.arg" (list "--port" $r.port) }}
 {{- include "ragserve.arg" (list "--grpc-port" $r.grpcPort) }}
 {{- include "ragserve.arg" (list "--policy" $r.policy) }}
+{{- include "ragserve.arg" (list "--log-level" .Values.logLevel) }}
 {{- include "ragserve.redisArgs" (list . 0) }}
 {{- include "ragserve.arg" (list "--static-engines" (join "," $r.staticEngines)) }}
 {{- if $r.kubernetesDiscovery.enabled }}
