@@ -6,7 +6,7 @@ import argparse
 import os
 import socket
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from ragserve.config import add_flag, parse_bytes, positive_int
 
@@ -22,7 +22,6 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     engine_id: str = ""
-    cachestore: list[str] = field(default_factory=list)  # used by the cachestore connector
     drain_timeout: float = 60.0
     router_tls_ca: str | None = None
     router_tls_cert: str | None = None
@@ -30,10 +29,6 @@ class ServerConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.cachestore is None:
-            self.cachestore = []
-        elif isinstance(self.cachestore, str):
-            self.cachestore = [a.strip() for a in self.cachestore.split(",") if a.strip()]
         if not self.engine_id:
             self.engine_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
         checks = [
@@ -87,4 +82,5 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--router-tls-ca", default=None, help="CA bundle to verify the router's registry (enables TLS)")
     add_flag(g, "--router-tls-cert", default=None, help="client certificate for mutual TLS with the router")
     add_flag(g, "--router-tls-key", default=None, help="client key for mutual TLS with the router")
-    add_flag(g, "--cachestore", default=None, help="cachestore HOST:PORT[,HOST:PORT...] (KV block offload)")
+    # read by EngineConfig: the engine's cachestore connector offloads and fetches KV blocks
+    add_flag(g, "--cachestore", default=None, help="shared KV-block store HOST:PORT[,HOST:PORT...]")

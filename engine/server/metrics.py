@@ -1,8 +1,8 @@
 """Prometheus metrics with vLLM's names and the `model_name` label, one registry per server.
 
-Engine state (queue lengths, KV usage, prefix-cache counters, preemptions) is read from
-`AsyncLLM.stats()` at scrape time, so it is never stale; per-request metrics are observed
-by the server as requests finish.
+Engine state (queue lengths, KV usage, local and external prefix-cache counters,
+preemptions) is read from `AsyncLLM.stats()` at scrape time, so it is never stale;
+per-request metrics are observed by the server as requests finish.
 """
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ class EngineStateCollector:
             ("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens", stats["prefix_cache_queries"]),
             ("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens", stats["prefix_cache_hits"]),
             ("vllm:num_preemptions", "Cumulative preemptions", stats["num_preemptions"]),
+            (
+                "vllm:external_prefix_cache_queries",
+                "External (cachestore) prefix-cache queries, in tokens",
+                stats.get("external_prefix_cache_queries", 0),
+            ),
+            (
+                "vllm:external_prefix_cache_hits",
+                "External (cachestore) prefix-cache hits, in tokens",
+                stats.get("external_prefix_cache_hits", 0),
+            ),
         ]
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=["model_name"])
@@ -65,8 +75,6 @@ class EngineMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed")
         self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed")
         self.request_success = counter("vllm:request_success", "Successfully finished requests", ["finished_reason"])
-        self.external_queries = counter("vllm:external_prefix_cache_queries", "External (cachestore) queries, tokens")
-        self.external_hits = counter("vllm:external_prefix_cache_hits", "External (cachestore) hits, tokens")
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Inter-token latency", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", LATENCY_BUCKETS)
@@ -74,7 +82,7 @@ class EngineMetrics:
         self.cache_config = Gauge(
             "vllm:cache_config_info", "Information of the KV cache config", ["block_size", "num_gpu_blocks"], registry=r
         )
-        for family in (self.prompt_tokens, self.generation_tokens, self.external_queries, self.external_hits):
+        for family in (self.prompt_tokens, self.generation_tokens):
             family.labels(model_name)  # export zeros before the first request
         for family in (self.ttft, self.itl, self.e2e, self.queue_time):
             family.labels(model_name)

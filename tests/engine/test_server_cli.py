@@ -29,7 +29,7 @@ def test_contract_flags_parse_into_the_configs():
     assert (engine.model, engine.served_model_name, engine.block_size, engine.kv_cache_memory) == ("m", "n", 32, 2**31)
     assert not engine.enable_prefix_caching and engine.preemption_mode == "swap" and engine.kv_cache_dtype == "fp8"
     assert (server.host, server.port, server.router, server.api_key) == ("0.0.0.0", 8000, "r:50051", "k")
-    assert server.url == "http://10.0.0.5:8000" and server.cachestore == ["a:50061", "b:50061"]
+    assert server.url == "http://10.0.0.5:8000" and engine.cachestore == "a:50061,b:50061"
     assert (server.max_body_bytes, server.engine_id) == (2**20, "e1")
 
 

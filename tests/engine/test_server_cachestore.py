@@ -1,0 +1,65 @@
+"""Two engine servers sharing a `ragserve cachestore`: B serves A's context from the store, and the
+vLLM external prefix-cache metrics and `cached_tokens` show it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cachestore.helpers import wait_serving
+from tests.conftest import free_port
+from tests.engine.test_server_support import metric, scrape, start_engine, wait_for
+
+CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks
+
+
+@pytest.fixture
+def cachestore():
+    port, metrics_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
+         "--memory", "256MiB", "--metrics-port", str(metrics_port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    wait_serving(f"127.0.0.1:{port}")
+    yield f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def puts(metrics_url: str) -> float:
+    text = httpx.get(metrics_url + "/metrics", timeout=5).text
+    families = text_string_to_metric_families(text)
+    return sum(s.value for f in families for s in f.samples if s.name == "ragserve_cachestore_puts_total")
+
+
+def complete(url: str, ids: list[int]) -> dict:
+    resp = httpx.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": 2}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["usage"]
+
+
+def test_peer_blocks_show_as_external_hits(tmp_path, cachestore):
+    address, metrics_url = cachestore
+    engines = [start_engine(tmp_path, "--num-gpu-blocks", "128", "--cachestore", address) for _ in range(2)]
+    try:
+        for proc in engines:
+            proc.wait_ready()
+        a, b = engines
+        assert complete(a.url, [*CONTEXT, 11, 12])["prompt_tokens_details"]["cached_tokens"] == 0
+        wait_for(lambda: puts(metrics_url) >= 20, what="engine A's blocks offloaded to the cachestore")
+        usage = complete(b.url, [*CONTEXT, 21, 22, 23])
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 20 * 16
+        samples = scrape(b.url)
+        assert metric(samples, "vllm:external_prefix_cache_hits_total") == 20 * 16
+        assert metric(samples, "vllm:external_prefix_cache_queries_total") >= 20 * 16
+        assert metric(scrape(a.url), "vllm:external_prefix_cache_hits_total") == 0
+    finally:
+        for proc in engines:
+            assert proc.stop() == 0, proc.output()[-3000:]
