@@ -1,0 +1,57 @@
+"""One demo run: load the corpus, embed it, then ask each question with its retrieved context."""
+
+from __future__ import annotations
+
+import argparse
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+from ragserve.demo.client import rag_messages, stream_chat
+from ragserve.demo.corpus import CORPUS_DIR, load_corpus
+from ragserve.demo.questions import QUESTIONS
+from ragserve.demo.report import Answered, show_answer, show_summary
+
+
+class DemoSession:
+    def __init__(
+        self, console: Console, client: httpx.AsyncClient, url: str, model: str, args: argparse.Namespace
+    ) -> None:
+        self.console, self.client, self.url, self.model, self.args = console, client, url, model, args
+
+    def _retriever(self):
+        from ragserve.demo.embed import Embedder
+        from ragserve.demo.retrieve import Retriever
+
+        docs = load_corpus(self.args.corpus or CORPUS_DIR)
+        with self.console.status("loading all-MiniLM-L6-v2 (offline)"):
+            embedder = Embedder()
+        total = sum(len(d.passages) for d in docs)
+        with Progress(console=self.console, transient=True) as progress:
+            task = progress.add_task(f"embedding {total} passages of {len(docs)} documents", total=total)
+            retriever = Retriever(docs, embedder, progress=lambda n: progress.advance(task, n))
+        self.console.print(f"corpus: {len(docs)} documents, {total} passages; model {self.model} at {self.url}")
+        return retriever
+
+    async def run(self) -> list[Answered]:
+        retriever = self._retriever()
+        asked = self.args.question
+        questions = [asked] if isinstance(asked, str) else asked or [q for q, _ in QUESTIONS]
+        seen: set[str] = set()
+        answered = []
+        for i, question in enumerate(questions, 1):
+            context = retriever.context(question, self.args.top_k, self.args.context)
+            body = {
+                "model": self.model,
+                "messages": rag_messages(context.title, context.text, question),
+                "max_tokens": self.args.max_tokens,
+                "temperature": self.args.temperature,
+            }
+            result = await stream_chat(self.client, self.url, body, {"X-Context-Hash": context.hash})
+            a = Answered(i, question, context, context.hash in seen, result)
+            seen.add(context.hash)
+            show_answer(self.console, a)
+            answered.append(a)
+        show_summary(self.console, answered)
+        return answered
