@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+pytestmark = pytest.mark.slow  # many processes, each loading a model
+
 DOCS = [" ".join(f"passage{d} sentence{i} states fact {i * 7 % 13}." for i in range(60)) for d in range(4)]
 
 
