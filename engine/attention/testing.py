@@ -110,10 +110,15 @@ def make_paged_batch(
     return batch
 
 
-def lazy_kv_cache(kv_dtype: str, dtype: torch.dtype, shape: tuple[int, ...]) -> KVCacheTensors:
-    """A CPU cache from torch.empty: pages are committed only where written, so a cache with block ids
+def lazy_kv_cache(
+    kv_dtype: str, dtype: torch.dtype, shape: tuple[int, ...], device: str | torch.device = "cpu"
+) -> KVCacheTensors:
+    """A cache from torch.empty: on CPU, pages are committed only where written, so a cache with block ids
     above 30,000 (offsets past 2**31 elements) costs only the blocks a test touches."""
     kv_dtype = quant.canonical(kv_dtype)
-    data = torch.empty(shape, dtype=quant.storage_dtype(kv_dtype, dtype))
-    scales = torch.empty(shape[:-1], dtype=quant.SCALE_DTYPE) if quant.has_scale_tensor(kv_dtype) else None
+    data = torch.empty(shape, dtype=quant.storage_dtype(kv_dtype, dtype), device=device)
+    scale_shape = shape[:-1]
+    scales = (
+        torch.empty(scale_shape, dtype=quant.SCALE_DTYPE, device=device) if quant.has_scale_tensor(kv_dtype) else None
+    )
     return KVCacheTensors(data, scales, kv_dtype)

@@ -62,21 +62,21 @@ class TritonAttentionBackend:
             return out
         data = cache.data
         num_kv_heads = data.shape[3]
-        gqa = num_heads // num_kv_heads
-        block_m = max(16 if meta.max_query_len == 1 else 64, triton.next_power_of_2(gqa))
-        block_q = block_m // gqa
-        tile_n = self.tile_n or min(max(cache.block_size, 32), 64)
+        tile_n = self.tile_n or default_tile_n(cache.block_size)
         splits = self._splits(meta, num_kv_heads, tile_n, query.device)
-        head_dim_p = max(16, triton.next_power_of_2(head_dim))
-        mode = quant.quant_mode(cache.kv_dtype)
-        per_tensor = mode == quant.QUANT_PER_TENSOR
+        cx = attention_constexprs(
+            query.dtype, num_heads, num_kv_heads, head_dim, cache.block_size, cache.kv_dtype,
+            meta.max_query_len == 1, splits, tile_n, kernels_interpreted(),
+        )  # fmt: skip
+        per_tensor = cx["QUANT"] == quant.QUANT_PER_TENSOR
         parts = ml = out  # placeholders when not split
         if splits > 1:
-            parts = torch.empty(num_tokens, num_heads, splits, head_dim_p, dtype=torch.float32, device=query.device)
-            ml = torch.empty(num_tokens, num_heads, splits, 2, dtype=torch.float32, device=query.device)
+            shape = (num_tokens, num_heads, splits)
+            parts = torch.empty(*shape, cx["HEAD_DIM_P"], dtype=torch.float32, device=query.device)
+            ml = torch.empty(*shape, 2, dtype=torch.float32, device=query.device)
         scales = cache.scales if cache.scales is not None else data
         s_strides = cache.scales.stride() if cache.scales is not None else (0, 0, 0, 0)
-        grid = (num_tokens // block_q + meta.num_seqs, num_kv_heads, splits)
+        grid = (num_tokens // cx["BLOCK_Q"] + meta.num_seqs, num_kv_heads, splits)
         paged_attention_kernel[grid](
             out, query, data, scales, meta.block_tables, meta.seq_lens, meta.query_start_loc, parts, ml,
             scale * LOG2E * (cache.k_scale if per_tensor else 1.0),
@@ -86,15 +86,11 @@ class TritonAttentionBackend:
             data.stride(0), data.stride(1), data.stride(2), data.stride(3),
             *s_strides,
             meta.block_tables.stride(0),
-            NUM_HEADS=num_heads, GQA=gqa, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
-            BLOCK_SIZE=cache.block_size, TILE_N=tile_n, BLOCK_M=block_m, BLOCK_Q=block_q,
-            NUM_SPLITS=splits, QUANT=mode, **_numerics(query.dtype),
+            **cx,
         )  # fmt: skip
         if splits > 1:
             reduce_splits_kernel[(num_tokens, num_heads)](
-                out, parts, ml, out.stride(0), out.stride(1),
-                NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, NUM_SPLITS=splits,
-                **{k: v for k, v in _numerics(query.dtype).items() if k.startswith("OUT_")},
+                out, parts, ml, out.stride(0), out.stride(1), **reduce_constexprs(cx)
             )  # fmt: skip
         return out
 
@@ -122,16 +118,39 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _numerics(dtype: torch.dtype) -> dict:
-    """Dot dtype/precision and output rounding; the interpreter gets float32 dots and pre-rounded outputs."""
-    interpreted = kernels_interpreted() and dtype != torch.float32
-    mantissa, min_exp = float_format(dtype) if interpreted else (0, 0)
+def default_tile_n(block_size: int) -> int:
+    return min(max(block_size, 32), 64)
+
+
+def attention_constexprs(
+    dtype: torch.dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_dtype: str,
+    decode_only: bool,
+    splits: int,
+    tile_n: int,
+    interpreted: bool,
+) -> dict:
+    """The compile-time parameters of paged_attention_kernel for one launch."""
+    gqa = num_heads // num_kv_heads
+    block_m = max(16 if decode_only else 64, triton.next_power_of_2(gqa))
+    # the interpreter's bf16/fp16 casts and dots are wrong: float32 dots, outputs rounded before the cast
+    emulate = interpreted and dtype != torch.float32
+    mantissa, min_exp = float_format(dtype) if emulate else (0, 0)
     return dict(
-        DOT_DTYPE=_TL_DTYPES[torch.float32 if interpreted else dtype],
-        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-        OUT_MANTISSA=mantissa,
-        OUT_MIN_EXP=min_exp,
-    )
+        NUM_HEADS=num_heads, GQA=gqa, HEAD_DIM=head_dim, HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE_N=tile_n, BLOCK_M=block_m, BLOCK_Q=block_m // gqa, NUM_SPLITS=splits,
+        QUANT=quant.quant_mode(kv_dtype), DOT_DTYPE=_TL_DTYPES[torch.float32 if emulate else dtype],
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", OUT_MANTISSA=mantissa, OUT_MIN_EXP=min_exp,
+    )  # fmt: skip
+
+
+def reduce_constexprs(cx: dict) -> dict:
+    names = ("NUM_HEADS", "HEAD_DIM", "HEAD_DIM_P", "NUM_SPLITS", "OUT_MANTISSA", "OUT_MIN_EXP")
+    return {k: cx[k] for k in names}
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

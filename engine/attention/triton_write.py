@@ -87,9 +87,13 @@ def write_kv_kernel(
     v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask, other=0.0)
     dst = cache_ptr + block * stride_cb + offset * stride_ct + heads[:, None] * stride_ch + dims[None, :]
     scale_dst = scales_ptr + block * stride_sb + offset * stride_st + heads * stride_sh
-    fp8 = (FP8_MAX, FP8_MANTISSA, FP8_MIN_EXP)
-    _store_quantized(k.to(tl.float32), dst, scale_dst, mask, head_mask, k_scale, QUANT, *fp8)
-    _store_quantized(v.to(tl.float32), dst + stride_ckv, scale_dst + stride_skv, mask, head_mask, v_scale, QUANT, *fp8)
+    _store_quantized(
+        k.to(tl.float32), dst, scale_dst, mask, head_mask, k_scale, QUANT, FP8_MAX, FP8_MANTISSA, FP8_MIN_EXP
+    )
+    v_dst, v_scale_dst = dst + stride_ckv, scale_dst + stride_skv
+    _store_quantized(
+        v.to(tl.float32), v_dst, v_scale_dst, mask, head_mask, v_scale, QUANT, FP8_MAX, FP8_MANTISSA, FP8_MIN_EXP
+    )
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
@@ -98,7 +102,6 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_m
     if num_tokens == 0:
         return
     data = cache.data
-    mode = quant.quant_mode(cache.kv_dtype)
     scales = cache.scales if cache.scales is not None else data  # unused unless int8
     s_strides = cache.scales.stride() if cache.scales is not None else (0, 0, 0, 0)
     key, value = last_dim_contiguous(key), last_dim_contiguous(value)
@@ -108,16 +111,17 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_m
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         data.stride(0), data.stride(1), data.stride(2), data.stride(3),
         *s_strides,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_P=triton.next_power_of_2(head_dim),
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_SIZE=cache.block_size,
-        QUANT=mode,
-        **_fp8_constants(data.dtype if mode == quant.QUANT_PER_TENSOR else torch.float8_e4m3fn),
+        **write_constexprs(num_kv_heads, head_dim, cache.block_size, cache.kv_dtype, data.dtype),
     )  # fmt: skip
 
 
-def _fp8_constants(dtype: torch.dtype) -> dict:
-    mantissa, min_exp = float_format(dtype)
-    return dict(FP8_MAX=float(torch.finfo(dtype).max), FP8_MANTISSA=mantissa, FP8_MIN_EXP=min_exp)
+def write_constexprs(num_kv_heads: int, head_dim: int, block_size: int, kv_dtype: str, cache_dtype: torch.dtype):
+    """The compile-time parameters of write_kv_kernel."""
+    mode = quant.quant_mode(kv_dtype)
+    fp8 = cache_dtype if mode == quant.QUANT_PER_TENSOR else torch.float8_e4m3fn  # unused unless fp8
+    mantissa, min_exp = float_format(fp8)
+    return dict(
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=block_size, QUANT=mode,
+        FP8_MAX=float(torch.finfo(fp8).max), FP8_MANTISSA=mantissa, FP8_MIN_EXP=min_exp,
+    )  # fmt: skip
