@@ -1,0 +1,328 @@
+"""Cluster benchmark: a seeded RAG trace through the full local stack (3 engines), per configuration:
+
+    round_robin             router rotates, engines alone (no cachestore)
+    prefix                  consistent hashing on X-Context-Hash, no cachestore
+    kv_aware                exact KV-event index + load, no cachestore
+    kv_aware+cachestore     the same, engines fetch blocks peers computed from the cachestore
+
+Trace: the demo corpus (11 documents of 1.3-2.8k tokens), document popularity Zipf(s), several
+questions per document, N requests from C concurrent clients (closed loop), streamed. Every
+configuration starts a fresh stack (`ragserve.stack`), warms each engine with an unrelated prompt,
+then runs the same trace. Per configuration, from the engines' /metrics (differences over the trace):
+prompt tokens computed, served from the local prefix cache, and fetched from the cachestore
+(`vllm:external_prefix_cache_hits`; while the engine does not export it, the cachestore's own
+`ragserve_cachestore_hits_total` x block size); from the clients: the share of prompt tokens served
+from cache after each document's first sight (usage.prompt_tokens_details.cached_tokens), TTFT
+p50/p95 through the router, throughput; and ratios to round_robin in the same run.
+
+    .venv/bin/python bench/rag_cluster.py [--quick] [--out bench/results]
+
+--quick: tiny random model, short trace (the test suite runs it). Default: SmolLM2-135M.
+Writes rag_cluster[-quick].md / .json and PNG plots (matplotlib) into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ragserve.demo.client import ChatResult, rag_messages, stream_chat
+from ragserve.demo.corpus import Document, load_corpus
+from ragserve.demo.retrieve import document_context
+from ragserve.stack.process import LogSink
+from ragserve.stack.spec import StackConfig
+from ragserve.stack.supervisor import Stack
+
+CONFIGS = {  # name: (router policy, cachestore)
+    "round_robin": ("round_robin", False),
+    "prefix": ("prefix", False),
+    "kv_aware": ("kv_aware", False),
+    "kv_aware+cachestore": ("kv_aware", True),
+}
+BASELINE = "round_robin"
+
+
+@dataclass
+class TraceRequest:
+    index: int
+    doc_id: str
+    question: str
+    first: bool  # first request of its document in the trace
+
+
+@dataclass
+class ConfigResult:
+    name: str
+    requests: int
+    errors: int
+    prompt_tokens: int  # engine metrics
+    local: int
+    fetched: int
+    computed: int
+    fetched_source: str
+    usage_prompt_tokens: int  # the same, from the responses' usage (a cross-check)
+    usage_cached_tokens: int
+    cached_share_after_first: float  # from usage, requests whose document was seen before
+    ttft_p50_s: float
+    ttft_p95_s: float
+    wall_s: float
+    requests_per_s: float
+    prompt_tokens_per_s: float
+    ratios: dict = field(default_factory=dict)
+
+
+def make_trace(docs: list[Document], n: int, zipf_s: float, per_doc: int, seed: int) -> list[TraceRequest]:
+    rng = random.Random(seed)
+    order = docs[:]
+    rng.shuffle(order)  # which documents are popular
+    weights = [1.0 / (rank + 1) ** zipf_s for rank in range(len(order))]
+    questions = {}
+    for d in order:
+        picks = rng.sample(d.passages, min(per_doc, len(d.passages)))
+        questions[d.id] = [f"What does the part starting '{' '.join(p.text.split()[:8])}' say?" for p in picks]
+    seen: set[str] = set()
+    trace = []
+    for i in range(n):
+        doc = rng.choices(order, weights)[0]
+        trace.append(TraceRequest(i, doc.id, rng.choice(questions[doc.id]), doc.id not in seen))
+        seen.add(doc.id)
+    return trace
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: sum over label sets}."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            name = name.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def engine_totals(stack: Stack) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for url in stack.engine_urls:
+        for k, v in scrape(url + "/metrics").items():
+            totals[k] = totals.get(k, 0.0) + v
+    if stack.cfg.cachestore:
+        port = stack.ports.cachestore_metrics
+        totals["cachestore_get_hits"] = scrape(f"http://127.0.0.1:{port}/metrics").get(
+            "ragserve_cachestore_hits_total", 0.0
+        )
+    return totals
+
+
+async def run_trace(stack: Stack, model: str, trace, docs, clients: int, max_tokens: int):
+    contexts = {d.id: document_context(d) for d in docs}
+    queue: asyncio.Queue = asyncio.Queue()
+    for r in trace:
+        queue.put_nowait(r)
+    results: list[tuple[TraceRequest, ChatResult]] = []
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            r = queue.get_nowait()
+            ctx = contexts[r.doc_id]
+            body = {"model": model, "messages": rag_messages(ctx.title, ctx.text, r.question)}
+            body.update(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+            results.append((r, await stream_chat(http, stack.url, body, {"X-Context-Hash": ctx.hash})))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return results
+
+
+def warm_up(stack: Stack, model: str) -> None:
+    """Load lazy kernels on every engine with a prompt no trace request shares."""
+    for url in stack.engine_urls:
+        resp = httpx.post(
+            f"{url}/v1/completions", json={"model": model, "prompt": "warm up", "max_tokens": 2}, timeout=300
+        )
+        resp.raise_for_status()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)] if s else float("nan")
+
+
+def run_config(name: str, args, docs, trace) -> ConfigResult:
+    policy, cachestore = CONFIGS[name]
+    engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
+    engine_flags += ["--block-size", str(args.block_size)]
+    cfg = StackConfig(
+        engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
+        redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
+        log_level="warning",
+    )  # fmt: skip
+    print(f"[{name}] starting {args.engines} engines ({args.model}), policy {policy}, cachestore {cachestore}")
+    with Stack(cfg, LogSink(show=args.verbose)) as stack:
+        model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        warm_up(stack, model)
+        before = engine_totals(stack)
+        t0 = time.perf_counter()
+        results = asyncio.run(run_trace(stack, model, trace, docs, args.clients, args.max_tokens))
+        wall = time.perf_counter() - t0
+        time.sleep(0.5)  # let offload counters settle
+        after = engine_totals(stack)
+    return summarize(name, results, before, after, wall, args.block_size)
+
+
+def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
+    def delta(metric: str) -> int:
+        return int(after.get(metric, 0) - before.get(metric, 0))
+
+    prompt, hits = delta("vllm:prompt_tokens_total"), delta("vllm:prefix_cache_hits_total")
+    fetched, source = delta("vllm:external_prefix_cache_hits_total"), "engine vllm:external_prefix_cache_hits"
+    if fetched == 0 and "cachestore_get_hits" in after:
+        fetched, source = delta("cachestore_get_hits") * block_size, "cachestore Get hits x block size"
+    usage_cached = sum(res.cached_tokens for _, res in results if res.ok)
+    # fetched blocks are admitted as cache hits; count them once whether or not prefix_cache_hits includes them
+    local = hits if abs(usage_cached - hits - fetched) < abs(usage_cached - hits) else max(0, hits - fetched)
+    ok = [(r, res) for r, res in results if res.ok]
+    later = [res for r, res in ok if not r.first]
+    later_prompt = sum(res.prompt_tokens for res in later)
+    ttfts = [res.ttft_s for _, res in ok if res.ttft_s is not None]
+    return ConfigResult(
+        name=name, requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt,
+        local=local, fetched=fetched, computed=prompt - local - fetched, fetched_source=source if fetched else "",
+        usage_prompt_tokens=sum(res.prompt_tokens for _, res in ok), usage_cached_tokens=usage_cached,
+        cached_share_after_first=sum(res.cached_tokens for res in later) / later_prompt if later_prompt else 0.0,
+        ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95), wall_s=wall,
+        requests_per_s=len(ok) / wall, prompt_tokens_per_s=sum(res.prompt_tokens for _, res in ok) / wall,
+    )  # fmt: skip
+
+
+def add_ratios(results: list[ConfigResult]) -> None:
+    base = next(r for r in results if r.name == BASELINE)
+    for r in results:
+        r.ratios = {
+            "ttft_p50_speedup": base.ttft_p50_s / r.ttft_p50_s,
+            "ttft_p95_speedup": base.ttft_p95_s / r.ttft_p95_s,
+            "throughput": r.requests_per_s / base.requests_per_s,
+            "computed_tokens": r.computed / base.computed if base.computed else float("nan"),
+        }
+
+
+def markdown(results: list[ConfigResult], args) -> str:
+    head = (
+        f"# RAG cluster benchmark{' (quick)' if args.quick else ''}\n\n"
+        f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
+        f"per engine, {args.requests} requests from {args.clients} clients, Zipf s={args.zipf}, seed {args.seed}.\n"
+        f"Ratios are against `{BASELINE}` in the same run (TTFT: baseline / config, higher is better).\n\n"
+        "| config | prompt tok | local | fetched | computed | cached after 1st sight | TTFT p50 | TTFT p95 "
+        "| req/s | TTFT p50 x | TTFT p95 x | throughput x |\n|---|" + "---:|" * 11 + "\n"
+    )
+    rows = [
+        f"| {r.name} | {r.prompt_tokens} | {r.local} | {r.fetched} | {r.computed} | "
+        f"{100 * r.cached_share_after_first:.1f}% | {1000 * r.ttft_p50_s:.0f} ms | {1000 * r.ttft_p95_s:.0f} ms | "
+        f"{r.requests_per_s:.2f} | {r.ratios['ttft_p50_speedup']:.2f} | {r.ratios['ttft_p95_speedup']:.2f} | "
+        f"{r.ratios['throughput']:.2f} |"
+        for r in results
+    ]
+    sources = {r.fetched_source for r in results if r.fetched_source}
+    foot = f"\nfetched tokens from: {', '.join(sorted(sources))}\n" if sources else ""
+    return head + "\n".join(rows) + "\n" + foot
+
+
+def plot(results: list[ConfigResult], out: Path, stem: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.name for r in results]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bottom = [0] * len(results)
+    for part, color in (("local", "#2a9d8f"), ("fetched", "#e9c46a"), ("computed", "#e76f51")):
+        values = [getattr(r, part) for r in results]
+        ax.bar(names, values, bottom=bottom, label=part, color=color)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("prompt tokens")
+    ax.set_title("Where prompt tokens came from")
+    ax.legend()
+    fig.tight_layout()
+    tokens = out / f"{stem}_tokens.png"
+    fig.savefig(tokens, dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(results))
+    ax.bar([x - 0.2 for x in xs], [1000 * r.ttft_p50_s for r in results], 0.4, label="p50")
+    ax.bar([x + 0.2 for x in xs], [1000 * r.ttft_p95_s for r in results], 0.4, label="p95")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("TTFT (ms, through the router)")
+    ax.set_title("Time to first token")
+    ax.legend()
+    fig.tight_layout()
+    ttft = out / f"{stem}_ttft.png"
+    fig.savefig(ttft, dpi=120)
+    plt.close("all")
+    return [tokens, ttft]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny model, short trace")
+    p.add_argument("--model", default=None, help="default: smollm2-135m (quick: the tiny test model)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--engines", type=int, default=3)
+    p.add_argument("--requests", type=int, default=None, help="default 80 (quick: 24)")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--questions-per-doc", type=int, default=4)
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=None, help="default 16 (quick: 4)")
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks per engine; default 400 (quick: 256)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--verbose", action="store_true", help="stream the stack's logs")
+    args = p.parse_args(argv)
+    quick = args.quick
+    if args.model is None:
+        if quick:
+            from ragserve.testing import tiny_model
+
+            args.model, args.served_model_name = str(tiny_model("llama")), args.served_model_name or "tiny"
+        else:
+            args.model = "smollm2-135m"
+    args.requests = args.requests or (24 if quick else 80)
+    args.max_tokens = args.max_tokens or (4 if quick else 16)
+    args.num_gpu_blocks = args.num_gpu_blocks or (256 if quick else 400)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(args.configs) - set(CONFIGS)
+    if unknown or BASELINE not in args.configs:
+        p.error(f"--configs must include {BASELINE} and only {', '.join(CONFIGS)}; unknown: {sorted(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    docs = load_corpus()
+    trace = make_trace(docs, args.requests, args.zipf, args.questions_per_doc, args.seed)
+    results = [run_config(name, args, docs, trace) for name in args.configs]
+    add_ratios(results)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "rag_cluster-quick" if args.quick else "rag_cluster"
+    (out / f"{stem}.md").write_text(markdown(results, args))
+    meta = {k: v for k, v in vars(args).items() if k != "out"}
+    (out / f"{stem}.json").write_text(json.dumps({"args": meta, "results": [asdict(r) for r in results]}, indent=2))
+    plot(results, out, stem)
+    print(markdown(results, args))
+    return 0 if all(r.errors == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""docker-compose.yml and the Dockerfiles: valid for Compose, every command and flag real, wired like `ragserve up`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import compose
+import pytest
+
+from ragserve.cli import build_parser
+from tests.stack.helpers import ROOT
+
+# the package's `docker-compose` script is a wrapper that always exits 0; call the Go binary itself
+COMPOSE = Path(compose.__file__).parent / "docker-compose"
+RAGSERVE_SERVICES = {"cachestore", "router", "engine-0", "engine-1"}
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    proc = subprocess.run(
+        [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def parse(command: list[str]):
+    assert command[0] == "ragserve", command
+    return build_parser().parse_args(command[1:])  # argparse exits (fails the test) on an unknown flag
+
+
+def test_the_compose_binary_rejects_a_broken_file(tmp_path):
+    bad = tmp_path / "compose.yml"
+    bad.write_text("services:\n  x:\n    image: a\n    depends_on: [missing]\n")
+    proc = subprocess.run([str(COMPOSE), "-f", str(bad), "config"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "missing" in proc.stderr
+
+
+def test_services_and_commands_exist_in_the_cli(config):
+    services = config["services"]
+    assert set(services) == {"redis"} | RAGSERVE_SERVICES
+    for name in RAGSERVE_SERVICES:
+        args = parse(services[name]["command"])
+        assert args.command == name.split("-")[0]
+        test = services[name]["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "ragserve.stack.health"], test
+
+
+def test_wired_like_ragserve_up(config):
+    s = config["services"]
+    router, store = parse(s["router"]["command"]), parse(s["cachestore"]["command"])
+    assert router.redis.startswith("redis://redis:6379") and store.redis.startswith("redis://redis:6379")
+    assert router.policy == "kv_aware" and s["router"]["ports"][0]["target"] == router.port
+    for name in ("engine-0", "engine-1"):
+        engine = parse(s[name]["command"])
+        assert engine.router == f"router:{router.grpc_port}"
+        assert engine.cachestore == f"cachestore:{store.port}"
+        assert engine.advertise_url == f"http://{name}:{engine.port}" and engine.engine_id == name
+        assert s[name]["depends_on"]["router"]["condition"] == "service_healthy"
+        assert s[name]["healthcheck"]["test"][-1] == f"http://127.0.0.1:{engine.port}/ready"
+    assert s["cachestore"]["healthcheck"]["test"][-1] == f"grpc://127.0.0.1:{store.port}"
+    assert s["cachestore"]["volumes"][0]["target"] == store.disk_dir
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.engine", "Dockerfile.engine-cuda"])
+def test_dockerfiles_run_as_non_root_with_a_health_check(name):
+    text = (ROOT / name).read_text()
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK .*\n?.*CMD python -m ragserve\.stack\.health", text, re.M)
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    parse(cmd)
+    for path in re.findall(r"^COPY (?!--from)(\S+)", text, re.M):
+        assert (ROOT / path).exists(), path
+
+
+def test_only_engine_images_install_torch():
+    router = (ROOT / "Dockerfile").read_text()
+    extras = re.findall(r'pip install [^\n]*"\.\[([a-z,]+)\]"', router)
+    assert extras == ["router,cachestore"]
+    assert "assert 'torch' not in sys.modules" in router  # checked while building
+    for name, index in (("Dockerfile.engine", "whl/cpu"), ("Dockerfile.engine-cuda", "whl/cu128")):
+        text = (ROOT / name).read_text()
+        assert index in text and re.search(r'"\.\[engine', text), name

@@ -1,0 +1,90 @@
+"""`ragserve up` end to end: 2 engines on the tiny model behind the router (+ cachestore, Redis),
+a request through the gateway, the RAG demo against it, health probes, and a clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.stack.helpers import ROOT, Up, alive, tiny, wait_gone
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("up")
+    stack = Up(tmp, "--engines", "2", "--model", tiny(), "--served-model-name", "tiny", "--redis", "auto",
+               "--num-gpu-blocks", "1024", "--max-model-len", "4096")  # fmt: skip
+    stack.wait_ready()
+    yield stack
+    stack.cleanup()
+
+
+def test_comes_up_with_every_process(up):
+    state = up.state
+    assert set(state["pids"]) == {"redis", "cachestore", "router", "engine-0", "engine-1"}
+    assert all(alive(pid) for pid in up.child_pids)
+    assert state["redis"].startswith("redis://127.0.0.1:") and state["cachestore"].startswith("127.0.0.1:")
+    ready = httpx.get(state["url"] + "/ready", timeout=10).json()
+    assert ready["healthy_engines"] == 2
+    out = up.output()
+    assert "ragserve is up" in out and f"{state['url']}/v1" in out and "curl" in out
+    assert "engine-0  |" in out and "router    |" in out  # child logs, prefixed
+
+
+def test_serves_a_request_through_the_router(up):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
+    resp = httpx.post(up.state["url"] + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-ragserve-engine"] in ("engine-0", "engine-1")
+    assert resp.json()["usage"]["completion_tokens"] == 4
+    models = httpx.get(up.state["url"] + "/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_health_probe_command(up):
+    def probe(target: str) -> int:
+        cmd = [sys.executable, "-m", "ragserve.stack.health", target]
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode
+
+    assert probe(up.state["url"] + "/ready") == 0
+    assert probe(up.state["engines"][0] + "/ready") == 0
+    assert probe("grpc://" + up.state["cachestore"]) == 0
+    assert probe(up.state["redis"]) == 0
+    assert probe(up.state["url"] + "/no-such-path") == 1
+    assert probe("http://127.0.0.1:1/ready") == 1
+    assert probe("ftp://127.0.0.1:1") == 2
+
+
+def test_demo_end_to_end_offline(up, tmp_path):
+    out = tmp_path / "demo.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, "-m", "ragserve.cli", "demo", "--url", up.state["url"], "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert len(results) >= 10 and all(r["status"] == 200 and r["engine"] in ("engine-0", "engine-1") for r in results)
+    assert all(r["prompt_tokens"] > 1000 and r["ttft_s"] > 0 for r in results)
+    repeated = [r for r in results if r["repeated_context"]]
+    assert repeated, "the built-in questions revisit documents"
+    # a revisited document's context is served from cache (the router sends it where its KV is)
+    assert all(r["cached_tokens"] > 0 for r in repeated)
+    assert sum(r["cached_tokens"] for r in repeated) >= 0.8 * sum(r["prompt_tokens"] for r in repeated)
+    assert "prompt tokens served from cache" in proc.stdout and "repeated context" in proc.stdout
+
+
+def test_sigterm_stops_everything(up):
+    """Runs last in this module: SIGTERM to `ragserve up` stops every child it started, exit 0."""
+    pids = up.child_pids
+    assert up.stop(signal.SIGTERM, timeout=90) == 0, up.output()[-4000:]
+    assert wait_gone(pids, timeout=5) == [], up.output()[-4000:]
+    assert "stopping" in up.output()
