@@ -7,9 +7,9 @@ Blocks are the size of one SmolLM2-135M KV block in bf16:
 
     .venv/bin/python bench/cachestore.py [--quick] [--blocks N] [--repeats R]
 
-TODO (part 2, not here yet): TTFT of an engine fetching a 2,048-token context's blocks from the
-cachestore vs. recomputing them (SmolLM2-135M; target >= 10x). It needs the engine connector
-(issue 7 item 6), which does not exist yet.
+Part 2: TTFT of engine B fetching a 2,048-token context's blocks (computed by engine A) from the
+cachestore vs. an engine recomputing them (SmolLM2-135M, float32 CPU; target >= 10x). `--quick`
+uses a 1,024-token context; `--skip-engine` runs part 1 only.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 import time
 
 import grpc
-from ragserve.cachestore.client import CacheStoreClient, KVBlock
 
+from ragserve.cachestore.client import CacheStoreClient, KVBlock
 from ragserve.keys import KVLayout
 
 BLOCK_SHAPE = (30, 2, 16, 3, 64)  # layers, K/V, tokens, KV heads, head dim (bf16)
@@ -124,6 +124,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="64 blocks x 2 repeats (a smoke run)")
     parser.add_argument("--blocks", type=int, default=512, help="blocks per call")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the best is reported")
+    parser.add_argument("--skip-engine", action="store_true", help="part 1 only (no model load)")
     args = parser.parse_args()
     n, repeats = (64, 2) if args.quick else (args.blocks, args.repeats)
     total = n * BLOCK_BYTES
@@ -172,7 +173,49 @@ def main() -> int:
     for op in ("put", "get"):
         ratio = results[f"socket {op}"] / results[f"grpc {op}"]
         print(f"ratio {op}: gRPC throughput = {ratio:.2f} x raw socket")
+    if not args.skip_engine:
+        fetch_vs_recompute(1024 if args.quick else 2048)
     return 0
+
+
+def fetch_vs_recompute(context_tokens: int) -> None:
+    """Engine A computes a context; engine B's TTFT with remote fetch vs. recompute, same weights, same run."""
+    import random
+
+    from ragserve.engine.llm import LLM
+    from ragserve.engine.sampling_params import SamplingParams
+
+    port = free_port()
+    store = start_cachestore(port, memory=2 << 30)
+    address = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        rng = random.Random(0)
+        context = [rng.randrange(100, 49000) for _ in range(context_tokens)]
+        one = SamplingParams(temperature=0.0, max_tokens=1)
+        a = LLM("smollm2-135m", cachestore=address)
+        a.generate([context + [11, 12, 13]], one)
+        a.engine.connector.flush()
+        b = LLM("smollm2-135m", cachestore=address, loaded_model=a.engine.runner.model)
+        recompute = LLM("smollm2-135m", loaded_model=a.engine.runner.model)
+        question = context + [21, 22, 23, 24, 25]
+        recompute.generate([[7, 8, 9]], one)  # warm both engines' code paths
+        b.generate([[7, 8, 9]], one)
+        t_fetch, out = timed(lambda: b.generate([question], one))
+        t_recompute, _ = timed(lambda: recompute.generate([question], one))
+        fetched = b.engine.connector.stats.hits
+        print(f"\nTTFT, {context_tokens}-token context + question (SmolLM2-135M, float32 CPU)")
+        print(f"{'engine B':<22}{'seconds':>10}")
+        print(
+            f"{'fetch from cachestore':<22}{t_fetch:>10.3f}  ({fetched} tokens fetched, "
+            f"{out[0].num_cached_tokens} cached)"
+        )
+        print(f"{'recompute':<22}{t_recompute:>10.3f}")
+        print(f"ratio: fetch TTFT is {t_recompute / t_fetch:.1f}x faster than recompute (target >= 10x)")
+    finally:
+        store.terminate()
+        store.wait(15)
 
 
 if __name__ == "__main__":

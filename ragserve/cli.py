@@ -42,8 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ragserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in _available().items():
+        mod = importlib.import_module(module)
+        if not hasattr(mod, "add_arguments"):  # a component mid-development must not break the others
+            print(f"ragserve: warning: {module} has no add_arguments(); `{name}` is unavailable", file=sys.stderr)
+            continue
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        mod.add_arguments(p)
         p.set_defaults(_module=module)
     return parser
 

@@ -61,7 +61,7 @@ class PromptTokenizer:
             raise ValueError("this model has no chat template; use /v1/completions")
         try:
             return self._template.render(
-                messages=messages,
+                messages=normalize_messages(messages),
                 add_generation_prompt=add_generation_prompt,
                 **{k: v for k, v in self.special_tokens.items() if v is not None},
                 **kwargs,
@@ -92,6 +92,19 @@ class PromptTokenizer:
             template = (path / "chat_template.jinja").read_text()
         specials = {k: _token_str(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         return cls((path / "tokenizer.json").read_text(), template, specials)
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI content given as a list of text parts becomes one string (what chat templates expect)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+                raise ValueError("only text content parts are supported")
+            message = {**message, "content": "".join(p.get("text") or "" for p in content)}
+        out.append(message)
+    return out
 
 
 def _token_str(value) -> str | None:

@@ -80,3 +80,17 @@ def test_gguf_tokenizer_exported_cached_and_shared_by_tiny_models():
     assert tok.vocab_size == 49152 and tok.eos_token_id == 2
     tiny = load_tokenizer(resolve_model(str(tiny_model("qwen3"))))
     assert tiny.fingerprint() == tok.fingerprint()
+
+
+def test_text_parts_render_like_a_plain_string():
+    tok = load_tokenizer(resolve_model("smollm2-135m"))
+    plain = [{"role": "user", "content": "Context: abc. Question: why?"}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Context: abc. "}, {"type": "text", "text": "Question: why?"}],
+        }
+    ]
+    assert tok.encode_chat(parts) == tok.encode_chat(plain)
+    with pytest.raises(ValueError, match="only text content parts"):
+        tok.encode_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
