@@ -9,6 +9,7 @@ Exit status 0 when healthy, 1 otherwise. Torch-free and cheap to import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -21,15 +22,19 @@ TIMEOUT_S = 2.0
 
 def http_get(url: str, timeout: float = TIMEOUT_S) -> tuple[int, dict]:
     """(status, JSON body or {}) of a GET; status 0 when the server cannot be reached."""
+    status, raw = 0, b""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback URLs we built)
-            status, raw = resp.status, resp.read()
+            status = resp.status
+            raw = resp.read()
     except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (OSError, ValueError):
-        return 0, {}
+        status = exc.code
+        with contextlib.suppress(OSError):
+            raw = exc.read()
+    except (OSError, ValueError):  # unreachable, or too slow to answer
+        pass
     try:
-        body = json.loads(raw)
+        body = json.loads(raw) if raw else {}
     except ValueError:
         body = {}
     return status, body if isinstance(body, dict) else {}
