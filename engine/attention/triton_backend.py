@@ -25,6 +25,7 @@ from ragserve.engine.attention.triton_write import write_kv
 MAX_SPLITS = 32
 MIN_TILES_PER_SPLIT = 4
 CPU_NUM_SMS = 8  # the interpreter has no SMs; a small number keeps CPU runs cheap
+FP8_E4M3_MIN_CAPABILITY = (8, 9)  # Triton converts e4m3 natively from Ada on
 
 
 class TritonAttentionBackend:
@@ -38,8 +39,13 @@ class TritonAttentionBackend:
             raise ValueError(f"tile_n must be a power of two >= 16, got {tile_n}")
         self.num_splits, self.tile_n = num_splits, tile_n
         self._num_sms: dict[torch.device, int] = {}
+        self._checked: set[tuple[str, torch.device]] = set()
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
+        if (cache.kv_dtype, key.device) not in self._checked:
+            if reason := unsupported_reason(cache.kv_dtype, key.device):
+                raise ValueError(reason)
+            self._checked.add((cache.kv_dtype, key.device))
         with _on_device(key.device):
             write_kv(key, value, cache, slot_mapping)
 
@@ -111,6 +117,18 @@ class TritonAttentionBackend:
         if device not in self._num_sms:
             self._num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
         return self._num_sms[device]
+
+
+def unsupported_reason(kv_dtype: str, device: torch.device) -> str | None:
+    """Why the kernels cannot serve this KV cache dtype on this device (None: they can)."""
+    if device.type != "cuda" or quant.canonical(kv_dtype) != "fp8_e4m3":
+        return None
+    if torch.cuda.get_device_capability(device) >= FP8_E4M3_MIN_CAPABILITY:
+        return None
+    return (
+        "the fp8 (e4m3) KV cache needs compute capability >= 8.9 (Ada, Hopper) for the Triton kernels; "
+        "use --kv-cache-dtype fp8_e5m2 or int8, or --attention-backend torch"
+    )
 
 
 def _on_device(device: torch.device):

@@ -167,8 +167,11 @@ def test_greedy_agreement_with_full_precision_cache(llama_reference, kv_dtype):
     forced = _teacher_forced_agreement(llm, prompts, refs)
     print(f"{kv_dtype}: greedy token agreement with the full-precision cache {free:.1%}, teacher-forced {forced:.1%}")
     assert free >= FREE_MIN[kv_dtype] and forced >= FORCED_MIN[kv_dtype], (free, forced)
-    assert llm.engine.layout.kv_dtype == quant.canonical(kv_dtype)
-    assert llm.engine.layout.fingerprint() != base.engine.layout.fingerprint()
+    assert llm.engine.runner.kv.kv_dtype == quant.canonical(kv_dtype)
+    assert llm.engine.layout.fingerprint() != base.engine.layout.fingerprint()  # never shares blocks with auto
+    if kv_dtype == "fp8":  # the same bytes as fp8_e4m3: the same cachestore namespace
+        alias = LLM(path, num_gpu_blocks=8, kv_cache_dtype="fp8_e4m3", loaded_model=base.engine.runner.model)
+        assert alias.engine.layout.fingerprint() == llm.engine.layout.fingerprint()
 
 
 def test_int8_cache_with_prefix_hits_and_swap_preemption(llama_reference):

@@ -40,6 +40,19 @@ def test_selection(monkeypatch):
         get_attention_backend("flash", CPU)
 
 
+def test_fp8_e4m3_needs_ada_or_hopper(monkeypatch):
+    """No pre-Ada GPU here: the capability query is the one thing faked; the decision logic is real."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # A100
+    with pytest.raises(ValueError, match="compute capability >= 8.9"):
+        get_attention_backend("triton", cuda, "fp8")
+    assert isinstance(get_attention_backend("auto", cuda, "fp8_e4m3"), TorchAttentionBackend)  # falls back
+    assert isinstance(get_attention_backend("auto", cuda, "fp8_e5m2"), TritonAttentionBackend)
+    assert isinstance(get_attention_backend("triton", cuda, "int8"), TritonAttentionBackend)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100/H200
+    assert isinstance(get_attention_backend("auto", cuda, "fp8"), TritonAttentionBackend)
+
+
 def test_cli_refuses_triton_on_cpu_without_the_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "ragserve.cli", "generate", "--model", str(tiny_model("llama")), "--device", "cpu"]
