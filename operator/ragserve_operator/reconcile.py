@@ -6,6 +6,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ragserve_operator.apply import Emit, NotOwnedError, apply_all, contains, prune
 from ragserve_operator.children import OWNED_KINDS, desired_children
@@ -15,14 +16,22 @@ from ragserve_operator.spec import RAGServeSpec, SpecError, parse_spec
 from ragserve_operator.status import WORKLOADS, component, degraded_status, healthy_status
 
 log = logging.getLogger(__name__)
-_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-_locks_guard = threading.Lock()
+
+
+@dataclass
+class _Slot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    queued: bool = False  # a reconcile waits for the lock: it will read the latest state anyway
+
+
+_slots: defaultdict[tuple[str, str], _Slot] = defaultdict(_Slot)
+_slots_guard = threading.Lock()
 
 
 def lock_for(owner: Owner) -> threading.Lock:
     """Child events and RAGServe events reconcile the same object from different threads: one at a time."""
-    with _locks_guard:
-        return _locks[(owner.namespace, owner.name)]
+    with _slots_guard:
+        return _slots[(owner.namespace, owner.name)].lock
 
 
 def _clean(value):
@@ -48,10 +57,17 @@ def apply_spec(kube: Kube, owner: Owner, spec: RAGServeSpec, emit: Emit) -> list
 
 
 def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], Emit]) -> dict | None:
-    """Reconcile the RAGServe as stored now (read under the lock: events queue up behind each other).
-    Returns the status written, None if it is gone. Invalid specs and API refusals end as a Degraded
-    status, not an exception."""
-    with lock_for(Owner(name, namespace, "")):
+    """Reconcile the RAGServe as stored now (read under its lock). Returns the status written, or None
+    when it is gone or a reconcile already waiting will cover this call. Invalid specs and API refusals
+    end as a Degraded status, not an exception."""
+    with _slots_guard:
+        slot = _slots[(namespace, name)]
+        if slot.queued:  # coalesce a burst of child events into one pass
+            return None
+        slot.queued = True
+    with slot.lock:
+        with _slots_guard:
+            slot.queued = False
         body = kube.get("RAGServe", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None

@@ -152,14 +152,17 @@ async def start_operator(sim: KubeSim, tmp_path: Path, port: int, *extra: str) -
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
+async def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM and wait without blocking the loop: kmock serves the operator's last requests meanwhile."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while proc.poll() is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 @pytest_asyncio.fixture
@@ -169,7 +172,7 @@ async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterato
 
     async def start() -> subprocess.Popen:
         for old in procs:
-            stop(old)
+            await stop(old)
         kube._requests.clear()  # so the readiness check below sees this process's watches
         proc = await start_operator(kube, tmp_path, port)
         procs.append(proc)
@@ -182,7 +185,7 @@ async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterato
         yield start
     finally:
         for proc in procs:
-            stop(proc)
+            await stop(proc)
         print((tmp_path / "operator.log").read_text()[-20000:])
 
 
