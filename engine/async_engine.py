@@ -134,9 +134,9 @@ class AsyncLLM:
                 log.exception("engine step failed; aborting in-flight requests")
                 self._fail_all(exc)
                 continue
+            self._publish()  # KV events first: the router knows the blocks before the client sees the answer
             for out in outputs:
                 self._deliver(out.request_id, out)
-            self._publish()
 
     def _publish(self) -> None:
         events = self.engine.pool.take_events()
