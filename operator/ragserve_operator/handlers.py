@@ -3,6 +3,7 @@ changes or disappears (drift repair), and run one autoscaler loop per RAGServe."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -23,6 +24,7 @@ CHILD_RESOURCES = [
     ("", "v1", "configmaps"),
 ]
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
+RESYNC_S = 60.0
 log = logging.getLogger(__name__)
 
 
@@ -66,10 +68,17 @@ for _group, _version, _plural in CHILD_RESOURCES:
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The autoscaler loop, plus a periodic resync (a missed event or a failed pass gets repaired)."""
     stabilizers: dict[str, Stabilizer] = {}
+    loop = asyncio.get_running_loop()
+    last_resync = loop.time()
     while not stopped:
+        meta = body.get("metadata", {})
         try:
             await autoscale_once(memo.kube, dict(body), stabilizers, emitter(body))
+            if loop.time() - last_resync >= RESYNC_S:
+                last_resync = loop.time()
+                await asyncio.to_thread(reconcile, memo.kube, meta["namespace"], meta["name"], emitter)
         except Exception:  # a failed pass must not end the loop: the next one retries
-            log.exception("autoscaler pass for %s failed", body.get("metadata", {}).get("name"))
+            log.exception("autoscaler pass for %s failed", meta.get("name"))
         await stopped.wait(interval_of(dict(body)))
