@@ -53,3 +53,13 @@ def test_no_cluster_is_a_clear_error(tmp_path):
     out = operator("--all-namespaces", "--liveness", "", env=env)
     assert out.returncode == 2
     assert "no Kubernetes API to talk to" in out.stderr
+
+
+def test_operator_is_torch_free():
+    """It ships in the torch-free image with the router and cachestore."""
+    code = (
+        "import sys; import ragserve_operator.handlers, ragserve_operator.cli; "
+        "from ragserve.cli import build_parser; build_parser(); assert 'torch' not in sys.modules, 'torch'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
