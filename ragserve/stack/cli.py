@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not stack.start(stop):
             return 130
-        print(banner(stack, model_name), flush=True)
+        stack.sink.say(banner(stack, model_name))
         if args.state_file:
             Path(args.state_file).write_text(json.dumps(stack.state(), indent=2))
         if args.demo or args.exit_after_demo:

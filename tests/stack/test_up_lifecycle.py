@@ -1,7 +1,8 @@
-"""`ragserve up` when things go wrong: it is SIGKILLed, a child crashes, or its arguments are bad."""
+"""`ragserve up` lifecycle: --exit-after-demo, SIGKILL of up, a crashing child, bad arguments."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,23 @@ from ragserve.stack.spec import Ports, StackConfig, engine_spec
 from tests.stack.helpers import ROOT, Up, alive, tiny, wait_gone
 
 SMALL = ("--engines", "1", "--redis", "off", "--num-gpu-blocks", "64", "--served-model-name", "tiny")
+
+
+def test_exit_after_demo_for_scripts(tmp_path):
+    """What `make run RUN_ARGS=--exit-after-demo` runs: up, demo, down, the demo's exit code."""
+    questions = ["How do I descale the Aurora X2?", "What brew temperature does the Aurora X2 use?"]
+    demo_args = " ".join(f"--question '{q}'" for q in questions)
+    args = ("--num-gpu-blocks", "512", "--model", tiny(), "--exit-after-demo", "--demo-args", demo_args)
+    up = Up(tmp_path, *SMALL, *args)
+    try:
+        assert up.proc.wait(300) == 0, up.output()[-5000:]
+        out = up.output()
+        assert "ragserve is up" in out and "demo finished with exit code 0" in out
+        assert "repeated context" in out and "prompt tokens served from cache" in out
+        up.state = json.loads(up.state_file.read_text())
+        assert wait_gone(up.child_pids, timeout=5) == []
+    finally:
+        up.cleanup()
 
 
 def test_sigkill_of_up_takes_every_child_down(tmp_path):

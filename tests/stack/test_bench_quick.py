@@ -1,0 +1,41 @@
+"""bench/rag_cluster.py --quick: every configuration completes through the full stack and reports
+well-formed numbers. The ratios are the benchmark's business, not this test's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.stack.helpers import ROOT
+
+CONFIGS = ["round_robin", "prefix", "kv_aware", "kv_aware+cachestore"]
+
+
+@pytest.mark.slow
+def test_quick_cluster_benchmark(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    cmd = [sys.executable, str(ROOT / "bench" / "rag_cluster.py"), "--quick", "--requests", "12", "--clients", "3"]
+    proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    report = json.loads((tmp_path / "rag_cluster-quick.json").read_text())
+    results = {r["name"]: r for r in report["results"]}
+    assert list(results) == CONFIGS
+    for name, r in results.items():
+        assert r["requests"] == 12 and r["errors"] == 0, name
+        assert r["prompt_tokens"] > 12 * 1000 and r["usage_prompt_tokens"] == r["prompt_tokens"], name
+        assert min(r["local"], r["fetched"], r["computed"]) >= 0
+        assert r["local"] + r["fetched"] + r["computed"] == r["prompt_tokens"]
+        assert 0.0 <= r["cached_share_after_first"] <= 1.0
+        assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["requests_per_s"] > 0 and r["wall_s"] > 0
+        assert all(math.isfinite(v) and v > 0 for k, v in r["ratios"].items() if k != "computed_tokens")
+    assert results["round_robin"]["ratios"]["ttft_p50_speedup"] == 1.0
+    assert all(results[n]["fetched"] == 0 for n in CONFIGS[:3])  # no cachestore, nothing fetched
+    table = (tmp_path / "rag_cluster-quick.md").read_text()
+    assert all(f"| {name} |" in table for name in CONFIGS)
+    for plot in ("tokens", "ttft"):
+        assert (tmp_path / f"rag_cluster-quick_{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
