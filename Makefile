@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
 
-.PHONY: install run test test-fast lint proto bench clean
+.PHONY: install run test lint proto bench operator-install clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ proto: install
 
 bench: install
 	$(PY) bench/engine.py --quick
+
+operator-install: install
+	kubectl apply -f operator/deploy/
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -42,14 +42,22 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs) -> argparse.A
     """parser.add_argument whose default can come from RAGSERVE_<FLAG> in the environment."""
     env = os.environ.get(env_name(flag))
     if env is not None:
-        if kwargs.get("action") == "store_true":
-            kwargs["default"] = env.lower() in ("1", "true", "yes", "on")
+        if kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction):
+            kwargs["default"] = _env_bool(flag, env)
         else:
             kwargs["default"] = kwargs.get("type", str)(env) if "type" in kwargs else env
     if "help" in kwargs and kwargs.get("default") not in (None, argparse.SUPPRESS, False):
         kwargs["help"] += " (default: %(default)s)"
     kwargs["help"] = kwargs.get("help", "") + f" [env {env_name(flag)}]"
     return parser.add_argument(flag, **kwargs)
+
+
+def _env_bool(flag: str, value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise SystemExit(f"ragserve: error: {env_name(flag)}={value!r} is not a boolean (use true/false)")
 
 
 def positive_int(text: str) -> int:

@@ -42,3 +42,12 @@ def test_unknown_model_is_a_clear_error():
     out = ragserve("info", "--model", "no-such-model")
     assert out.returncode == 2
     assert "unknown model 'no-such-model'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_boolean_flags_read_false_from_the_environment(monkeypatch):
+    from ragserve.cli import build_parser
+
+    monkeypatch.setenv("RAGSERVE_ENABLE_PREFIX_CACHING", "false")
+    assert build_parser().parse_args(["generate"]).enable_prefix_caching is False
+    monkeypatch.setenv("RAGSERVE_ENABLE_PREFIX_CACHING", "yes")
+    assert build_parser().parse_args(["generate"]).enable_prefix_caching is True
