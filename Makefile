@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
 
-.PHONY: install run test lint proto bench operator-install clean
+.PHONY: install run run-once generate test lint proto bench operator-install clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
+# The local stack (cachestore, 2 engines, router) + the RAG demo; serves until Ctrl-C.
 run: install
-	$(VENV)/bin/ragserve info
+	$(VENV)/bin/ragserve up --demo $(RUN_ARGS)
+
+# The same, exiting after the demo (for scripts and CI).
+run-once: install
+	$(VENV)/bin/ragserve up --demo --exit-after-demo $(RUN_ARGS)
+
+# Offline generation with the default model, no servers.
+generate: install
 	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
