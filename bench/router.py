@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,22 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "router" / "fake_engine.py"
 POLICIES = ("round_robin", "least_loaded", "prefix", "kv_aware")
-WORDS = [
-    "cache",
-    "block",
-    "prefix",
-    "engine",
-    "router",
-    "token",
-    "layer",
-    "query",
-    "answer",
-    "context",
-    "vector",
-    "paged",
-    "shard",
-    "replica",
-]
+WORDS = ("cache", "block", "prefix", "engine", "router", "token", "layer", "query", "answer", "vector")
 
 
 def free_port() -> int:
@@ -88,30 +74,15 @@ def wait_until(check, what: str, timeout: float = 180) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what} (logs in bench/results/router-logs)")
+    raise SystemExit(f"timed out waiting for {what} (see the process logs)")
 
 
 def start_stack(procs: Procs, args, policy: str, n_engines: int, num_blocks: int) -> tuple[str, list[str]]:
     port, grpc_port = free_port(), free_port()
     router = f"http://127.0.0.1:{port}"
+    flags = f"--host 127.0.0.1 --port {port} --grpc-port {grpc_port} --policy {policy} --log-level warning"
     procs.start(
-        f"router-{policy}",
-        [
-            sys.executable,
-            "-m",
-            "ragserve.cli",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--grpc-port",
-            str(grpc_port),
-            "--policy",
-            policy,
-            "--log-level",
-            "warning",
-        ],
+        f"router-{policy}", [sys.executable, "-m", "ragserve.cli", "router", *flags.split(), *args.router_flags]
     )
     wait_until(lambda: httpx.get(router + "/health").status_code == 200, "router")
     urls = []
@@ -119,43 +90,13 @@ def start_stack(procs: Procs, args, policy: str, n_engines: int, num_blocks: int
         p = free_port()
         urls.append(f"http://127.0.0.1:{p}")
         if args.engine == "real":
-            argv = [
-                sys.executable,
-                "-m",
-                "ragserve.cli",
-                "engine",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(p),
-                "--model",
-                str(args.model),
-                "--served-model-name",
-                "tiny",
-                "--num-gpu-blocks",
-                str(num_blocks),
-                "--router",
-                f"127.0.0.1:{grpc_port}",
-                "--advertise-url",
-                urls[-1],
-            ]
+            flags = f"--host 127.0.0.1 --port {p} --served-model-name tiny --num-gpu-blocks {num_blocks} "
+            flags += f"--router 127.0.0.1:{grpc_port} --advertise-url {urls[-1]} --device cpu"
+            argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", str(args.model), *flags.split()]
         else:
-            argv = [
-                sys.executable,
-                str(STUB),
-                "--port",
-                str(p),
-                "--engine-id",
-                f"stub-{policy}-{i}",
-                "--model-dir",
-                str(args.model),
-                "--num-blocks",
-                str(num_blocks),
-                "--prefill-delay",
-                str(args.prefill_delay),
-                "--router",
-                f"127.0.0.1:{grpc_port}",
-            ]
+            flags = f"--port {p} --engine-id stub-{policy}-{i} --num-blocks {num_blocks} "
+            flags += f"--prefill-delay {args.prefill_delay} --router 127.0.0.1:{grpc_port}"
+            argv = [sys.executable, str(STUB), "--model-dir", str(args.model), *flags.split()]
         procs.start(f"engine-{policy}-{i}", argv)
     wait_until(lambda: httpx.get(router + "/ready").json()["engines"] == n_engines, f"{n_engines} engines", 600)
     return router, urls
@@ -264,7 +205,7 @@ def quality(args) -> None:
         f"concurrency {args.concurrency}, 3 engines x {args.num_blocks} KV blocks, {args.engine} engine"
     )
     results = {}
-    for policy in POLICIES:
+    for policy in args.policies:
         procs = Procs(args.logs)
         try:
             router, _ = start_stack(procs, args, policy, 3, args.num_blocks)
@@ -276,12 +217,15 @@ def quality(args) -> None:
             f"{policy:13} hit {r['hit_rate']:6.1%}  TTFT p50 {r['ttft_p50'] * 1000:8.1f} ms  "
             f"p95 {r['ttft_p95'] * 1000:8.1f} ms  errors {r['errors']}"
         )
+    if not {"kv_aware", "round_robin"} <= set(results):
+        return
     kv, rr = results["kv_aware"], results["round_robin"]
     print(
         f"kv_aware vs round_robin: hit rate {kv['hit_rate'] / max(rr['hit_rate'], 1e-9):.2f}x (target >= 3x), "
         f"TTFT p95 {rr['ttft_p95'] / kv['ttft_p95']:.2f}x better (target >= 3x)"
     )
-    (ROOT / "bench" / "results" / f"router-{args.engine}.json").write_text(json.dumps(results, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
 
 
 def main() -> None:
@@ -301,6 +245,9 @@ def main() -> None:
     p.add_argument("--overhead-requests", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", choices=("overhead", "quality"), default=None)
+    p.add_argument("--policies", type=lambda t: t.split(","), default=list(POLICIES), help="comma-separated")
+    p.add_argument("--out", default=None, help="write the quality results as JSON here")
+    p.add_argument("--router-flags", type=str.split, default=[], help="extra router flags, e.g. '--load-weight 8'")
     args = p.parse_args()
     if args.engine == "real" and not has_engine:
         raise SystemExit("`ragserve engine` does not exist yet; use --engine stub")
@@ -310,8 +257,8 @@ def main() -> None:
         args.model = tiny_model("llama")
     if args.quick:
         args.requests, args.overhead_requests = 90, 100
-    args.logs = ROOT / "bench" / "results" / "router-logs"
-    args.logs.mkdir(parents=True, exist_ok=True)
+    args.logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-router-"))
+    print(f"process logs: {args.logs}")
     if args.skip != "overhead":
         overhead(args)
     if args.skip != "quality":
