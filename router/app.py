@@ -165,9 +165,10 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
         if wanted not in POLICIES:
             raise RouterError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
         policy = wanted
+    t0 = time.monotonic()
     key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
-    gw.metrics.routing_latency.observe(time.monotonic() - routed.started)
+    gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
     if key.hashes:
         gw.background(_record(gw, key.hashes, decision.order[0].engine_id))
