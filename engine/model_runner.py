@@ -50,7 +50,7 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         self.model = model or load_model(source, self.dtype, self.device)
         self.model_config = self.model.config
-        self.backend = get_attention_backend(config.attention_backend, self.device)
+        self.backend = get_attention_backend(config.attention_backend, self.device, config.kv_cache_dtype)
         self.block_size = config.block_size
         self.bytes_per_block = bytes_per_block(config.kv_cache_dtype, self.dtype, self._block_shape(1))
         self.num_blocks = self._num_blocks()
