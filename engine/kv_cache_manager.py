@@ -48,7 +48,9 @@ class KVCacheManager:
 
     def get_computed_blocks(self, seq: Sequence, cache_salt: str | None) -> list[KVCacheBlock]:
         """Longest cached chain of full blocks; the last token is always left to compute."""
-        hashes = self.update_hashes(seq, cache_salt)[: (seq.num_tokens - 1) // self.block_size]
+        return self._cached_prefix(self.update_hashes(seq, cache_salt)[: (seq.num_tokens - 1) // self.block_size])
+
+    def _cached_prefix(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         hits = []
         for h in hashes:
             block = self.pool.get_cached_block(h)
@@ -115,12 +117,7 @@ class KVCacheManager:
 
     def pin(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         """Hold a reference on the cached prefix of `hashes` so eviction skips it (warm-up)."""
-        blocks = []
-        for h in hashes:
-            block = self.pool.get_cached_block(h)
-            if block is None:
-                break
-            blocks.append(block)
+        blocks = self._cached_prefix(hashes)
         self.pool.touch(blocks)
         return blocks
 
