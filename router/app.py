@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -14,6 +13,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ragserve.http_body import parse_json_object
+from ragserve.http_body import read_body as _read_body
 from ragserve.router.auth import Authenticator, RateLimiter
 from ragserve.router.config import POLICIES, RouterConfig
 from ragserve.router.errors import RouterError, error_response
@@ -50,25 +51,11 @@ class Gateway:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise RouterError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes", "body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RouterError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await _read_body(request, limit, RouterError)
 
 
 def parse_body(raw: bytes) -> tuple[dict, str]:
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise RouterError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(body, dict):
-        raise RouterError(400, "request body must be a JSON object", "invalid_json")
+    body = parse_json_object(raw, RouterError)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise RouterError(400, "'model' is required and must be a string", "missing_model", param="model")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from ragserve.engine.server.errors import ApiError, validation_error
+from ragserve.http_body import parse_json_object
+from ragserve.http_body import read_body as _read_body
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -20,26 +21,11 @@ class ClientDisconnected(Exception):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes", "body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", "body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await _read_body(request, limit, ApiError)
 
 
 async def parse(request: Request, model: type[M], limit: int) -> M:
-    raw = await read_body(request, limit)
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    body = parse_json_object(await read_body(request, limit), ApiError)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
