@@ -102,3 +102,13 @@ def test_engine_flags_reach_every_engine():
     assert "--max-num-seqs" not in argv  # defaults stay the engine's own
     # and the engine CLI accepts the whole command line
     build_parser().parse_args(argv[argv.index("engine") :])
+
+
+def test_up_demo_cli_and_health_probe_import_no_torch():
+    """The health probe runs in the torch-free router image; `ragserve up` and the demo's CLI stay light."""
+    code = (
+        "import sys, ragserve.stack, ragserve.stack.supervisor, ragserve.stack.health, ragserve.demo; "
+        "from ragserve.cli import build_parser; build_parser(); assert 'torch' not in sys.modules, 'torch'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
