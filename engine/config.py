@@ -38,7 +38,11 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space: float = 1.0  # GiB of host memory for swapped-out blocks
     scheduling_policy: str = "fcfs"
-    cachestore: str | None = None  # HOST:PORT[,HOST:PORT]: shared KV-block store (flag lives with the server)
+    cachestore: str | None = None  # HOST:PORT[,HOST:PORT]: shared KV-block store (flags live with the server)
+    cachestore_tls_ca: str | None = None
+    cachestore_tls_cert: str | None = None
+    cachestore_tls_key: str | None = None
+    cachestore_token_file: str | None = None
 
     def __post_init__(self) -> None:
         checks = [

@@ -32,17 +32,27 @@ class ConnectorStats:
 
 
 class CacheStoreConnector:
-    def __init__(self, addresses: str, layout: str, kv: KVCacheTensors, pool: BlockPool, block_size: int,
-                 timeout_s: float = 2.0, queue_blocks: int = 512) -> None:  # fmt: skip
-        from ragserve.cachestore.client import CacheStoreClient
-
-        self.client = CacheStoreClient(addresses, layout, timeout_s)
+    def __init__(self, client, kv: KVCacheTensors, pool: BlockPool, block_size: int, queue_blocks: int = 512) -> None:
+        self.client = client
         self.kv, self.pool, self.block_size = kv, pool, block_size
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_config(cls, config, layout: str, kv: KVCacheTensors, pool: BlockPool) -> CacheStoreConnector:
+        from pathlib import Path
+
+        from ragserve.cachestore.client import CacheStoreClient, TLSConfig
+
+        tls = None
+        if config.cachestore_tls_ca or config.cachestore_tls_cert:
+            tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
+        token = Path(config.cachestore_token_file).read_text().strip() if config.cachestore_token_file else None
+        client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
+        return cls(client, kv, pool, config.block_size)
 
     # ---- fetch ------------------------------------------------------------------------------------
     def fetch(self, hashes: list[bytes], num_local_hits: int) -> int:
@@ -120,8 +130,7 @@ class CacheStoreConnector:
             blocks = [KVBlock(h, raw, "uint8", (len(raw),)) for h, raw in (i for i in batch if i is not None)]
             try:
                 if blocks:
-                    self.client.put(blocks)
-                    self.stats.offloaded += len(blocks)
+                    self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
             except Exception:
                 log.exception("cachestore offload failed")
             for _ in batch:

@@ -44,8 +44,8 @@ class LLMEngine:
         if config.cachestore:
             from ragserve.engine.kv_connector import CacheStoreConnector
 
-            self.connector = CacheStoreConnector(
-                config.cachestore, self.layout.fingerprint(), self.runner.kv, self.pool, config.block_size
+            self.connector = CacheStoreConnector.from_config(
+                config, self.layout.fingerprint(), self.runner.kv, self.pool
             )
             self.scheduler.connector = self.connector
         self.sampler = Sampler()

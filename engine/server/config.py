@@ -84,3 +84,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--router-tls-key", default=None, help="client key for mutual TLS with the router")
     # read by EngineConfig: the engine's cachestore connector offloads and fetches KV blocks
     add_flag(g, "--cachestore", default=None, help="shared KV-block store HOST:PORT[,HOST:PORT...]")
+    add_flag(g, "--cachestore-tls-ca", default=None, help="CA bundle to verify the cachestore (enables TLS)")
+    add_flag(g, "--cachestore-tls-cert", default=None, help="client certificate for mutual TLS with the cachestore")
+    add_flag(g, "--cachestore-tls-key", default=None, help="client key for mutual TLS with the cachestore")
+    add_flag(g, "--cachestore-token-file", default=None, help="file holding the cachestore's shared token")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import grpc
 import pytest
 
 from ragserve.engine.llm import LLM
@@ -82,3 +83,36 @@ def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
     assert [o.outputs[0].token_ids for o in outs] == expected
     assert b.engine.connector.stats.hits == 0
     b.engine.connector.flush()  # offloads to the dead store are dropped, not raised
+
+
+def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
+    from tests.cachestore.pki import write_test_pki
+
+    certs = write_test_pki(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("engine-shared-token\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
+         "--memory", "64MiB", "--metrics-port", "0", "--tls-cert", str(certs["server_cert"]),
+         "--tls-key", str(certs["server_key"]), "--tls-client-ca", str(certs["ca"]), "--auth-token-file", str(token)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        creds = grpc.ssl_channel_credentials(certs["ca"].read_bytes(), certs["client_key"].read_bytes(),
+                                             certs["client_cert"].read_bytes())  # fmt: skip
+        wait_serving(f"localhost:{port}", credentials=creds)
+        secure = dict(cachestore_tls_ca=str(certs["ca"]), cachestore_tls_cert=str(certs["client_cert"]),
+                      cachestore_tls_key=str(certs["client_key"]), cachestore_token_file=str(token))  # fmt: skip
+        a = engine(f"localhost:{port}", **secure)
+        a.generate([CONTEXT + [1]], GREEDY)
+        a.engine.connector.flush()
+        b = engine(f"localhost:{port}", loaded_model=a.engine.runner.model, **secure)
+        b.generate([CONTEXT + [2]], GREEDY)
+        assert b.engine.connector.stats.hits == 20 * 16
+        plain = engine(f"localhost:{port}", loaded_model=a.engine.runner.model)  # no TLS: every lookup misses
+        plain.generate([CONTEXT + [3]], GREEDY)
+        assert plain.engine.connector.stats.hits == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
