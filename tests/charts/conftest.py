@@ -104,7 +104,12 @@ SCENARIOS: dict[str, dict] = {
             "maxBodyBytes": 1048576,
         },
         "cachestore": {
-            "tls": {"enabled": True, "secretName": "cachestore-tls"},
+            "tls": {
+                "enabled": True,
+                "secretName": "cachestore-tls",
+                "clientAuth": True,
+                "engineClientSecret": "engine-cachestore-client",
+            },
             "auth": {"existingSecret": "cachestore-token"},
             "maxMessageBytes": 33554432,
         },

@@ -155,13 +155,29 @@ def test_drain_fits_in_the_grace_period(render):
     assert (ns.drain_delay, ns.drain_timeout) == (15.0, 70.0)
 
 
-def test_cachestore_client_security_is_wired_or_warned(chart):
-    """The engine has no cachestore client TLS/token flags yet: the chart warns; once it has, wire them."""
-    flags = {env.removeprefix("RAGSERVE_") for env in subcommand_env_names("engine")}
-    client_flags = sorted(f for f in flags if f.startswith("CACHESTORE_"))
-    assert not client_flags, f"`ragserve engine` now has {client_flags}: mount the Secrets and pass them"
-    notes = chart.render({"cachestore": {"tls": {"enabled": True, "secretName": "s"}}}, name="rs", namespace="ai")
-    assert "engines cannot reach the cachestore" in notes["ragserve/templates/NOTES.txt"]
+def test_cachestore_client_security_is_wired(render):
+    """With cachestore TLS, mTLS and a token, engines get the CA, their client certificate and the token."""
+    values = {"cachestore": {"tls": {"enabled": True, "secretName": "cs-tls", "clientAuth": True,
+                                     "engineClientSecret": "engine-cs-client"},
+                             "auth": {"existingSecret": "cs-token", "key": "token"}}}  # fmt: skip
+    engines = [d for d in render(values) if d["kind"] == "Deployment" and "engine" in d["metadata"]["name"]]
+    assert engines
+    for dep in engines:
+        pod = dep["spec"]["template"]["spec"]
+        (container,) = [c for c in pod["containers"] if c["args"][0] == "engine"]
+        args = container["args"]
+        flags = {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--cachestore-")}
+        assert flags == {
+            "--cachestore-tls-ca": "/etc/ragserve/cachestore-ca/ca.crt",
+            "--cachestore-tls-cert": "/etc/ragserve/cachestore-client/tls.crt",
+            "--cachestore-tls-key": "/etc/ragserve/cachestore-client/tls.key",
+            "--cachestore-token-file": "/etc/ragserve/cachestore-token/token",
+        }
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        assert secrets["cachestore-ca"] == "cs-tls" and secrets["cachestore-client"] == "engine-cs-client"
+        assert secrets["cachestore-token"] == "cs-token"
+        mounts = {m["name"] for m in container["volumeMounts"]}
+        assert {"cachestore-ca", "cachestore-client", "cachestore-token"} <= mounts
 
 
 def test_same_flags_as_the_local_stack(render, scenarios):
