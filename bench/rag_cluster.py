@@ -161,7 +161,7 @@ def percentile(values: list[float], q: float) -> float:
 def run_config(name: str, args, docs, trace) -> ConfigResult:
     policy, cachestore = CONFIGS[name]
     engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
-    engine_flags += ["--block-size", str(args.block_size)]
+    engine_flags += ["--block-size", str(args.block_size), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     cfg = StackConfig(
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
@@ -229,7 +229,8 @@ def markdown(results: list[ConfigResult], args) -> str:
     head = (
         f"# RAG cluster benchmark{' (quick)' if args.quick else ''}\n\n"
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
-        f"per engine, {args.requests} requests from {args.clients} clients, Zipf s={args.zipf}, seed {args.seed}.\n"
+        f"and a {args.max_num_batched_tokens}-token step budget per engine, {args.requests} requests "
+        f"from {args.clients} clients, Zipf s={args.zipf}, seed {args.seed}.\n"
         f"Ratios are against `{BASELINE}` in the same run (TTFT: baseline / config, higher is better).\n\n"
         "| config | prompt tok | local | fetched | computed | cached after 1st sight | TTFT p50 | TTFT p95 "
         "| TTFT p95 after 1st sight | req/s | TTFT p50 x | TTFT p95 x | TTFT p95 after 1st x | throughput x |\n"
@@ -297,6 +298,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-gpu-blocks", type=int, default=None, help="KV blocks per engine; default 400 (quick: 256)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine token budget per step")
+    p.add_argument("--tag", default="", help="suffix of the output file names")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--verbose", action="store_true", help="stream the stack's logs")
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "rag_cluster-quick" if args.quick else "rag_cluster"
+    stem = "rag_cluster" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     (out / f"{stem}.md").write_text(markdown(results, args))
     meta = {k: v for k, v in vars(args).items() if k != "out"}
     (out / f"{stem}.json").write_text(json.dumps({"args": meta, "results": [asdict(r) for r in results]}, indent=2))
