@@ -69,6 +69,7 @@ def test_sharded_checkpoint_loads_identically():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # ~2-5 minutes on 2 idle cores; much longer on a loaded machine
 def test_smollm2_gguf_parity():
     """The real SmolLM2-135M GGUF, dequantized by both sides; chat prompts through the chat template."""
     from transformers import AutoModelForCausalLM
