@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
 from ragserve.cachestore.record import block_error, checksum, key_error, layout_error
 from ragserve.cachestore.service import DEFAULT_MAX_BLOCKS_PER_CALL, DEFAULT_MAX_MESSAGE_BYTES
 from ragserve.cachestore.sharding import Backoff, parse_addresses, rendezvous_owner
-
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
 from ragserve.cachestore.store import TieredStore
 
 P = "ragserve_cachestore_"

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from ragserve.cachestore.auth import TokenAuthInterceptor, read_token
 from ragserve.cachestore.metrics import serve_metrics
 from ragserve.cachestore.service import (
@@ -22,7 +23,6 @@ from ragserve.cachestore.service import (
 from ragserve.cachestore.store import TieredStore
 from ragserve.cachestore.tiers.disk import DiskTier
 from ragserve.cachestore.tiers.memory import MemoryTier
-
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 

@@ -6,9 +6,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+
 from ragserve.cachestore.record import StoredBlock, block_error, key_error, layout_error
 from ragserve.cachestore.store import TieredStore
-
 from ragserve.keys import store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc

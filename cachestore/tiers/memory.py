@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ragserve.cachestore.lru import LRUIndex
 from ragserve.cachestore.record import StoredBlock
-
 from ragserve.v1 import cachestore_pb2 as pb
 
 

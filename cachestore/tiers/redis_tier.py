@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 
 import redis
+
 from ragserve.cachestore.lru import LRUIndex
 from ragserve.cachestore.record import LAYOUT_BYTES, StoredBlock, decode, encode_header
 from ragserve.cachestore.tiers import TierError
-
 from ragserve.keys import HASH_BYTES
 from ragserve.v1 import cachestore_pb2 as pb
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from ragserve.cachestore.server import CacheStoreConfig, CacheStoreServer
 
+from ragserve.cachestore.server import CacheStoreConfig, CacheStoreServer
 from tests.cachestore.helpers import wait_serving
 from tests.cachestore.pki import write_test_pki
 from tests.conftest import free_port

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from ragserve.cachestore.client import KVBlock
 from ragserve.cachestore.record import HEADER_SIZE, StoredBlock, checksum
-
 from ragserve.keys import KVLayout, store_key
 from ragserve.v1 import cachestore_pb2 as pb
 

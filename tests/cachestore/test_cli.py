@@ -8,8 +8,8 @@ import sys
 import grpc
 import httpx
 import pytest
-from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 
+from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 from ragserve.cli import build_parser
 from tests.cachestore.helpers import LAYOUT, kv_blocks
 from tests.conftest import free_port

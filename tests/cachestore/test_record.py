@@ -1,6 +1,7 @@
 """The on-disk / in-Redis record format: round trip, and every kind of damage is detected."""
 
 import pytest
+
 from ragserve.cachestore.record import (
     HEADER_SIZE,
     CorruptRecord,
@@ -11,7 +12,6 @@ from ragserve.cachestore.record import (
     encode_header,
     layout_error,
 )
-
 from ragserve.keys import store_key
 from tests.cachestore.helpers import LAYOUT, OTHER_LAYOUT, chain
 

@@ -3,8 +3,8 @@
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 
+from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from tests.cachestore.helpers import LAYOUT, chain, kv_blocks

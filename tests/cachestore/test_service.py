@@ -5,8 +5,8 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from ragserve.cachestore.record import checksum
 
+from ragserve.cachestore.record import checksum
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from tests.cachestore.helpers import LAYOUT, OTHER_LAYOUT, chain, kv_blocks, pb_blocks
