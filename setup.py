@@ -13,5 +13,5 @@ packages = [sub for pkg, folder in FOLDERS.items() for sub in [pkg, *(f"{pkg}.{p
 setup(
     packages=packages,
     package_dir=FOLDERS,
-    package_data={"ragserve_operator": ["*.yaml"], "ragserve": ["data/*"]},
+    package_data={"ragserve_operator": ["*.yaml"], "ragserve": ["data/*", "data/corpus/*.md"]},
 )
