@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragserve.engine.sampling_params import SamplingParams
+from ragserve.tokenizer import normalize_messages
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
@@ -30,12 +31,7 @@ class ChatMessage(Lenient):
 
     def render_dict(self) -> dict[str, Any]:
         """The message as the client sent it, text parts joined (the chat template expects a string)."""
-        out = self.model_dump(exclude_unset=True)
-        if isinstance(self.content, list):
-            if any(p.type != "text" for p in self.content):
-                raise ValueError("only text content parts are supported")
-            out["content"] = "".join(p.text or "" for p in self.content)
-        return out
+        return normalize_messages([self.model_dump(exclude_unset=True)])[0]
 
 
 class StreamOptions(Lenient):
