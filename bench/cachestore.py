@@ -26,8 +26,8 @@ import time
 
 import grpc
 
-from ragserve.cachestore.client import CacheStoreClient, KVBlock
 from ragserve.keys import KVLayout
+from ragserve_cachestore.client import CacheStoreClient, KVBlock
 
 BLOCK_SHAPE = (30, 2, 16, 3, 64)  # layers, K/V, tokens, KV heads, head dim (bf16)
 BLOCK_BYTES = 30 * 2 * 16 * 3 * 64 * 2
@@ -182,8 +182,8 @@ def fetch_vs_recompute(context_tokens: int) -> None:
     """Engine A computes a context; engine B's TTFT with remote fetch vs. recompute, same weights, same run."""
     import random
 
-    from ragserve.engine.llm import LLM
-    from ragserve.engine.sampling_params import SamplingParams
+    from ragserve_engine.llm import LLM
+    from ragserve_engine.sampling_params import SamplingParams
 
     port = free_port()
     store = start_cachestore(port, memory=2 << 30)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.models import resolve_model
+from ragserve.model_source import resolve_model
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
 

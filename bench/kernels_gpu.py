@@ -110,9 +110,9 @@ def correctness(plan: Plan) -> list[dict]:
 def _check(plan, cases, dtype, kv_dtype, gqa, block_size, splits, head_dim, **batch_kw) -> dict:
     import torch
 
-    from ragserve.engine.attention.testing import make_paged_batch
-    from ragserve.engine.attention.torch_ref import TorchAttentionBackend
-    from ragserve.engine.attention.triton_backend import TritonAttentionBackend
+    from ragserve_engine.attention.paged_batch import make_paged_batch
+    from ragserve_engine.attention.torch_ref import TorchAttentionBackend
+    from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 
     batch = make_paged_batch(
         cases, num_heads=2 * gqa, num_kv_heads=2, head_dim=head_dim, block_size=block_size, kv_dtype=kv_dtype,
@@ -142,7 +142,7 @@ def _check_large_ids(plan: Plan, kv_dtype: str) -> dict:
     """Block id * block stride > 2**31 elements (the reference and Triton share the cache: written twice)."""
     import torch
 
-    from ragserve.engine.attention.testing import lazy_kv_cache
+    from ragserve_engine.attention.paged_batch import lazy_kv_cache
 
     shape = (32_800, 16, 2, 16, 2, 64)
     kv = lazy_kv_cache(kv_dtype, torch.bfloat16, shape, plan.device)
@@ -190,7 +190,7 @@ def _dense_baselines(plan: Plan, case: str, batch: int, ctx: int) -> list[dict]:
 def _paged_rows(plan: Plan, case: str, batch: int, ctx: int, kv_dtype: str) -> list[dict]:
     import torch
 
-    from ragserve.engine.attention.triton_backend import TritonAttentionBackend
+    from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 
     num_heads, num_kv_heads, head_dim = plan.heads
     q = torch.randn(batch, num_heads, head_dim, dtype=torch.bfloat16, device=plan.device)
@@ -210,8 +210,8 @@ def _paged_rows(plan: Plan, case: str, batch: int, ctx: int, kv_dtype: str) -> l
 def _paged_decode_setup(batch, ctx, num_kv_heads, head_dim, kv_dtype, dtype, dev):
     import torch
 
-    from ragserve.engine.attention.backend import AttentionMetadata
-    from ragserve.engine.attention.kv_cache import allocate_kv_cache
+    from ragserve_engine.attention.backend import AttentionMetadata
+    from ragserve_engine.attention.kv_cache import allocate_kv_cache
 
     block_size = 16
     per_seq = -(-ctx // block_size)
@@ -256,9 +256,9 @@ def _flash_attn():
 def e2e_decode(plan: Plan) -> list[dict]:
     import torch
 
-    from ragserve.engine.attention.selector import get_attention_backend
-    from ragserve.engine.models.config import ModelConfig
-    from ragserve.engine.models.llama import LlamaForCausalLM
+    from ragserve_engine.attention.selector import get_attention_backend
+    from ragserve_engine.models.config import ModelConfig
+    from ragserve_engine.models.llama import LlamaForCausalLM
 
     dev, dtype = torch.device(plan.device), torch.bfloat16
     cfg = ModelConfig(**plan.model)
@@ -287,9 +287,9 @@ def _decode_run(model, cfg, backend, kv_dtype: str, plan: Plan, dev, dtype) -> t
     """Prefill e2e_batch random prompts (in chunks), then decode e2e_steps tokens for all of them, greedy."""
     import torch
 
-    from ragserve.engine.attention.backend import AttentionMetadata
-    from ragserve.engine.attention.kv_cache import allocate_kv_cache
-    from ragserve.engine.layers.attention import ForwardContext
+    from ragserve_engine.attention.backend import AttentionMetadata
+    from ragserve_engine.attention.kv_cache import allocate_kv_cache
+    from ragserve_engine.layers.attention import ForwardContext
 
     batch, prompt, steps, bs = plan.e2e_batch, plan.e2e_prompt, plan.e2e_steps, 16
     per_seq = -(-(prompt + steps) // bs)

@@ -307,7 +307,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     quick = args.quick
     if args.model is None:
         if quick:
-            from ragserve.testing import tiny_model
+            from tests.helpers.tiny_models import tiny_model
 
             args.model, args.served_model_name = str(tiny_model("llama")), args.served_model_name or "tiny"
         else:

@@ -10,7 +10,7 @@
     .venv/bin/python bench/router.py [--quick] [--engine real|stub] [--model DIR]
 
 --engine real (default when `ragserve engine` exists) runs real engine processes on the tiny test
-model. --engine stub runs tests/router/fake_engine.py, which computes real block hashes but only
+model. --engine stub runs tests/helpers/fake_engine.py, which computes real block hashes but only
 *simulates* prefill time (--prefill-delay seconds per uncached block): its TTFT is a simulation.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-STUB = ROOT / "tests" / "router" / "fake_engine.py"
+STUB = ROOT / "tests" / "helpers" / "fake_engine.py"
 POLICIES = ("round_robin", "least_loaded", "prefix", "kv_aware")
 WORDS = ("cache", "block", "prefix", "engine", "router", "token", "layer", "query", "answer", "vector")
 
@@ -252,7 +252,7 @@ def main() -> None:
     if args.engine == "real" and not has_engine:
         raise SystemExit("`ragserve engine` does not exist yet; use --engine stub")
     if args.model is None:
-        from ragserve.testing import tiny_model
+        from tests.helpers.tiny_models import tiny_model
 
         args.model = tiny_model("llama")
     if args.quick:

@@ -11,10 +11,10 @@ import sys
 from ragserve import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "engine": ("ragserve.engine.cli", "run an inference engine with an OpenAI-compatible API"),
-    "generate": ("ragserve.engine.generate_cli", "generate offline from a prompt (no server)"),
-    "router": ("ragserve.router.cli", "run the prefix- and KV-aware gateway"),
-    "cachestore": ("ragserve.cachestore.cli", "run the shared KV-block store"),
+    "engine": ("ragserve_engine.cli", "run an inference engine with an OpenAI-compatible API"),
+    "generate": ("ragserve_engine.generate_cli", "generate offline from a prompt (no server)"),
+    "router": ("ragserve_router.cli", "run the prefix- and KV-aware gateway"),
+    "cachestore": ("ragserve_cachestore.cli", "run the shared KV-block store"),
     "up": ("ragserve.stack", "start cachestore, engines and router locally"),
     "demo": ("ragserve.demo", "run the RAG demo client against a router"),
     "operator": ("ragserve_operator.cli", "run the Kubernetes operator"),

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ragserve.keys import KEY_SCHEME
-from ragserve.models import DEFAULT_MODEL, model_fingerprint, model_metadata, resolve_model
+from ragserve.model_source import DEFAULT_MODEL, model_fingerprint, model_metadata, resolve_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

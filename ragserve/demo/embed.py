@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragserve.models import cache_dir
+from ragserve.model_source import cache_dir
 
 MAX_SEQ_LENGTH = 256  # the model's sentence_bert_config.json
 EMBEDDING_DIM = 384

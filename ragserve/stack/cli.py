@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 from ragserve.config import add_flag, parse_bytes, positive_int
-from ragserve.engine.config import add_engine_arguments
 from ragserve.stack.spec import LOG_LEVELS, POLICIES
+from ragserve_engine.config import add_engine_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragserve.models import resolve_model
+    from ragserve.model_source import resolve_model
     from ragserve.stack.banner import banner
     from ragserve.stack.process import Child, ChildSpec, LogSink
     from ragserve.stack.spec import StackConfig, port_in_use, ragserve

@@ -9,9 +9,9 @@ import socket
 import sys
 from dataclasses import dataclass, field, fields
 
-from ragserve.engine.config import EngineConfig
-from ragserve.models import DEFAULT_MODEL
+from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
+from ragserve_engine.config import EngineConfig
 
 LOOPBACK = "127.0.0.1"
 POLICIES = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")

@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ragserve.cachestore.server import CacheStoreConfig, CacheStoreServer
-from tests.cachestore.helpers import wait_serving
-from tests.cachestore.pki import write_test_pki
-from tests.conftest import free_port
+from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
+from tests.helpers.cachestore import wait_serving
+from tests.helpers.net import free_port
+from tests.helpers.pki import write_test_pki
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import grpc
 import httpx
 import pytest
 
-from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 from ragserve.cli import build_parser
-from tests.cachestore.helpers import LAYOUT, kv_blocks
-from tests.conftest import free_port
+from ragserve_cachestore.client import CacheStoreClient, TLSConfig
+from tests.helpers.cachestore import LAYOUT, kv_blocks
+from tests.helpers.net import free_port
 
 FLAGS = (
     "--host --port --memory --disk-dir --disk --redis --tls-cert --tls-key --tls-client-ca --auth-token-file",
@@ -84,8 +84,8 @@ def test_process_with_mutual_tls_token_and_metrics(cachestore_process, certs, tm
 
 def test_cachestore_never_imports_torch():
     code = (
-        "import sys, ragserve.cachestore.cli, ragserve.cachestore.server, ragserve.cachestore.client, "
-        "ragserve.cachestore.tiers.redis_tier, ragserve.cachestore.metrics; "
+        "import sys, ragserve_cachestore.cli, ragserve_cachestore.server, ragserve_cachestore.client, "
+        "ragserve_cachestore.tiers.redis_tier, ragserve_cachestore.metrics; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

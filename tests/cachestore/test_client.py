@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 
-from ragserve.cachestore.client import CacheStoreClient, KVBlock
-from ragserve.cachestore.sharding import parse_addresses, rendezvous_owner
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
-from tests.cachestore.helpers import LAYOUT, chain, kv_blocks
+from ragserve_cachestore.client import CacheStoreClient, KVBlock
+from ragserve_cachestore.sharding import parse_addresses, rendezvous_owner
+from tests.helpers.cachestore import LAYOUT, chain, kv_blocks
 
 
 def stored_on(address: str, keys: list[bytes]) -> list[bool]:

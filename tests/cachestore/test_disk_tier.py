@@ -4,12 +4,12 @@ import time
 
 import pytest
 
-from ragserve.cachestore.record import HEADER_SIZE
-from ragserve.cachestore.store import TieredStore
-from ragserve.cachestore.tiers.disk import DiskTier
-from ragserve.cachestore.tiers.memory import MemoryTier
 from ragserve.v1 import cachestore_pb2 as pb
-from tests.cachestore.helpers import COST, LAYOUT, SIZE, dir_bytes, items
+from ragserve_cachestore.record import HEADER_SIZE
+from ragserve_cachestore.store import TieredStore
+from ragserve_cachestore.tiers.disk import DiskTier
+from ragserve_cachestore.tiers.memory import MemoryTier
+from tests.helpers.cachestore import COST, LAYOUT, SIZE, dir_bytes, items
 
 
 def disk_store(root, blocks: int) -> TieredStore:

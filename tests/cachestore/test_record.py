@@ -2,7 +2,8 @@
 
 import pytest
 
-from ragserve.cachestore.record import (
+from ragserve.keys import store_key
+from ragserve_cachestore.record import (
     HEADER_SIZE,
     CorruptRecord,
     StoredBlock,
@@ -12,8 +13,7 @@ from ragserve.cachestore.record import (
     encode_header,
     layout_error,
 )
-from ragserve.keys import store_key
-from tests.cachestore.helpers import LAYOUT, OTHER_LAYOUT, chain
+from tests.helpers.cachestore import LAYOUT, OTHER_LAYOUT, chain
 
 KEY = store_key(LAYOUT, chain(1)[0])
 DATA = bytes(range(256)) * 8

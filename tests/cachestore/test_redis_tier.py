@@ -3,15 +3,15 @@
 import pytest
 import redis
 
-from ragserve.cachestore.client import CacheStoreClient
-from ragserve.cachestore.record import HEADER_SIZE
-from ragserve.cachestore.store import TieredStore
-from ragserve.cachestore.tiers.disk import DiskTier
-from ragserve.cachestore.tiers.memory import MemoryTier
-from ragserve.cachestore.tiers.redis_tier import RedisTier
 from ragserve.v1 import cachestore_pb2 as pb
-from tests.cachestore.helpers import COST, LAYOUT, SIZE, dir_bytes, items, kv_blocks
-from tests.conftest import free_port
+from ragserve_cachestore.client import CacheStoreClient
+from ragserve_cachestore.record import HEADER_SIZE
+from ragserve_cachestore.store import TieredStore
+from ragserve_cachestore.tiers.disk import DiskTier
+from ragserve_cachestore.tiers.memory import MemoryTier
+from ragserve_cachestore.tiers.redis_tier import RedisTier
+from tests.helpers.cachestore import COST, LAYOUT, SIZE, dir_bytes, items, kv_blocks
+from tests.helpers.net import free_port
 
 PREFIX = "test:kv:"
 

@@ -4,10 +4,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragserve.cachestore.client import CacheStoreClient, TLSConfig
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
-from tests.cachestore.helpers import LAYOUT, chain, kv_blocks
+from ragserve_cachestore.client import CacheStoreClient, TLSConfig
+from tests.helpers.cachestore import LAYOUT, chain, kv_blocks
 
 TOKEN = "s3cret-token-for-tests"
 

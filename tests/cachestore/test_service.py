@@ -6,11 +6,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ragserve.cachestore.record import checksum
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
-from tests.cachestore.helpers import LAYOUT, OTHER_LAYOUT, chain, kv_blocks, pb_blocks
-from tests.conftest import free_port
+from ragserve_cachestore.record import checksum
+from tests.helpers.cachestore import LAYOUT, OTHER_LAYOUT, chain, kv_blocks, pb_blocks
+from tests.helpers.net import free_port
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import io
 
 from ragserve.cli import SUBCOMMANDS, build_parser
 from ragserve.config import env_name
-from ragserve.engine.config import EngineConfig, add_engine_arguments
+from ragserve_engine.config import EngineConfig, add_engine_arguments
 
-# Read by ragserve.models.cache_dir(), not a flag.
+# Read by ragserve.model_source.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}
 SERVER_FLAGS = {
     "--host",

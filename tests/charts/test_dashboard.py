@@ -129,7 +129,7 @@ def scrapes(stack, tmp_path_factory) -> dict[str, str]:
     )
     cachestore.wait_http("/metrics", 60)
     router.wait_http("/health", 60)
-    from ragserve.testing import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     e_port = stack.port()
     engine = stack.start(

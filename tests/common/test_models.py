@@ -2,8 +2,8 @@
 
 import pytest
 
-from ragserve.models import load_tokenizer, model_fingerprint, model_metadata, resolve_model
-from ragserve.testing import CONFIGS, tiny_model
+from ragserve.model_source import load_tokenizer, model_fingerprint, model_metadata, resolve_model
+from tests.helpers.tiny_models import CONFIGS, tiny_model
 
 
 def test_default_alias_resolves_to_gguf():

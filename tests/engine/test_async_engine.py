@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from ragserve.engine.async_engine import AsyncLLM
-from ragserve.engine.config import EngineConfig
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
+from ragserve_engine.async_engine import AsyncLLM
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ async def collect(engine: AsyncLLM, rid: str, prompt, params: SamplingParams):
 
 
 def test_concurrent_streams_match_offline_greedy(engine):
-    from ragserve.engine.llm import LLM
+    from ragserve_engine.llm import LLM
 
     prompts = [list(range(100 + i, 140 + 7 * i)) for i in range(4)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -12,9 +12,9 @@ os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kern
 import pytest
 import torch
 
-from ragserve.engine.attention.testing import lazy_kv_cache, make_paged_batch
-from ragserve.engine.attention.torch_ref import TorchAttentionBackend
-from ragserve.engine.attention.triton_backend import TritonAttentionBackend
+from ragserve_engine.attention.paged_batch import lazy_kv_cache, make_paged_batch
+from ragserve_engine.attention.torch_ref import TorchAttentionBackend
+from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 
 MIXED = [(1, 37), (5, 18), (17, 129)]  # (query length, context length): decode, cached-prefix prefill, prefill
 FRESH = [(1, 37), (5, 18), (17, 17)]  # the last sequence is a prefill with nothing cached

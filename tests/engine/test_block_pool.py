@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ragserve.engine.block_pool import BlockPool
-from ragserve.engine.kv_cache_manager import KVCacheManager
-from ragserve.engine.sequence import Sequence
 from ragserve.keys import block_hashes, root_hash
+from ragserve_engine.block_pool import BlockPool
+from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.sequence import Sequence
 
 BS = 4
 ROOT = root_hash("unit-test-model")

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import sys
 import grpc
 import pytest
 
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
-from tests.cachestore.helpers import wait_serving
-from tests.conftest import free_port
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.cachestore import wait_serving
+from tests.helpers.net import free_port
+from tests.helpers.tiny_models import tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks of "retrieved document"
@@ -86,7 +86,7 @@ def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
 
 
 def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
-    from tests.cachestore.pki import write_test_pki
+    from tests.helpers.pki import write_test_pki
 
     certs = write_test_pki(tmp_path)
     token = tmp_path / "token"

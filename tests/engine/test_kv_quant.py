@@ -14,14 +14,14 @@ os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kern
 import pytest
 import torch
 
-from ragserve.engine.attention import quant
-from ragserve.engine.attention.kv_cache import allocate_kv_cache, bytes_per_block
-from ragserve.engine.attention.testing import make_paged_batch
-from ragserve.engine.attention.torch_ref import TorchAttentionBackend
-from ragserve.engine.attention.triton_backend import TritonAttentionBackend
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
+from ragserve_engine.attention import quant
+from ragserve_engine.attention.kv_cache import allocate_kv_cache, bytes_per_block
+from ragserve_engine.attention.paged_batch import make_paged_batch
+from ragserve_engine.attention.torch_ref import TorchAttentionBackend
+from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
 
 MIXED = [(1, 37), (5, 18), (17, 129)]
 TOLERANCE = {"int8": 0.015, "fp8": 0.06, "fp8_e5m2": 0.12}  # relative RMS error vs the full-precision cache

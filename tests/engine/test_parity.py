@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
-from tests.engine.parity import TEXTS, assert_parity, reference_greedy
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.parity import TEXTS, assert_parity, reference_greedy
+from tests.helpers.tiny_models import tiny_model
 
 MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -74,7 +74,7 @@ def test_smollm2_gguf_parity():
     """The real SmolLM2-135M GGUF, dequantized by both sides; chat prompts through the chat template."""
     from transformers import AutoModelForCausalLM
 
-    from ragserve.models import resolve_model
+    from ragserve.model_source import resolve_model
 
     source = resolve_model("smollm2-135m")
     hf = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,

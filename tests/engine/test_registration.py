@@ -11,19 +11,19 @@ import pytest
 
 from ragserve import __version__
 from ragserve.keys import KEY_SCHEME, probe_hashes
-from ragserve.models import model_fingerprint, resolve_model
-from ragserve.testing import tiny_model
+from ragserve.model_source import model_fingerprint, resolve_model
 from ragserve.tokenizer import PromptTokenizer
-from tests.cachestore.pki import write_test_pki
-from tests.conftest import free_port
-from tests.engine.test_registration_support import (
+from tests.helpers.engine_server import MODEL_NAME, start_engine, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.pki import write_test_pki
+from tests.helpers.registration import (
     Recorder,
     complete,
     expected_index,
     prompt_ids,
     serve_recorder,
 )
-from tests.engine.test_server_support import MODEL_NAME, start_engine, wait_for
+from tests.helpers.tiny_models import tiny_model
 
 
 @pytest.fixture

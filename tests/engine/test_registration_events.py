@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ragserve.engine.block_pool import BlockPool, KVEvent
-from ragserve.engine.server.events import SNAPSHOT_CHUNK, KVEventLog, to_proto
+from ragserve_engine.block_pool import BlockPool, KVEvent
+from ragserve_engine.server.events import SNAPSHOT_CHUNK, KVEventLog, to_proto
 
 H = [bytes([i]) * 32 for i in range(10)]
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
-from tests.engine.test_server_support import LONG_CONTEXT, MODEL_NAME, start_engine, wait_for
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine, wait_for
+from tests.helpers.net import free_port
 
 CHAT = {
     "model": MODEL_NAME,

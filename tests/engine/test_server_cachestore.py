@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cachestore.helpers import wait_serving
-from tests.conftest import free_port
-from tests.engine.test_server_support import metric, scrape, start_engine, wait_for
+from tests.helpers.cachestore import wait_serving
+from tests.helpers.engine_server import metric, scrape, start_engine, wait_for
+from tests.helpers.net import free_port
 
 CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks
 

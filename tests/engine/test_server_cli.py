@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from ragserve.cli import build_parser
-from ragserve.engine.config import EngineConfig
-from ragserve.engine.server.config import ServerConfig
-from tests.engine.test_server_support import start_engine
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.server.config import ServerConfig
+from tests.helpers.engine_server import start_engine
 
 CONTRACT = (
     "--host 0.0.0.0 --port 8000 --model m --served-model-name n --dtype bfloat16 --device cpu --block-size 32 "

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.engine.test_server_support import MODEL_NAME, start_engine
+from tests.helpers.engine_server import MODEL_NAME, start_engine
 
 KEY = "sk-engine-test"
 LIMIT = 64 * 1024

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.engine.test_server_support import LONG_CONTEXT, MODEL_NAME, start_engine
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 

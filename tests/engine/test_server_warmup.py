@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from ragserve.keys import block_hashes, root_hash
-from ragserve.models import model_fingerprint, resolve_model
-from ragserve.testing import tiny_model
-from tests.engine.test_server_support import MODEL_NAME, metric, scrape, start_engine, wait_for
+from ragserve.model_source import model_fingerprint, resolve_model
+from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine, wait_for
+from tests.helpers.tiny_models import tiny_model
 
 BLOCKS = 40
 DOC_A = "Alpha handbook: the cluster routes each request to the engine that already holds its context. " * 4

@@ -14,7 +14,7 @@ import sys
 def test_kernels_compile_for_hopper(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env |= {"TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"}
-    cmd = [sys.executable, "-m", "ragserve.engine.attention.compile_check", "--arch", "90", "--quick"]
+    cmd = [sys.executable, "-m", "ragserve_engine.attention.compile_check", "--arch", "90", "--quick"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "compiled 17 kernel configurations for sm_90: 0 failed" in proc.stdout

@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-from ragserve.engine.attention.selector import CPU_TRITON_ERROR, get_attention_backend
-from ragserve.engine.attention.torch_ref import TorchAttentionBackend
-from ragserve.engine.attention.triton_backend import TritonAttentionBackend
-from ragserve.engine.llm import LLM
-from ragserve.engine.sampling_params import SamplingParams
-from ragserve.testing import tiny_model
+from ragserve_engine.attention.selector import CPU_TRITON_ERROR, get_attention_backend
+from ragserve_engine.attention.torch_ref import TorchAttentionBackend
+from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
 
 PROMPTS = [
     "Retrieval-augmented generation retrieves documents and puts them in the prompt, so the model can",

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragserve.testing import tiny_model
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from tests.helpers.tiny_models import tiny_model
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
 NS = "rs-test"  # conftest's

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+FAKE_ENGINE = Path(__file__).parents[1] / "helpers" / "fake_engine.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -149,7 +149,7 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from ragserve.testing import tiny_model
+    from tests.helpers.tiny_models import tiny_model
 
     return tiny_model("llama")
 

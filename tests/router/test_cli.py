@@ -70,8 +70,8 @@ def test_bad_api_keys_file_names_the_line(tmp_path):
 
 def test_router_never_imports_torch():
     code = (
-        "import sys, pkgutil, importlib, ragserve.router as r\n"
-        "for m in pkgutil.iter_modules(r.__path__): importlib.import_module('ragserve.router.' + m.name)\n"
+        "import sys, pkgutil, importlib, ragserve_router as r\n"
+        "for m in pkgutil.iter_modules(r.__path__): importlib.import_module('ragserve_router.' + m.name)\n"
         "from ragserve.cli import build_parser; build_parser()\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'transformers' not in sys.modules, 'transformers imported'\n"

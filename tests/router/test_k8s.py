@@ -8,7 +8,7 @@ import httpx
 import kmock
 import pytest
 
-from ragserve.router.k8s import matches, parse_selector, pod_engine
+from ragserve_router.k8s import matches, parse_selector, pod_engine
 
 NS = "ragserve"
 

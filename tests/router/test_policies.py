@@ -7,13 +7,13 @@ from collections import Counter
 
 import pytest
 
-from ragserve.router.config import RouterConfig
-from ragserve.router.engines import STATIC, EngineRecord
-from ragserve.router.hashring import bounded_order, ring_order
-from ragserve.router.memory_state import MemoryState
-from ragserve.router.policies import Policies, RouteRequest
-from ragserve.router.prompt import RoutingKey
-from ragserve.router.state import STORED, KVOp
+from ragserve_router.config import RouterConfig
+from ragserve_router.engines import STATIC, EngineRecord
+from ragserve_router.hashring import bounded_order, ring_order
+from ragserve_router.memory_state import MemoryState
+from ragserve_router.policies import Policies, RouteRequest
+from ragserve_router.prompt import RoutingKey
+from ragserve_router.state import STORED, KVOp
 
 IDS = ["e0", "e1", "e2"]
 

@@ -9,11 +9,11 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from ragserve.router.engines import EngineRecord, Load, TokenizerBlob
-from ragserve.router.memory_state import MemoryState
-from ragserve.router.redis_state import RedisState
-from ragserve.router.state import CLEARED, REMOVED, STORED, KVOp, plan_events
 from ragserve.v1 import registry_pb2
+from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
+from ragserve_router.memory_state import MemoryState
+from ragserve_router.redis_state import RedisState
+from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, plan_events
 
 BLOB = TokenizerBlob('{"fake": "tokenizer"}', "{{ messages }}", {"eos_token": "</s>"})
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.stack.helpers import ROOT
+from tests.helpers.stack import ROOT
 
 CONFIGS = ["round_robin", "prefix", "kv_aware", "kv_aware+cachestore"]
 

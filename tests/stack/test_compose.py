@@ -11,7 +11,7 @@ import compose
 import pytest
 
 from ragserve.cli import build_parser
-from tests.stack.helpers import ROOT
+from tests.helpers.stack import ROOT
 
 # the package's `docker-compose` script is a wrapper that always exits 0; call the Go binary itself
 COMPOSE = Path(compose.__file__).parent / "docker-compose"

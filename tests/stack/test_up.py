@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 
-from tests.stack.helpers import ROOT, Up, alive, tiny, wait_gone
+from tests.helpers.stack import ROOT, Up, alive, tiny, wait_gone
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 

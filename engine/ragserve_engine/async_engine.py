@@ -1,0 +1,166 @@
+"""AsyncLLM: the engine on a background thread, with per-request async output streams.
+
+Requests are tokenized and validated on the caller's thread (errors raise there); the step
+thread drains submitted requests and aborts before each step, so the event loop never waits
+on a model forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from ragserve_engine.block_pool import KVEvent
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.llm_engine import LLMEngine
+from ragserve_engine.outputs import RequestOutput
+from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.sequence import Request
+
+log = logging.getLogger("ragserve_engine")
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, engine: LLMEngine | None = None) -> None:
+        self.engine = engine or LLMEngine(config)
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self._event_listeners: list[Callable[[list[KVEvent]], None]] = []
+        self._after_step: list[Callable[[LLMEngine], None]] = []
+        self._thread = threading.Thread(target=self._run, name="ragserve-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API ---------------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
+        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt)
+        stream: asyncio.Queue = asyncio.Queue()
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._submit(("add", req))
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(("abort", request_id))
+
+    def call(self, fn: Callable[[LLMEngine], object]) -> asyncio.Future:
+        """Run fn(engine) on the step thread between steps; await the returned future."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._submit(("call", (fn, loop, fut)))
+        return fut
+
+    def add_kv_event_listener(self, fn: Callable[[list[KVEvent]], None]) -> None:
+        """fn(events) runs on the step thread after every step that produced KV events."""
+        self.engine.pool.record_events = True
+        self._event_listeners.append(fn)
+
+    def add_step_hook(self, fn: Callable[[LLMEngine], None]) -> None:
+        self._after_step.append(fn)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ---- step thread --------------------------------------------------------------------------
+    def _submit(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._add(arg)
+            elif kind == "abort":
+                self.engine.abort_request(arg)
+            elif kind == "call":
+                fn, loop, fut = arg
+                try:
+                    result = fn(self.engine)
+                    loop.call_soon_threadsafe(_resolve, fut, result, None)
+                except Exception as exc:  # delivered to the awaiting caller
+                    loop.call_soon_threadsafe(_resolve, fut, None, exc)
+
+    def _add(self, req: Request) -> None:
+        if req.request_id not in self._streams:  # the caller already went away
+            return
+        try:
+            self.engine.submit(req)
+        except ValueError as exc:
+            self._deliver(req.request_id, exc)
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._drain()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug must fail the requests, not kill the server
+                log.exception("engine step failed; aborting in-flight requests")
+                self._fail_all(exc)
+                continue
+            self._publish()  # KV events first: the router knows the blocks before the client sees the answer
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _publish(self) -> None:
+        events = self.engine.pool.take_events()
+        for fn in self._event_listeners if events else ():
+            fn(events)
+        for fn in self._after_step:
+            fn(self.engine)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for rid in list(self.engine.requests):
+            self.engine.abort_request(rid)
+            self._deliver(rid, RuntimeError(f"engine error: {exc}"))
+
+    def _deliver(self, request_id: str, item) -> None:
+        entry = self._streams.get(request_id)
+        if entry is not None:
+            loop, stream = entry
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+
+def _resolve(fut: asyncio.Future, result, exc) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

@@ -1,0 +1,96 @@
+"""Beam search over a request's live sequences; beams share KV blocks copy-on-write."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ragserve_engine.sequence import Request, Sequence
+
+if TYPE_CHECKING:
+    from ragserve_engine.llm_engine import LLMEngine
+
+
+def _score(seq: Sequence, length_penalty: float) -> float:
+    return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
+
+
+def beam_step(engine: LLMEngine, req: Request, rows: list[tuple[Sequence, torch.Tensor]]) -> None:
+    p, width = req.params, req.params.beam_width
+    seqs = [seq for seq, _ in rows]
+    logprobs = torch.log_softmax(torch.stack([lg.float() for _, lg in rows]), dim=-1)
+    if p.temperature and p.temperature != 1.0:
+        logprobs = torch.log_softmax(logprobs / p.temperature, dim=-1)
+    vocab = logprobs.shape[-1]
+    cum = torch.tensor([s.cumulative_logprob for s in seqs]).unsqueeze(1)
+    scores, flat = torch.topk((cum + logprobs).flatten(), min(2 * width, logprobs.numel()))
+    stop_ids = set() if p.ignore_eos else engine.eos_ids | set(p.stop_token_ids)
+    chosen: list[tuple[int, int, float]] = []
+    for score, idx in zip(scores.tolist(), flat.tolist(), strict=True):
+        beam, token = divmod(idx, vocab)
+        if token in stop_ids and len(seqs[beam].output_token_ids) + 1 >= p.min_tokens:
+            if len(chosen) < width:
+                _finish_hypothesis(req, seqs[beam], token, score)
+            continue
+        chosen.append((beam, token, score))
+        if len(chosen) == width:
+            break
+    req.seqs = _advance(engine, seqs, chosen)
+    req.needs_fork = False
+    if _done(engine, req):
+        _finalize(engine, req)
+
+
+def _finish_hypothesis(req: Request, parent: Sequence, token: int, score: float) -> None:
+    hyp = Sequence(parent.token_ids + [token], parent.num_prompt_tokens)
+    hyp.cumulative_logprob, hyp.finish_reason = score, "stop"
+    req.beam_finished.append(hyp)
+
+
+def _advance(engine: LLMEngine, seqs: list[Sequence], chosen: list[tuple[int, int, float]]) -> list[Sequence]:
+    """Children of each beam: the first reuses the beam, the others fork it before appending."""
+    nxt: list[Sequence] = []
+    for i, seq in enumerate(seqs):
+        kids = [(tok, score) for beam, tok, score in chosen if beam == i]
+        if not kids:
+            engine.kv.free(seq)
+            continue
+        forks = [engine.kv.fork(seq) for _ in kids[1:]]
+        for s, (tok, score) in zip([seq, *forks], kids, strict=True):
+            s.token_ids.append(tok)
+            s.cumulative_logprob = score
+            nxt.append(s)
+    return nxt
+
+
+def _done(engine: LLMEngine, req: Request) -> bool:
+    p = req.params
+    if not req.seqs:
+        return True
+    lead = req.seqs[0]
+    if len(lead.output_token_ids) >= p.max_tokens or lead.num_tokens >= engine.max_model_len:
+        for seq in req.seqs:
+            seq.finish_reason = "length"
+        req.beam_finished += req.seqs
+        return True
+    if len(req.beam_finished) < p.beam_width:
+        return False
+    worst_kept = sorted((_score(h, p.length_penalty) for h in req.beam_finished), reverse=True)[p.beam_width - 1]
+    best_running = max(s.cumulative_logprob for s in req.seqs) / len(lead.output_token_ids) ** p.length_penalty
+    return worst_kept >= best_running
+
+
+def _finalize(engine: LLMEngine, req: Request) -> None:
+    for seq in req.seqs:
+        if seq.blocks:
+            engine.kv.free(seq)
+        seq.finish_reason = seq.finish_reason or "length"
+    best = sorted(req.beam_finished, key=lambda h: _score(h, req.params.length_penalty), reverse=True)
+    req.seqs = best[: req.params.n]
+    for i, seq in enumerate(req.seqs):
+        seq.index = i
+        ids = seq.output_token_ids
+        if seq.finish_reason == "stop" and ids and ids[-1] in engine.eos_ids:
+            ids = ids[:-1]
+        seq.output_text = engine.tokenizer.decode(ids)

@@ -1,0 +1,160 @@
+"""KVCacheManager: prefix-cache hits, slot allocation with copy-on-write, freeing, forks, swap.
+
+Hit/query counters are in tokens, like vLLM's prefix_cache_queries / prefix_cache_hits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ragserve.keys import block_hashes
+from ragserve_engine.block_pool import BlockPool, KVCacheBlock
+from ragserve_engine.sequence import Sequence
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass
+class SwapPool:
+    """Host-memory block slots for swap preemption (ids index the host KV tensor)."""
+
+    num_blocks: int
+    free: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.num_blocks - 1, -1, -1))
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int, root: bytes, num_swap_blocks: int = 0) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.root = root
+        self.stats = CacheStats()
+        self.swap = SwapPool(num_swap_blocks)
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the next step
+
+    def update_hashes(self, seq: Sequence, cache_salt: str | None) -> list[bytes]:
+        """Extend seq.block_hashes over its full blocks."""
+        start = len(seq.block_hashes)
+        if (seq.num_tokens // self.block_size) > start:
+            parent = seq.block_hashes[-1] if start else None
+            seq.block_hashes += block_hashes(seq.token_ids, self.block_size, self.root, cache_salt, start, parent)
+        return seq.block_hashes
+
+    def get_computed_blocks(self, seq: Sequence, cache_salt: str | None) -> list[KVCacheBlock]:
+        """Longest cached chain of full blocks; the last token is always left to compute."""
+        return self._cached_prefix(self.update_hashes(seq, cache_salt)[: (seq.num_tokens - 1) // self.block_size])
+
+    def _cached_prefix(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        hits = []
+        for h in hashes:
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.stats.queries += num_tokens
+        self.stats.hits += num_hit_tokens
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, num_hit_blocks: int = 0) -> int:
+        total = -(-(seq.num_computed_tokens + num_hit_blocks * self.block_size + num_new_tokens) // self.block_size)
+        cow = 1 if self._needs_cow(seq) else 0
+        return max(0, total - len(seq.blocks) - num_hit_blocks) + cow
+
+    def can_allocate(self, num_blocks: int, hits: list[KVCacheBlock] = ()) -> bool:
+        reclaimed = sum(1 for b in hits if b.ref_cnt == 0)  # hits taken out of the free queue
+        return num_blocks <= self.pool.num_free_blocks - reclaimed
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, hits: list[KVCacheBlock] = ()) -> bool:
+        """Reserve blocks so `num_new_tokens` more tokens can be written; False if the pool is short."""
+        needed = self.num_blocks_needed(seq, num_new_tokens, len(hits))
+        if not self.can_allocate(needed, hits):
+            return False
+        if hits:
+            self.pool.touch(list(hits))
+            seq.blocks += hits
+            seq.num_computed_tokens += len(hits) * self.block_size
+        if self._needs_cow(seq):
+            self._copy_on_write(seq)
+            needed -= 1
+        seq.blocks += self.pool.get_new_blocks(needed)
+        return True
+
+    def _needs_cow(self, seq: Sequence) -> bool:
+        """The next token lands in a partially filled block that another sequence also holds."""
+        if seq.num_computed_tokens % self.block_size == 0 or not seq.blocks:
+            return False
+        idx = seq.num_computed_tokens // self.block_size
+        return idx < len(seq.blocks) and seq.blocks[idx].ref_cnt > 1
+
+    def _copy_on_write(self, seq: Sequence) -> None:
+        idx = seq.num_computed_tokens // self.block_size
+        old = seq.blocks[idx]
+        (new,) = self.pool.get_new_blocks(1)
+        self.pending_copies.append((old.block_id, new.block_id))
+        self.pool.free_blocks([old])
+        seq.blocks[idx] = new
+
+    def cache_blocks(self, seq: Sequence, cache_salt: str | None) -> list[tuple[KVCacheBlock, bytes]]:
+        """Register blocks whose tokens are all computed under their chained hash; returns the new ones."""
+        hashes = self.update_hashes(seq, cache_salt)
+        num_full = min(seq.num_computed_tokens // self.block_size, len(hashes), len(seq.blocks))
+        new = []
+        for i in range(num_full):
+            block = seq.blocks[i]
+            if block.block_hash is None:
+                self.pool.cache_full_block(block, hashes[i], hashes[i - 1] if i else None)
+                if block.block_hash is not None:
+                    new.append((block, hashes[i]))
+        return new
+
+    def pin(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        """Hold a reference on the cached prefix of `hashes` so eviction skips it (warm-up)."""
+        blocks = self._cached_prefix(hashes)
+        self.pool.touch(blocks)
+        return blocks
+
+    def unpin(self, blocks: list[KVCacheBlock]) -> None:
+        self.pool.free_blocks(list(reversed(blocks)))
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.free_blocks(list(reversed(seq.blocks)))
+        seq.blocks = []
+
+    def fork(self, parent: Sequence) -> Sequence:
+        child = parent.fork()
+        for block in child.blocks:
+            block.ref_cnt += 1
+        return child
+
+    def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]] | None:
+        """Move the blocks of a group to host slots; returns (device, host) pairs or None if full."""
+        unique = list({b.block_id: b for s in seqs for b in s.blocks}.values())
+        if len(unique) > len(self.swap.free):
+            return None
+        mapping = {b.block_id: self.swap.free.pop() for b in unique}
+        for seq in seqs:
+            seq.swapped_table = [mapping[b.block_id] for b in seq.blocks]
+            self.free(seq)
+        return list(mapping.items())
+
+    def can_swap_in(self, seqs: list[Sequence]) -> bool:
+        return len({h for s in seqs for h in s.swapped_table}) <= self.pool.num_free_blocks
+
+    def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        host_ids = list(dict.fromkeys(h for s in seqs for h in s.swapped_table))
+        new = dict(zip(host_ids, self.pool.get_new_blocks(len(host_ids)), strict=True))
+        for seq in seqs:
+            seq.blocks = [new[h] for h in seq.swapped_table]
+            seq.swapped_table = []
+        for block in new.values():  # each extra sequence sharing a block holds one more reference
+            block.ref_cnt = sum(1 for s in seqs for b in s.blocks if b is block)
+        self.swap.free += host_ids
+        return [(h, new[h].block_id) for h in host_ids]

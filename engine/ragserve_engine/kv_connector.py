@@ -1,0 +1,154 @@
+"""CacheStoreConnector: the engine side of the shared KV-block store (best effort, never fatal).
+
+On admission, full prompt blocks past the local prefix hit are looked up in the cachestore,
+fetched, written into free paged-cache blocks and registered under their hash, so the request
+prefills only the rest. After each step, newly cached blocks are offloaded by a background
+thread through a bounded queue (dropped under backpressure, never blocking the step loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ragserve_engine.attention.kv_cache import KVCacheTensors
+from ragserve_engine.block_pool import BlockPool, KVCacheBlock
+
+log = logging.getLogger("ragserve_engine.connector")
+_SEEN_LIMIT = 1 << 16
+
+
+@dataclass
+class ConnectorStats:
+    queries: int = 0  # tokens looked up in the cachestore
+    hits: int = 0  # tokens fetched from it
+    offloaded: int = 0  # blocks handed to the store
+    dropped: int = 0  # blocks dropped under backpressure
+
+
+class CacheStoreConnector:
+    def __init__(self, client, kv: KVCacheTensors, pool: BlockPool, block_size: int, queue_blocks: int = 512) -> None:
+        self.client = client
+        self.kv, self.pool, self.block_size = kv, pool, block_size
+        self.stats = ConnectorStats()
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
+        self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config, layout: str, kv: KVCacheTensors, pool: BlockPool) -> CacheStoreConnector:
+        from pathlib import Path
+
+        from ragserve_cachestore.client import CacheStoreClient, TLSConfig
+
+        tls = None
+        if config.cachestore_tls_ca or config.cachestore_tls_cert:
+            tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
+        token = Path(config.cachestore_token_file).read_text().strip() if config.cachestore_token_file else None
+        client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
+        return cls(client, kv, pool, config.block_size)
+
+    # ---- fetch ------------------------------------------------------------------------------------
+    def fetch(self, hashes: list[bytes], num_local_hits: int) -> int:
+        """Load blocks hashes[num_local_hits:] that a peer computed; returns how many were added to the cache."""
+        missing = hashes[num_local_hits:]
+        if not missing:
+            return 0
+        self.stats.queries += len(missing) * self.block_size
+        try:
+            n = self.client.lookup(missing)
+            blocks = self.client.get(missing[:n]) if n else []
+        except Exception:  # a broken store costs a miss, never a request
+            log.exception("cachestore fetch failed")
+            return 0
+        blocks = [b for b in blocks if self._fits(b)]
+        blocks = blocks[: max(0, self.pool.num_free_blocks - 1)]
+        if not blocks:
+            return 0
+        targets = self.pool.get_new_blocks(len(blocks))
+        for target, block, i in zip(targets, blocks, range(num_local_hits, len(hashes)), strict=False):
+            self._write(target.block_id, block.data)
+            self.pool.cache_full_block(target, hashes[i], hashes[i - 1] if i else None)
+            self._remember(hashes[i])
+        self.pool.free_blocks(list(reversed(targets)))  # now plain cached blocks: the admission hits them
+        self.stats.hits += len(blocks) * self.block_size
+        return len(blocks)
+
+    def _fits(self, block) -> bool:
+        return len(block.data) == self._block_nbytes()
+
+    def _block_nbytes(self) -> int:
+        n = self.kv.data[0].numel() * self.kv.data.element_size()
+        if self.kv.scales is not None:
+            n += self.kv.scales[0].numel() * self.kv.scales.element_size()
+        return n
+
+    def _write(self, block_id: int, data: bytes) -> None:
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        size = self.kv.data[0].numel() * self.kv.data.element_size()
+        dst = self.kv.data[block_id]
+        dst.copy_(raw[:size].view(dst.dtype).view(dst.shape).to(dst.device))
+        if self.kv.scales is not None:
+            sdst = self.kv.scales[block_id]
+            sdst.copy_(raw[size:].view(sdst.dtype).view(sdst.shape).to(sdst.device))
+
+    # ---- offload ----------------------------------------------------------------------------------
+    def offload(self, blocks: list[tuple[KVCacheBlock, bytes]]) -> None:
+        """Queue newly cached (block, hash) pairs; copies the bytes now, sends them later."""
+        todo = [(b, h) for b, h in blocks if h not in self._seen]
+        if not todo:
+            return
+        ids = [b.block_id for b, _ in todo]
+        data = self.kv.data[ids].cpu()
+        scales = self.kv.scales[ids].cpu() if self.kv.scales is not None else None
+        for i, (_, h) in enumerate(todo):
+            raw = data[i].contiguous().view(torch.uint8).numpy().tobytes()
+            if scales is not None:
+                raw += scales[i].contiguous().view(torch.uint8).numpy().tobytes()
+            try:
+                self._queue.put_nowait((h, raw))
+                self._remember(h)
+            except queue.Full:
+                self.stats.dropped += 1
+
+    def _offload_loop(self) -> None:
+        from ragserve_cachestore.client import KVBlock
+
+        while True:
+            batch = [self._queue.get()]
+            while batch[-1] is not None and len(batch) < 64:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            blocks = [KVBlock(h, raw, "uint8", (len(raw),)) for h, raw in (i for i in batch if i is not None)]
+            try:
+                if blocks:
+                    self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
+            except Exception:
+                log.exception("cachestore offload failed")
+            for _ in batch:
+                self._queue.task_done()
+            if batch[-1] is None:
+                return
+
+    def _remember(self, h: bytes) -> None:
+        self._seen[h] = None
+        self._seen.move_to_end(h)
+        if len(self._seen) > _SEEN_LIMIT:
+            self._seen.popitem(last=False)
+
+    def flush(self) -> None:
+        """Wait until every queued offload was sent (each put has a deadline)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        self.client.close()

@@ -1,0 +1,252 @@
+"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ragserve.keys import KVLayout, root_hash
+from ragserve.model_source import load_tokenizer, model_fingerprint, resolve_model
+from ragserve_engine.beam_search import beam_step
+from ragserve_engine.block_pool import BlockPool
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.model_runner import ModelOutput, ModelRunner
+from ragserve_engine.models.llama import LlamaForCausalLM
+from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ragserve_engine.sampler import Sampler, SamplingRow, top_logprobs
+from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.scheduler import Scheduler, SchedulerOutput
+from ragserve_engine.sequence import Request, Sequence
+from ragserve_engine.stop import check_stop
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model: LlamaForCausalLM | None = None) -> None:
+        self.config = config
+        self.source = resolve_model(config.model, config.served_model_name)
+        self.model_id = model_fingerprint(self.source)
+        self.tokenizer = load_tokenizer(self.source)
+        self.runner = ModelRunner(config, self.source, model)
+        mc = self.runner.model_config
+        if config.max_model_len and config.max_model_len > mc.max_position:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {mc.max_position} positions")
+        self.max_model_len = config.max_model_len or mc.max_position
+        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool, config.block_size, root_hash(self.model_id), self.runner.num_swap_blocks)
+        self.layout = KVLayout(
+            self.model_id, f"{self.runner.kv.kv_dtype}:{self.runner.kv.storage_dtype_name}", config.block_size,
+            mc.num_layers, mc.num_kv_heads, mc.head_dim,
+        )  # fmt: skip
+        self.scheduler = Scheduler(config, self.kv)
+        self.connector = None
+        if config.cachestore:
+            from ragserve_engine.kv_connector import CacheStoreConnector
+
+            self.connector = CacheStoreConnector.from_config(
+                config, self.layout.fingerprint(), self.runner.kv, self.pool
+            )
+            self.scheduler.connector = self.connector
+        self.sampler = Sampler()
+        self.requests: dict[str, Request] = {}
+        self.eos_ids = set(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
+        req = self.make_request(request_id, prompt, params, priority, cache_salt)
+        self.submit(req)
+        return req
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Tokenize and validate without touching engine state (safe from any thread)."""
+        params = params or SamplingParams()
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = self._validate(token_ids, params)
+        seq = Sequence(list(token_ids), len(token_ids))
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
+        req.needs_fork = params.n > 1 or params.use_beam_search
+        return req
+
+    def submit(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("prompt must not be empty")
+        vocab = self.runner.model_config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens, but max_model_len is {self.max_model_len}")
+        if params.max_tokens is None:
+            params.max_tokens = self.max_model_len - n
+        if n + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
+        width = max(params.n, params.beam_width if params.use_beam_search else 1)
+        blocks = -(-(n + params.max_tokens) // self.config.block_size) * width
+        if blocks > self.pool.num_blocks:
+            raise ValueError(f"request needs up to {blocks} KV blocks; the cache has {self.pool.num_blocks}")
+        if not self.config.enable_chunked_prefill and n * width > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt has {n} tokens, above max_num_batched_tokens without chunked prefill")
+        return params
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.live_seqs:
+            seq.finish_reason = "abort"
+        self.scheduler.finish(req)
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- stepping ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            self.runner.copy_blocks(out)  # a step may only preempt: its swap-outs still happen
+            if self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
+                raise RuntimeError(f"scheduler stalled with {self.stats()}")
+            return []
+        model_out = self.runner.execute(out)
+        self.scheduler.update_after_step(out)
+        if self.connector is not None and out.newly_cached:
+            self.connector.offload(out.newly_cached)
+        return self._process(out, model_out)
+
+    def _process(self, out: SchedulerOutput, model_out: ModelOutput) -> list[RequestOutput]:
+        now = time.monotonic()
+        by_request: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        row = 0
+        for s in out.scheduled:
+            if s.seq.seq_id in model_out.prompt_logits:
+                self._prompt_logprobs(s.request, *model_out.prompt_logits[s.seq.seq_id])
+            if s.sample:
+                by_request.setdefault(s.request.request_id, []).append((s.seq, model_out.logits[row]))
+                row += 1
+        touched = {s.request.request_id: s.request for s in out.scheduled}
+        plain = []
+        for rid, rows in by_request.items():
+            req = touched[rid]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.params.use_beam_search:
+                beam_step(self, req, rows)
+            else:
+                plain += self._expand_forks(req, rows)
+        self._sample(plain)
+        outputs = []
+        for rid, req in touched.items():
+            if rid not in by_request and req.params.prompt_logprobs is None:
+                continue  # a prefill chunk with nothing new to report
+            if not req.live_seqs:
+                self.scheduler.finish(req)
+                self.requests.pop(rid, None)
+            if not req.params.use_beam_search or req.finished:
+                outputs.append(self._output(req))
+        return outputs
+
+    def _expand_forks(self, req: Request, rows: list[tuple[Sequence, torch.Tensor]]):
+        """n > 1: once the prompt is prefilled, fork n - 1 children sharing its blocks."""
+        if not req.needs_fork:
+            return [(req, seq, logits) for seq, logits in rows]
+        (parent, logits), seed = rows[0], req.params.seed
+        for i in range(1, req.params.n):
+            child = self.kv.fork(parent)
+            child.index = i
+            if seed is not None:
+                child.generator = torch.Generator(device=self.runner.device).manual_seed(seed + i)
+            req.seqs.append(child)
+        req.needs_fork = False
+        return [(req, seq, logits) for seq in req.seqs]
+
+    def _sample(self, plain: list[tuple[Request, Sequence, torch.Tensor]]) -> None:
+        if not plain:
+            return
+        rows = []
+        for req, seq, _ in plain:
+            short = len(seq.output_token_ids) < req.params.min_tokens
+            blocked = sorted(self.eos_ids | set(req.params.stop_token_ids)) if short else []
+            rows.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
+        results = self.sampler(torch.stack([logits for _, _, logits in plain]), rows)
+        for (req, seq, _), res in zip(plain, results, strict=True):
+            seq.token_ids.append(res.token_id)
+            seq.cumulative_logprob += res.logprob
+            if res.top_logprobs is not None:
+                seq.logprobs.append(res.top_logprobs)
+            check_stop(self, req, seq)
+            if seq.finished and seq.blocks:
+                self.kv.free(seq)
+
+    def _prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        k = req.params.prompt_logprobs or 0
+        for i in range(lp.shape[0]):
+            nxt = start + i + 1
+            if nxt < len(req.prompt_token_ids):
+                req.prompt_logprobs.append(top_logprobs(lp[i], k, req.prompt_token_ids[nxt]))
+
+    def _output(self, req: Request) -> RequestOutput:
+        outs = [
+            CompletionOutput(
+                s.index,
+                s.output_text,
+                list(s.output_token_ids),
+                s.cumulative_logprob,
+                list(s.logprobs) if req.params.logprobs is not None else None,
+                s.finish_reason,
+                s.stop_reason,
+            )  # fmt: skip
+            for s in sorted(req.seqs, key=lambda s: s.index)
+        ]
+        metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time)
+        metrics.num_preemptions = req.num_preemptions
+        if req.finished:
+            metrics.finished_time = time.monotonic()
+        return RequestOutput(
+            req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
+            max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics,
+        )  # fmt: skip
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            "kv_usage": self.pool.usage(),
+            "num_blocks": self.pool.num_blocks,
+            "free_blocks": self.pool.num_free_blocks,
+            "prefix_cache_queries": self.kv.stats.queries,
+            "prefix_cache_hits": self.kv.stats.hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "external_prefix_cache_queries": self.connector.stats.queries if self.connector else 0,
+            "external_prefix_cache_hits": self.connector.stats.hits if self.connector else 0,
+        }

@@ -1,0 +1,93 @@
+"""Sampler: penalties, temperature, top-k / top-p / min-p, seeded per-request sampling, logprobs.
+
+Random rows use the exponential-race trick (argmax of p / q, q ~ Exp(1) drawn from the
+request's own generator), so a seeded request samples the same tokens whatever its batch mates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ragserve_engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None
+    blocked_ids: list[int]  # e.g. EOS while min_tokens is not reached
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float] | None
+
+
+def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:
+    p = row.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if row.output_ids and (p.presence_penalty or p.frequency_penalty):
+        out = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(out, minlength=logits.shape[-1]).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p masks on one row."""
+    logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > p.top_p  # keep the token that crosses top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    if p.min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return logits
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int, token_id: int) -> dict[int, float]:
+    out = {token_id: float(logprobs[token_id])}
+    if k:
+        vals, idx = torch.topk(logprobs, k)
+        out.update({int(i): float(v) for i, v in zip(idx, vals, strict=True)})
+    return out
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampleResult]:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        results = []
+        for i, row in enumerate(rows):
+            token = self._sample_row(logits[i].float().clone(), row)
+            k = row.params.logprobs
+            results.append(
+                SampleResult(
+                    token, float(logprobs[i, token]), None if k is None else top_logprobs(logprobs[i], k, token)
+                )
+            )
+        return results
+
+    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
+        p = row.params
+        if p.needs_penalties:
+            apply_penalties(logits, row)
+        if row.blocked_ids:
+            logits[row.blocked_ids] = float("-inf")
+        if p.greedy:
+            return int(torch.argmax(logits))
+        probs = filter_logits(logits, p).softmax(-1)
+        q = torch.empty_like(probs).exponential_(generator=row.generator)
+        return int(torch.argmax(probs / q))

@@ -1,0 +1,231 @@
+"""Scheduler: continuous batching with chunked prefill, prefix hits, preemption by recompute or swap.
+
+Each step spends `max_num_batched_tokens` over running requests first, then swapped, then
+waiting ones. A request's live sequences (several after an n > 1 or beam fork) move in
+lockstep: they are scheduled, preempted and resumed together with equal chunk sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.sequence import Request, Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    request: Request
+    seq: Sequence
+    num_new_tokens: int
+    sample: bool = False  # the chunk reaches the end of the sequence: sample its last logits
+
+    def __post_init__(self) -> None:
+        self.sample = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    num_preempted: int = 0
+    newly_cached: list = field(default_factory=list)  # (block, hash) registered after this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.num_preemptions = 0
+        self.connector = None  # CacheStoreConnector, when a cachestore is configured
+
+    def _key(self, req: Request):
+        if self.config.scheduling_policy == "priority":
+            return (req.priority, req.arrival_time)
+        return (req.arrival_time,)
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.waiting.sort(key=self._key)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(len(r.live_seqs) for r in self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if out.num_preempted == 0:
+            budget = self._schedule_swapped(out, budget)
+        if out.num_preempted == 0 and not self.swapped:
+            self._schedule_waiting(out, budget)
+        out.copies = self.kv.pending_copies
+        self.kv.pending_copies = []
+        return out
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        seqs = req.live_seqs
+        remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens
+        if remaining * len(seqs) <= budget:
+            return remaining
+        return budget // len(seqs) if self.config.enable_chunked_prefill else 0
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        self.running.sort(key=self._key)
+        queue, kept = list(self.running), []
+        while queue and budget > 0:
+            req = queue.pop(0)
+            chunk = self._chunk(req, budget)
+            if chunk == 0:
+                queue.insert(0, req)
+                break
+            while not self._allocate(req, chunk):
+                victim = queue.pop() if queue else req
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                kept.append(req)
+                budget -= self._emit(out, req, chunk)
+        self.running = kept + queue
+        return budget
+
+    def _allocate(self, req: Request, chunk: int) -> bool:
+        seqs = req.live_seqs
+        needed = sum(self.kv.num_blocks_needed(s, chunk) for s in seqs)
+        if not self.kv.can_allocate(needed):
+            return False
+        for seq in seqs:
+            if not self.kv.allocate_slots(seq, chunk):
+                raise RuntimeError("KV allocation failed after the capacity check")
+        return True
+
+    def _emit(self, out: SchedulerOutput, req: Request, chunk: int) -> int:
+        for seq in req.live_seqs:
+            out.scheduled.append(ScheduledSeq(req, seq, chunk))
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = time.monotonic()
+        return chunk * len(req.live_seqs)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.num_preemptions += 1
+        req.num_preemptions += 1
+        out.num_preempted += 1
+        if self.config.preemption_mode == "swap":
+            mapping = self.kv.swap_out(req.live_seqs)
+            if mapping is not None:
+                out.swap_out += mapping
+                req.status = Status.SWAPPED
+                self.swapped.append(req)
+                return
+        for seq in req.live_seqs:  # recompute: drop the KV, keep the tokens
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+        req.status = Status.WAITING
+        self.waiting.append(req)
+        self.waiting.sort(key=self._key)
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        self.swapped.sort(key=self._key)
+        while self.swapped and budget > 0:
+            req = self.swapped[0]
+            seqs = req.live_seqs
+            if self.num_running_seqs + len(seqs) > self.config.max_num_seqs or not self.kv.can_swap_in(seqs):
+                break
+            chunk = self._chunk(req, budget)
+            if chunk == 0 or self._swap_in_blocks(seqs, chunk) > self.kv.pool.num_free_blocks:
+                break
+            self.swapped.pop(0)
+            out.swap_in += self.kv.swap_in(seqs)
+            req.status = Status.RUNNING
+            self._allocate(req, chunk)
+            self.running.append(req)
+            budget -= self._emit(out, req, chunk)
+        return budget
+
+    def _swap_in_blocks(self, seqs: list[Sequence], chunk: int) -> int:
+        """Device blocks to swap a group back in and give it `chunk` more tokens (CoW included)."""
+        bs = self.kv.block_size
+        total = len({h for s in seqs for h in s.swapped_table})
+        for s in seqs:
+            total += max(0, -(-(s.num_computed_tokens + chunk) // bs) - len(s.swapped_table))
+            total += 1 if len(seqs) > 1 and s.num_computed_tokens % bs else 0
+        return total
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            seqs = req.live_seqs
+            if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
+                break
+            hits = self._prefix_hits(req)
+            if self._fetch_external(req, len(hits[0])):
+                hits = self._prefix_hits(req)
+            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
+            chunk = min(remaining, budget // len(seqs))
+            if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
+                break
+            needed = sum(self.kv.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
+            if not self.kv.can_allocate(needed, [b for h in hits for b in h]):
+                break
+            self.waiting.pop(0)
+            for seq, seq_hits in zip(seqs, hits, strict=True):
+                self.kv.allocate_slots(seq, chunk, seq_hits)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = len(hits[0]) * self.kv.block_size
+                self.kv.record_query(seqs[0].num_tokens, req.num_cached_tokens)
+            req.status = Status.RUNNING
+            self.running.append(req)
+            budget -= self._emit(out, req, chunk)
+
+    def _fetch_external(self, req: Request, num_local: int) -> int:
+        """Once per request: pull blocks past the local hit from the cachestore into the cache."""
+        if self.connector is None or req.external_checked or len(req.live_seqs) > 1:
+            return 0
+        req.external_checked = True
+        if req.params.prompt_logprobs is not None:
+            return 0
+        seq = req.live_seqs[0]
+        hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size]
+        return self.connector.fetch(hashes, num_local)
+
+    def _prefix_hits(self, req: Request) -> list[list]:
+        seqs = req.live_seqs
+        if req.params.prompt_logprobs is not None:  # cached positions would have no logits
+            return [[] for _ in seqs]
+        hits = [self.kv.get_computed_blocks(s, req.cache_salt) for s in seqs]
+        common = min(len(h) for h in hits)
+        return [h[:common] for h in hits]
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """The step computed the scheduled tokens: advance and publish full blocks."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            out.newly_cached += self.kv.cache_blocks(s.seq, s.request.cache_salt)
+
+    def finish(self, req: Request) -> None:
+        self.kv.swap.free += list(dict.fromkeys(h for seq in req.seqs for h in seq.swapped_table))
+        for seq in req.seqs:
+            seq.swapped_table = []
+            if seq.blocks:
+                self.kv.free(seq)
+        for queue in (self.waiting, self.running, self.swapped):
+            if req in queue:
+                queue.remove(req)
+        req.status = Status.FINISHED

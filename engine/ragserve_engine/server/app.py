@@ -1,0 +1,119 @@
+"""The engine's FastAPI app: OpenAI endpoints, tokenizer endpoints, warm-up, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ragserve import __version__
+from ragserve_engine.server.errors import ApiError, bad_request, install_error_handlers
+from ragserve_engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    WarmupRequest,
+)
+from ragserve_engine.server.state import READY, EngineServer
+from ragserve_engine.server.transport import check_api_key, parse
+
+
+def create_app(server: EngineServer) -> FastAPI:
+    app = FastAPI(title="ragserve engine", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    install_error_handlers(app)
+    limit = server.config.max_body_bytes
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        check_api_key(request, server.config.api_key)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        server.check_accepting()
+        return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        server.check_accepting()
+        return await server.completion.create(request, await parse(request, CompletionRequest, limit))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        authorize(request)
+        card = {"id": server.model_name, "object": "model", "created": created, "owned_by": "ragserve"}
+        if server.llm is not None:
+            card["max_model_len"] = server.llm.engine.max_model_len
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        authorize(request)
+        server.check_loaded()
+        req = await parse(request, TokenizeRequest, limit)
+        server.check_model(req.model)
+        tok = server.llm.engine.tokenizer
+        try:
+            if req.messages is not None:
+                messages = [m.render_dict() for m in req.messages]
+                tokens = tok.encode_chat(messages, req.add_generation_prompt)
+            else:
+                tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        except ValueError as exc:
+            raise bad_request(exc, "messages") from None
+        return JSONResponse({"count": len(tokens), "max_model_len": server.llm.engine.max_model_len, "tokens": tokens})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        authorize(request)
+        server.check_loaded()
+        req = await parse(request, DetokenizeRequest, limit)
+        server.check_model(req.model)
+        tok = server.llm.engine.tokenizer
+        if any(t < 0 or t >= tok.vocab_size for t in req.tokens):
+            raise ApiError(400, f"token ids must be in [0, {tok.vocab_size})", "invalid_value", "tokens")
+        return JSONResponse({"prompt": tok.decode(req.tokens, skip_special_tokens=False)})
+
+    @app.post("/v1/warmup")
+    async def warmup(request: Request) -> Response:
+        authorize(request)
+        server.check_accepting()
+        req = await parse(request, WarmupRequest, limit)
+        server.check_model(req.model)
+        return JSONResponse(await server.warmups.warm(req))
+
+    @app.get("/v1/warmup")
+    async def warmups(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(server.warmups.summary())
+
+    @app.delete("/v1/warmup/{warmup_id}")
+    async def unpin(request: Request, warmup_id: str) -> Response:
+        authorize(request)
+        server.check_loaded()
+        return JSONResponse(await server.warmups.release(warmup_id))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        body = {"status": server.status, "model": server.model_name}
+        if server.registration is not None:
+            body["registered"] = server.registration.registered
+        return JSONResponse(body, status_code=200 if server.status == READY else 503)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

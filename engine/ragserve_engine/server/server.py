@@ -1,0 +1,115 @@
+"""Run `ragserve engine`: HTTP up at once, the model loads in the background, cluster duties once loaded.
+
+SIGTERM drains: /ready turns false and new requests get 503, the engine deregisters from the
+router, running requests finish (up to --drain-timeout), then the process exits 0. A second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvicorn
+
+from ragserve.model_source import resolve_model
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.server.app import create_app
+from ragserve_engine.server.config import ServerConfig
+from ragserve_engine.server.events import KVEventLog
+from ragserve_engine.server.state import DRAINING, FAILED, EngineServer
+
+log = logging.getLogger("ragserve_engine.server")
+DRAIN_POLL_S = 0.1
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, server: EngineServer) -> None:
+        super().__init__(config)
+        self.server = server
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.exit_code = 0
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.server.status == DRAINING or self.loop is None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        log.info("%s: draining (ready=false), then exiting", signal.Signals(sig).name)
+        self.server.status = DRAINING
+        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.drain(signal.Signals(sig).name)))
+
+    async def drain(self, reason: str) -> None:
+        server = self.server
+        if server.registration is not None:
+            await server.registration.stop(reason)
+        deadline = self.loop.time() + server.config.drain_timeout
+        while self._busy() and self.loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self._busy():
+            log.warning("drain timeout: exiting with requests still running")
+        self.should_exit = True
+
+    def _busy(self) -> bool:
+        stats = self.server.stats()
+        return self.server.inflight > 0 or bool(stats and (stats["num_running"] or stats["num_waiting"]))
+
+
+async def load(server: EngineServer, uv: DrainingServer) -> None:
+    from ragserve_engine.async_engine import AsyncLLM  # torch: only once serving
+
+    try:
+        llm = await asyncio.to_thread(AsyncLLM, server.engine_config)
+    except Exception:
+        log.exception("failed to load model %s", server.engine_config.model)
+        server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
+        return
+    if server.status == DRAINING:  # stopped while loading
+        llm.shutdown()
+        return
+    server.attach(llm)
+    engine = llm.engine
+    log.info(
+        "serving %s (model_id %s): %d KV blocks of %d tokens, max_model_len %d",
+        server.model_name, engine.model_id, engine.pool.num_blocks, engine.config.block_size, engine.max_model_len,
+    )  # fmt: skip
+    if server.config.router:
+        from ragserve_engine.server.registration import RegistrationClient
+
+        server.registration = RegistrationClient(server.config, llm, server.model_name, KVEventLog())
+        server.registration.start()
+
+
+async def run_server(server: EngineServer) -> int:
+    cfg = server.config
+    config = uvicorn.Config(
+        create_app(server),
+        host=cfg.host,
+        port=cfg.port,
+        loop="none",
+        lifespan="off",
+        log_level=cfg.log_level,
+        access_log=cfg.log_level == "debug",
+        timeout_graceful_shutdown=30,
+    )
+    uv = DrainingServer(config, server)
+    uv.loop = asyncio.get_running_loop()
+    loader = asyncio.create_task(load(server, uv))
+    try:
+        await uv.serve()
+    finally:
+        await asyncio.gather(loader, return_exceptions=True)
+        if server.registration is not None:
+            await server.registration.stop("shutdown")
+        if server.llm is not None:
+            server.llm.shutdown()
+    return uv.exit_code if uv.started else 1
+
+
+def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
+    server = EngineServer(cfg, engine_config, source.name)
+    log.info("engine %s: http %s:%d, model %s loading", cfg.engine_id, cfg.host, cfg.port, source.name)
+    return asyncio.run(run_server(server))

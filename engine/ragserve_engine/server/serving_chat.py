@@ -1,0 +1,82 @@
+"""POST /v1/chat/completions: the chat template, then chat.completion(.chunk) objects."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ragserve_engine.outputs import RequestOutput
+from ragserve_engine.server.errors import bad_request
+from ragserve_engine.server.logprobs import LogprobFormatter
+from ragserve_engine.server.protocol import ChatCompletionRequest
+from ragserve_engine.server.serving import OpenAIServing, stop_holdback, usage
+from ragserve_engine.server.streaming import ChoiceCursor
+
+OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop
+
+
+class ChatServing(OpenAIServing):
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    prompt_param = "messages"
+    id_prefix = "chatcmpl"
+
+    async def create(self, request: Request, req: ChatCompletionRequest) -> Response:
+        self.server.check_model(req.model)
+        try:
+            messages = req.render_messages()
+            params = req.to_sampling_params()
+        except ValueError as exc:
+            raise bad_request(exc, "messages") from None
+        try:
+            size = sum(len(m.get("content") or "") for m in messages)
+            encode = self.tokenizer.encode_chat
+            prompt = await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages)
+        except ValueError as exc:  # template errors
+            raise bad_request(exc, "messages") from None
+        return await self.run(request, req, [prompt], params)
+
+    def _logprobs(self, req: ChatCompletionRequest) -> LogprobFormatter | None:
+        return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
+
+    def response(self, req, prompts, finals: dict[int, RequestOutput], header: dict) -> dict:
+        fmt = self._logprobs(req)
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": fmt.chat(c.token_ids, c.logprobs or []) if fmt else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in finals[0].outputs
+        ]
+        return {**header, "choices": choices, "usage": usage(finals)}
+
+    async def chunks(self, gen, req: ChatCompletionRequest, prompts, last: dict):
+        fmt = self._logprobs(req)
+        cursors: dict[int, ChoiceCursor] = {}
+        done: set[int] = set()
+        holdback = stop_holdback(req.stop_strings)
+        async for i, out in gen.outputs():
+            last[i] = out
+            for c in out.outputs:
+                if c.index in done:
+                    continue
+                if c.index not in cursors:
+                    cursors[c.index] = ChoiceCursor(holdback)
+                    yield _chunk(c.index, {"role": "assistant", "content": ""})
+                delta, tokens, entries = cursors[c.index].advance(c)
+                if c.finished:
+                    done.add(c.index)
+                elif not delta and not (fmt and tokens):
+                    continue
+                logprobs = fmt.chat(tokens, entries) if fmt else None
+                yield _chunk(c.index, {"content": delta} if delta else {}, logprobs, c.finish_reason)
+
+
+def _chunk(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"choices": [choice]}

@@ -1,0 +1,58 @@
+"""Everything one engine server holds: the AsyncLLM (once loaded), metrics, warm-ups, cluster duties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragserve_engine.config import EngineConfig
+from ragserve_engine.server.config import ServerConfig
+from ragserve_engine.server.errors import ApiError
+from ragserve_engine.server.metrics import EngineMetrics
+from ragserve_engine.server.serving_chat import ChatServing
+from ragserve_engine.server.serving_completion import CompletionServing
+from ragserve_engine.server.warmup import WarmupManager
+
+LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
+
+
+@dataclass
+class EngineServer:
+    config: ServerConfig
+    engine_config: EngineConfig
+    model_name: str
+    metrics: EngineMetrics | None = None
+    llm: object | None = None  # AsyncLLM, set when the model is loaded
+    status: str = LOADING
+    inflight: int = 0  # engine requests the HTTP side is waiting on
+    registration: object | None = None  # RegistrationClient with --router
+
+    def __post_init__(self) -> None:
+        self.metrics = self.metrics or EngineMetrics(self.model_name)
+        self.chat = ChatServing(self)
+        self.completion = CompletionServing(self)
+        self.warmups = WarmupManager(self)
+
+    def attach(self, llm) -> None:
+        """The model is loaded: start serving it."""
+        self.llm = llm
+        engine = llm.engine
+        self.metrics.attach_engine(self.stats, engine.config.block_size, engine.pool.num_blocks)
+        self.status = READY
+
+    def stats(self) -> dict | None:
+        return self.llm.stats() if self.llm is not None else None
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+
+    def check_loaded(self) -> None:
+        if self.llm is None:
+            message = "the model failed to load" if self.status == FAILED else "the model is still loading; retry"
+            raise ApiError(503, message, "not_ready")
+
+    def check_accepting(self) -> None:
+        """New generation requests: refused while loading or draining."""
+        if self.status == DRAINING:
+            raise ApiError(503, "this engine is shutting down; send the request to another engine", "draining")
+        self.check_loaded()

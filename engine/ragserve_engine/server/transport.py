@@ -1,0 +1,62 @@
+"""Request plumbing: body-size limit, JSON parsing into pydantic models, API key, client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from ragserve.http_body import parse_json_object
+from ragserve.http_body import read_body as _read_body
+from ragserve_engine.server.errors import ApiError, validation_error
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    return await _read_body(request, limit, ApiError)
+
+
+async def parse(request: Request, model: type[M], limit: int) -> M:
+    body = parse_json_object(await read_body(request, limit), ApiError)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def check_api_key(request: Request, api_key: str | None) -> None:
+    if not api_key:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, coro):
+    """Run coro; cancel it (aborting its generation) if the client disconnects first."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()

@@ -1,0 +1,40 @@
+"""Stop conditions after a token is appended: EOS, stop token ids, stop strings, length."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ragserve_engine.sequence import Request, Sequence
+
+if TYPE_CHECKING:
+    from ragserve_engine.llm_engine import LLMEngine
+
+
+def check_stop(engine: LLMEngine, req: Request, seq: Sequence) -> None:
+    p = req.params
+    last = seq.token_ids[-1]
+    num_out = len(seq.output_token_ids)
+    seq.output_text = engine.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+    if num_out >= p.min_tokens:
+        if not p.ignore_eos and last in engine.eos_ids:
+            seq.output_text = engine.tokenizer.decode(seq.output_token_ids[:-1], p.skip_special_tokens)
+            seq.finish_reason = "stop"
+            return
+        if last in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", last
+            return
+        if p.stop and _stop_string(seq, p.stop, p.include_stop_str_in_output):
+            return
+    if num_out >= p.max_tokens or seq.num_tokens >= engine.max_model_len:
+        seq.finish_reason = "length"
+
+
+def _stop_string(seq: Sequence, stops: list[str], include: bool) -> bool:
+    found = [(seq.output_text.find(s), s) for s in stops]
+    found = [(i, s) for i, s in found if i >= 0]
+    if not found:
+        return False
+    idx, stop = min(found)
+    seq.output_text = seq.output_text[: idx + len(stop) if include else idx]
+    seq.finish_reason, seq.stop_reason = "stop", stop
+    return True

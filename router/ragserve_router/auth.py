@@ -1,0 +1,124 @@
+"""API keys (constant-time comparison) and per-key token-bucket rate limits."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragserve_router.errors import RouterError
+
+MAX_BUCKETS = 10_000
+
+
+@dataclass
+class ApiKey:
+    name: str
+    digest: bytes  # SHA-256 of the key: the key itself is not kept around
+    rps: float | None = None
+    burst: int | None = None
+
+
+def parse_keys_file(path: str) -> list[ApiKey]:
+    """One key per line: `KEY [name=NAME] [rps=N] [burst=M]`; '#' starts a comment."""
+    keys = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        key = ApiKey(f"key{len(keys) + 1}", hashlib.sha256(fields[0].encode()).digest())
+        for option in fields[1:]:
+            name, _, value = option.partition("=")
+            try:
+                if name == "name" and value:
+                    key.name = value
+                elif name == "rps":
+                    key.rps = float(value)
+                elif name == "burst":
+                    key.burst = int(value)
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: bad option {option!r} (use name=, rps=, burst=)") from None
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"{path} has no API keys")
+    return keys
+
+
+class Authenticator:
+    def __init__(self, keys: list[ApiKey] | None) -> None:
+        self.keys = keys
+
+    def check(self, authorization: str | None) -> ApiKey | None:
+        """The matching key, None when auth is off; raises 401 otherwise. Compares against every key."""
+        if self.keys is None:
+            return None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise RouterError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found = None
+        for key in self.keys:
+            if hmac.compare_digest(digest, key.digest):
+                found = key
+        if found is None:
+            raise RouterError(401, "invalid API key", "invalid_api_key")
+        return found
+
+
+@dataclass
+class Bucket:
+    rate: float
+    capacity: float
+    tokens: float
+    stamp: float = field(default_factory=time.monotonic)
+
+    def take(self, now: float) -> float:
+        """0 if a token was taken, else the seconds until one is available."""
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+class RateLimiter:
+    """Token buckets per API key (or per client address when keys are off). Local to this replica."""
+
+    def __init__(self, default_rps: float, default_burst: int, clock=time.monotonic) -> None:
+        self.default_rps = default_rps
+        self.default_burst = default_burst
+        self._clock = clock
+        self._buckets: dict[str, Bucket] = {}
+
+    def check(self, who: str, key: ApiKey | None) -> None:
+        rps = key.rps if key and key.rps is not None else self.default_rps
+        if rps <= 0:
+            return
+        burst = key.burst if key and key.burst is not None else self.default_burst
+        capacity = float(burst or max(1, math.ceil(2 * rps)))
+        if len(self._buckets) > MAX_BUCKETS:
+            self._prune()
+        bucket = self._buckets.get(who)
+        if bucket is None or bucket.rate != rps or bucket.capacity != capacity:
+            bucket = self._buckets[who] = Bucket(rps, capacity, capacity, self._clock())
+        wait = bucket.take(self._clock())
+        if wait > 0:
+            raise RouterError(
+                429,
+                f"rate limit of {rps:g} requests/s exceeded; retry after {math.ceil(wait)} s",
+                "rate_limit_exceeded",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+
+    def _prune(self) -> None:
+        """Forget buckets that have refilled: they behave exactly like new ones."""
+        now = self._clock()
+        for who, b in list(self._buckets.items()):
+            if b.tokens + (now - b.stamp) * b.rate >= b.capacity:
+                del self._buckets[who]

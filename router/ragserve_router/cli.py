@@ -1,0 +1,19 @@
+"""`ragserve router`: flags here (cheap to import), the server in ragserve_router.server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from ragserve_router.config import RouterConfig, add_router_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_router_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = RouterConfig.from_args(args)
+    from ragserve_router.server import serve
+
+    return asyncio.run(serve(cfg))

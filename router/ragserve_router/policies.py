@@ -1,0 +1,138 @@
+"""Routing policies. Each orders the candidate engines best first; the proxy tries them in that order."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ragserve_router.config import RouterConfig
+from ragserve_router.engines import EngineRecord
+from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
+from ragserve_router.prompt import RoutingKey, prompt_bytes
+from ragserve_router.state import RouterState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouteRequest:
+    model: str
+    body: dict
+    chat: bool
+    headers: Mapping[str, str]
+    key: RoutingKey
+
+
+@dataclass
+class Decision:
+    order: list[EngineRecord]
+    policy: str
+    reason: str
+    cached_blocks: dict[str, int] = field(default_factory=dict)
+
+    def predicted_cached_tokens(self, engine_id: str, key: RoutingKey) -> int | None:
+        """Prompt tokens the engine should find cached (it always recomputes the last one)."""
+        if not key.exact or key.num_prompt_tokens is None:
+            return None
+        bs = key.block_tokens
+        return min(self.cached_blocks.get(engine_id, 0) * bs, (key.num_prompt_tokens - 1) // bs * bs)
+
+
+class Policies:
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        state: RouterState,
+        load: Callable[[EngineRecord], float],
+        kv_usage: Callable[[EngineRecord], float],
+    ) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.load = load
+        self.kv_usage = kv_usage
+        self._rr = itertools.count()
+
+    async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:
+        return await getattr(self, policy)(req, sorted(candidates, key=lambda r: r.engine_id))
+
+    async def round_robin(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        start = next(self._rr) % len(cands)
+        return Decision(cands[start:] + cands[:start], "round_robin", "rotation")
+
+    def _by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
+        turn, n = next(self._rr), len(cands)
+        ranked = sorted(range(n), key=lambda i: (self.load(cands[i]), self.kv_usage(cands[i]), (i - turn) % n))
+        return [cands[i] for i in ranked]
+
+    async def least_loaded(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        return Decision(self._by_load(cands), "least_loaded", "load")
+
+    def _ring(self, key: bytes | str, cands: list[EngineRecord], bounded: bool) -> list[EngineRecord]:
+        by_id = {r.engine_id: r for r in cands}
+        ids = list(by_id)
+        if bounded:
+            order = bounded_order(key, ids, lambda e: self.load(by_id[e]), self.cfg.bounded_load)
+        else:
+            order = ring_order(key, ids)
+        return [by_id[e] for e in order]
+
+    async def session(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        key = req.headers.get(self.cfg.session_header.lower()) or req.body.get("user")
+        if not isinstance(key, str) or not key:
+            return Decision(self._by_load(cands), "session", "no_session_key")
+        return Decision(self._ring("session:" + key, cands, bounded=False), "session", "session_key")
+
+    async def prefix(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        explicit = req.headers.get(self.cfg.context_header.lower())
+        if explicit:
+            key: bytes | str = "context:" + explicit
+            reason = "context_header"
+        elif req.key.hashes:
+            key = req.key.hashes[min(self.cfg.prefix_key_blocks, len(req.key.hashes)) - 1]
+            reason = "leading_blocks"
+        else:
+            key = hashlib.sha256(prompt_bytes(req.body, req.chat)).digest()
+            reason = "short_prompt"
+        return Decision(self._ring(key, cands, bounded=True), "prefix", reason)
+
+    def _guard_tripped(self, cands: list[EngineRecord]) -> bool:
+        loads = [self.load(r) for r in cands]
+        high, low = max(loads), min(loads)
+        return high - low > self.cfg.guard_abs and high > self.cfg.guard_rel * low
+
+    async def _cached_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
+        if not key.hashes:
+            return {}
+        try:
+            return await self._lookup(key, cands)
+        except Exception as exc:  # shared state unreachable: route on load alone rather than fail
+            log.warning("KV index lookup failed, routing on load only: %s", exc)
+            return {}
+
+    async def _lookup(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
+        with_events = [r.engine_id for r in cands if r.has_events] if key.exact else []
+        exact = await self.state.match_exact(with_events, key.hashes) if with_events else {}
+        ttl = {r.engine_id: self.cfg.approx_pending_ttl if r.has_events else self.cfg.approx_ttl for r in cands}
+        approx = await self.state.match_approx(ttl, key.hashes)
+        return {r.engine_id: max(exact.get(r.engine_id, 0), approx.get(r.engine_id, 0)) for r in cands}
+
+    async def kv_aware(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        cached = await self._cached_blocks(req.key, cands)
+        if len(cands) > 1 and self._guard_tripped(cands):
+            return Decision(self._by_load(cands), "kv_aware", "imbalance_guard", cached)
+        n = len(req.key.hashes)
+        # equal costs (a new document): ties follow the leading blocks, so one document's burst stays
+        # together while different documents spread, the same way on every replica
+        tie = req.key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self._rr))
+
+        def cost(r: EngineRecord) -> tuple[float, float, int]:
+            uncached = n - cached.get(r.engine_id, 0)
+            load = self.load(r)
+            return self.cfg.kv_weight * uncached + self.cfg.load_weight * load, load, rendezvous_score(tie, r.engine_id)
+
+        order = sorted(cands, key=cost)
+        reason = "prefix_hit" if cached.get(order[0].engine_id, 0) > 0 else "cost"
+        return Decision(order, "kv_aware", reason, cached)

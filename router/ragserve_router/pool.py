@@ -1,0 +1,169 @@
+"""The engines this replica can route to: registered (shared state), static and discovered pods.
+
+Also the local view of each engine's health: requests in flight from this replica and a
+circuit breaker (opened by failures, closed again by a successful /health probe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ragserve_router.config import RouterConfig
+from ragserve_router.engines import GRPC, K8S, STATIC, EngineRecord, Load, ModelSpec
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.state import RouterState
+
+log = logging.getLogger(__name__)
+CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"
+
+
+@dataclass
+class Health:
+    inflight: int = 0
+    failures: int = 0
+    healthy: bool = True
+
+
+class EnginePool:
+    def __init__(self, cfg: RouterConfig, state: RouterState, metrics: RouterMetrics) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.metrics = metrics
+        self.registered: dict[str, EngineRecord] = {}
+        self.discovered: dict[str, EngineRecord] = {}
+        self.health: defaultdict[str, Health] = defaultdict(Health)
+        headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
+        self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers)
+        for i, url in enumerate(cfg.static_engines):
+            self.discovered[f"static-{i}"] = EngineRecord(f"static-{i}", url, [], source=STATIC)
+            self.health[f"static-{i}"] = Health(healthy=False)  # until the first probe answers
+
+    def all(self) -> list[EngineRecord]:
+        urls = {r.url for r in self.registered.values()}
+        return [*self.registered.values(), *(r for r in self.discovered.values() if r.url not in urls)]
+
+    def get(self, engine_id: str) -> EngineRecord | None:
+        return self.registered.get(engine_id) or self.discovered.get(engine_id)
+
+    def healthy(self) -> list[EngineRecord]:
+        return [r for r in self.all() if self.health[r.engine_id].healthy]
+
+    def candidates(self, model: str) -> list[EngineRecord]:
+        return [r for r in self.healthy() if model in r.models]
+
+    def models(self) -> list[str]:
+        return sorted({m for r in self.all() for m in r.models})
+
+    def spec(self, model: str) -> ModelSpec | None:
+        for record in self.registered.values():
+            if model in record.models:
+                return ModelSpec.of(record)
+        return None
+
+    def load(self, record: EngineRecord) -> float:
+        return max(record.load.active, self.health[record.engine_id].inflight)
+
+    def kv_usage(self, record: EngineRecord) -> float:
+        return record.load.kv_usage
+
+    def mark_failure(self, record: EngineRecord, kind: str) -> None:
+        health = self.health[record.engine_id]
+        health.failures += 1
+        self.metrics.engine_errors.labels(record.engine_id, kind).inc()
+        if health.healthy and (kind in (CONNECT, TIMEOUT) or health.failures >= self.cfg.breaker_failures):
+            health.healthy = False
+            log.warning("engine %s marked unhealthy after %s (%d failures)", record.engine_id, kind, health.failures)
+
+    def mark_success(self, record: EngineRecord) -> None:
+        self.health[record.engine_id].failures = 0
+
+    async def refresh(self) -> None:
+        """Re-read registered engines from the shared state."""
+        self.registered = {r.engine_id: r for r in await self.state.engines()}
+        for source in (GRPC, STATIC, K8S):
+            count = sum(1 for r in self.all() if r.source == source)
+            self.metrics.engines_registered.labels(source).set(count)
+        self.metrics.engines_healthy.set(len(self.healthy()))
+
+    async def sweep(self) -> None:
+        """Drop registered engines that missed 3 heartbeats; their blocks leave the index."""
+        for engine_id in await self.state.expired():
+            if await self.state.drop(engine_id):
+                log.warning("engine %s missed its heartbeats: dropped", engine_id)
+                self.metrics.engines_dropped.labels("heartbeat_timeout").inc()
+            self.health.pop(engine_id, None)
+
+    async def probe(self, record: EngineRecord) -> None:
+        """Health (and, for engines that do not register, models and load) from the engine's HTTP API."""
+        health = self.health[record.engine_id]
+        try:
+            if record.source == GRPC:
+                (await self.probe_client.get(record.url + "/health")).raise_for_status()
+            else:
+                await self._probe_openai(record)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            if health.healthy:
+                log.warning("engine %s failed its probe: %s", record.engine_id, type(exc).__name__)
+            health.healthy = False
+            return
+        if not health.healthy:
+            log.info("engine %s is healthy", record.engine_id)
+        health.healthy, health.failures = True, 0
+
+    async def _probe_openai(self, record: EngineRecord) -> None:
+        resp = await self.probe_client.get(record.url + "/v1/models")
+        resp.raise_for_status()
+        record.models = [m["id"] for m in resp.json()["data"]]
+        resp = await self.probe_client.get(record.url + "/metrics")
+        if resp.status_code == 200:
+            record.load = _vllm_load(resp.text)
+
+    async def probe_due(self) -> None:
+        """Probe engines whose breaker is open, and every engine that does not heartbeat."""
+        due = [r for r in self.all() if r.source != GRPC or not self.health[r.engine_id].healthy]
+        await asyncio.gather(*(self.probe(r) for r in due))
+
+    async def run(self) -> None:
+        """Background upkeep: registry sync and heartbeat timeouts, probes."""
+        sync_every = min(0.5, self.cfg.heartbeat_interval_ms / 2000)
+        probes = asyncio.create_task(self._probe_loop())
+        try:
+            while True:
+                try:
+                    await self.sweep()
+                    await self.refresh()
+                    trim = getattr(self.state, "trim_approx", None)
+                    if trim is not None:
+                        await trim()
+                except Exception as exc:  # shared state unreachable: keep the last view
+                    log.warning("registry sync failed: %s", exc)
+                await asyncio.sleep(sync_every)
+        finally:
+            probes.cancel()
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.probe_due()
+            await asyncio.sleep(self.cfg.probe_interval)
+
+    async def close(self) -> None:
+        await self.probe_client.aclose()
+
+
+def _vllm_load(text: str) -> Load:
+    """Load of any vLLM-compatible engine from its Prometheus metrics (summed over label sets)."""
+    values: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] += sample.value
+    return Load(
+        num_running=int(values.get("vllm:num_requests_running", 0)),
+        num_waiting=int(values.get("vllm:num_requests_waiting", 0)),
+        kv_usage=float(values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))),
+    )

@@ -1,0 +1,144 @@
+"""From a request body to the chained block hashes the engine will compute (shared key scheme).
+
+Engines that registered shipped their tokenizer, so the router renders and tokenizes
+exactly as they do. For engines whose tokenizer is unknown (static, Kubernetes pods
+without registration) the router hashes fixed-size chunks of the prompt text instead;
+those hashes only feed the approximate index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import struct
+from dataclasses import dataclass
+
+from ragserve.keys import block_hashes, root_hash
+from ragserve.tokenizer import PromptTokenizer
+from ragserve_router.engines import ModelSpec
+from ragserve_router.state import RouterState
+
+log = logging.getLogger(__name__)
+TEXT_CHUNK_BYTES = 64
+OFFLOAD_BYTES = 32 * 1024
+
+
+@dataclass
+class RoutingKey:
+    hashes: list[bytes]
+    block_tokens: int  # tokens per hash; 0 when the hashes are of text chunks
+    num_prompt_tokens: int | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.block_tokens > 0
+
+
+def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[int] | None:
+    """Token ids exactly as the engine prefills them, or None if the prompt is not routable this way."""
+    if chat:
+        messages = body.get("messages")
+        return tokenizer.encode_chat(messages) if isinstance(messages, list) else None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        prompt = prompt[0]  # a batch of prompts: route on the first
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    return None
+
+
+def _content_text(content) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+
+
+def prompt_bytes(body: dict, chat: bool) -> bytes:
+    """A canonical byte form of the prompt, for text-chunk hashing."""
+    if chat:
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        parts = [
+            f"{m.get('role', '')}\x1f{_content_text(m.get('content'))}\x1e" for m in messages if isinstance(m, dict)
+        ]
+        return "".join(parts).encode()
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return b"".join(struct.pack("<I", t & 0xFFFFFFFF) for t in prompt if isinstance(t, int))
+    return str(prompt or "").encode()
+
+
+def text_hashes(data: bytes, namespace: str, cache_salt: str | None = None) -> list[bytes]:
+    prev = hashlib.sha256(b"ragserve-text-v1\0" + namespace.encode() + b"\0" + (cache_salt or "").encode()).digest()
+    out = []
+    for i in range(len(data) // TEXT_CHUNK_BYTES):
+        prev = hashlib.sha256(prev + data[i * TEXT_CHUNK_BYTES : (i + 1) * TEXT_CHUNK_BYTES]).digest()
+        out.append(prev)
+    return out
+
+
+class Tokenizers:
+    """PromptTokenizers by fingerprint, fetched from the router state and built once (off the event loop)."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+        self.cache: dict[str, PromptTokenizer] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def add(self, fingerprint: str, tokenizer: PromptTokenizer) -> None:
+        self.cache[fingerprint] = tokenizer
+
+    async def get(self, fingerprint: str) -> PromptTokenizer | None:
+        if fingerprint in self.cache:
+            return self.cache[fingerprint]
+        async with self._locks.setdefault(fingerprint, asyncio.Lock()):
+            if fingerprint not in self.cache:
+                try:
+                    blob = await self.state.tokenizer(fingerprint)
+                except Exception as exc:  # shared state down: route without token hashes for now
+                    log.warning("cannot fetch tokenizer %s: %s", fingerprint, exc)
+                    return None
+                if blob is None:
+                    return None
+                tok = PromptTokenizer(blob.tokenizer_json, blob.chat_template, blob.special_tokens)
+                await asyncio.to_thread(lambda: tok.tokenizer)  # parse tokenizer.json once, off the loop
+                self.cache[fingerprint] = tok
+        return self.cache[fingerprint]
+
+    async def routing_key(
+        self, spec: ModelSpec | None, model: str, body: dict, chat: bool, size: int = 0
+    ) -> RoutingKey:
+        """Token block hashes when the model's tokenizer is known, else text-chunk hashes.
+
+        `size` is the request's byte size: large prompts are tokenized off the event loop.
+        """
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
+        tokenizer = await self.get(spec.tokenizer_fingerprint) if spec else None
+        if spec and tokenizer:
+            args = (tokenizer, spec, body, chat, salt)
+            key = await asyncio.to_thread(token_key, *args) if size > OFFLOAD_BYTES else token_key(*args)
+            if key is not None:
+                return key
+        return RoutingKey(text_hashes(prompt_bytes(body, chat), model, salt), 0)
+
+
+def token_key(
+    tokenizer: PromptTokenizer, spec: ModelSpec, body: dict, chat: bool, salt: str | None
+) -> RoutingKey | None:
+    try:
+        tokens = prompt_tokens(tokenizer, body, chat)
+    except (ValueError, TypeError, AttributeError) as exc:  # the engine will answer the client about it
+        log.debug("cannot tokenize request for routing: %s", exc)
+        return None
+    if tokens is None:
+        return None
+    try:
+        hashes = block_hashes(tokens, spec.block_size, root_hash(spec.model_id), cache_salt=salt)
+    except ValueError:  # token ids out of range: the engine rejects the request
+        hashes = []
+    return RoutingKey(hashes, spec.block_size, len(tokens))

@@ -1,0 +1,157 @@
+"""Router state in Redis, shared by all router replicas.
+
+Keys (under the prefix): `engines` hash id -> EngineRecord JSON; `alive:<id>` expires
+after 3 missed heartbeats; `seq:<id>` last applied KV-event seq; `blocks:<id>` set of
+block hashes; `tok:<fingerprint>` tokenizer JSON; `approx:<hash hex>` hash engine ->
+time routed (expires after the approximate TTL) and `approx_lru` bounding their number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+
+from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
+from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
+
+
+class RedisState(RouterState):
+    def __init__(self, url: str, prefix: str = "ragserve:", approx_ttl: float = 600.0, approx_max: int = 200_000):
+        self.redis = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self.p = prefix
+        self.approx_ttl = approx_ttl
+        self.approx_max = approx_max
+
+    def _k(self, *parts: str) -> str:
+        return self.p + ":".join(parts)
+
+    async def register(self, record: EngineRecord, tokenizer: TokenizerBlob, ttl_s: float) -> int:
+        tok_key = self._k("tok", record.tokenizer_fingerprint)
+        if not await self.redis.exists(tok_key):
+            await self.redis.set(tok_key, tokenizer.to_json())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("engines"), record.engine_id, record.to_json())
+            pipe.set(self._k("alive", record.engine_id), b"1", px=int(ttl_s * 1000))
+            pipe.get(self._k("seq", record.engine_id))
+            *_, seq = await pipe.execute()
+        return int(seq or 0)
+
+    async def heartbeat(self, engine_id: str, load: Load, ttl_s: float) -> bool:
+        raw = await self.redis.hget(self._k("engines"), engine_id)
+        if raw is None:
+            return False
+        record = EngineRecord.from_json(raw)
+        record.load = load
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._k("engines"), engine_id, record.to_json())
+            pipe.set(self._k("alive", engine_id), b"1", px=int(ttl_s * 1000))
+            await pipe.execute()
+        return True
+
+    async def drop(self, engine_id: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._k("engines"), engine_id)
+            for part in ("alive", "seq", "blocks"):
+                pipe.delete(self._k(part, engine_id))
+            removed, *_ = await pipe.execute()
+        return bool(removed)
+
+    async def _records(self) -> tuple[list[EngineRecord], list[bool]]:
+        raw = await self.redis.hgetall(self._k("engines"))
+        records = [EngineRecord.from_json(v) for v in raw.values()]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for record in records:
+                pipe.exists(self._k("alive", record.engine_id))
+            alive = await pipe.execute() if records else []
+        return records, [bool(a) for a in alive]
+
+    async def engines(self) -> list[EngineRecord]:
+        records, alive = await self._records()
+        return [r for r, ok in zip(records, alive, strict=True) if ok]
+
+    async def expired(self) -> list[str]:
+        records, alive = await self._records()
+        return [r.engine_id for r, ok in zip(records, alive, strict=True) if not ok]
+
+    async def is_registered(self, engine_id: str) -> bool:
+        return bool(await self.redis.hexists(self._k("engines"), engine_id))
+
+    async def tokenizer(self, fingerprint: str) -> TokenizerBlob | None:
+        raw = await self.redis.get(self._k("tok", fingerprint))
+        return TokenizerBlob.from_json(raw) if raw else None
+
+    async def last_seq(self, engine_id: str) -> int:
+        return int(await self.redis.get(self._k("seq", engine_id)) or 0)
+
+    async def apply(self, engine_id: str, ops: list[KVOp], new_seq: int) -> None:
+        key = self._k("blocks", engine_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for op in ops:
+                if op.kind == STORED and op.hashes:
+                    pipe.sadd(key, *op.hashes)
+                elif op.kind == REMOVED and op.hashes:
+                    pipe.srem(key, *op.hashes)
+                elif op.kind == CLEARED:
+                    pipe.delete(key)
+            pipe.set(self._k("seq", engine_id), new_seq)
+            await pipe.execute()
+
+    async def num_blocks(self, engine_id: str) -> int:
+        return int(await self.redis.scard(self._k("blocks", engine_id)))
+
+    async def match_exact(self, engine_ids: Sequence[str], hashes: Sequence[bytes]) -> dict[str, int]:
+        if not hashes or not engine_ids:
+            return dict.fromkeys(engine_ids, 0)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for engine_id in engine_ids:
+                pipe.smismember(self._k("blocks", engine_id), list(hashes))
+            results = await pipe.execute()
+        return {e: leading(hits) for e, hits in zip(engine_ids, results, strict=True)}
+
+    async def record_route(self, hashes: Sequence[bytes], engine_id: str) -> None:
+        now = time.time()
+        ttl_ms = int(self.approx_ttl * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in hashes:
+                key = self._k("approx", h.hex())
+                pipe.hset(key, engine_id, repr(now))
+                pipe.pexpire(key, ttl_ms)
+            if hashes:
+                pipe.zadd(self._k("approx_lru"), {h.hex(): now + i * 1e-6 for i, h in enumerate(hashes)})
+                await pipe.execute()
+
+    async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
+        engine_ids = list(ttl_by_engine)
+        if not hashes or not engine_ids:
+            return dict.fromkeys(engine_ids, 0)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in hashes:
+                pipe.hmget(self._k("approx", h.hex()), engine_ids)
+            rows = await pipe.execute()
+        now = time.time()
+        out = {}
+        for i, engine_id in enumerate(engine_ids):
+            ttl = ttl_by_engine[engine_id]
+            out[engine_id] = leading(row[i] is not None and now - float(row[i]) <= ttl for row in rows)
+        return out
+
+    async def trim_approx(self) -> int:
+        """Enforce the approximate index's size bound; returns how many entries were evicted."""
+        excess = int(await self.redis.zcard(self._k("approx_lru"))) - self.approx_max
+        if excess <= 0:
+            return 0
+        evicted = await self.redis.zpopmin(self._k("approx_lru"), excess)
+        if evicted:
+            await self.redis.delete(*(self._k("approx", member.decode()) for member, _ in evicted))
+        return len(evicted)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        await self.redis.aclose()

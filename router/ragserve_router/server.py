@@ -1,0 +1,143 @@
+"""Run the router: the HTTP gateway and the gRPC registry in one event loop, drained on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from urllib.parse import urlsplit
+
+import uvicorn
+from grpc_health.v1 import health_pb2
+
+from ragserve_router.app import Gateway, create_app
+from ragserve_router.auth import Authenticator, RateLimiter, parse_keys_file
+from ragserve_router.config import RouterConfig
+from ragserve_router.memory_state import MemoryState
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.policies import Policies
+from ragserve_router.pool import EnginePool
+from ragserve_router.prompt import Tokenizers
+from ragserve_router.proxy import Proxy
+from ragserve_router.registry import RegistryServicer, build_grpc_server
+from ragserve_router.state import RouterState
+
+log = logging.getLogger("ragserve_router")
+
+
+def redacted(url: str) -> str:
+    parts = urlsplit(url)
+    return url.replace(parts.password, "***") if parts.password else url
+
+
+async def make_state(cfg: RouterConfig) -> RouterState:
+    if not cfg.redis:
+        return MemoryState(cfg.approx_max_entries)
+    from ragserve_router.redis_state import RedisState
+
+    state = RedisState(cfg.redis, cfg.redis_prefix, cfg.approx_ttl, cfg.approx_max_entries)
+    if not await state.ping():
+        await state.close()
+        raise ValueError(f"cannot reach Redis at {redacted(cfg.redis)}")
+    return state
+
+
+class DrainingServer(uvicorn.Server):
+    """First SIGTERM/SIGINT: report not ready, wait drain_delay, then stop taking connections and let
+    in-flight requests finish (up to drain_timeout). A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_drain) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+        self.on_drain = on_drain
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.gateway.draining or self.loop is None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        log.info(
+            "signal %s: draining (ready=false), stopping in %.1f s",
+            signal.Signals(sig).name,
+            self.gateway.cfg.drain_delay,
+        )
+        self.gateway.draining = True
+        self.loop.call_soon_threadsafe(self.on_drain)
+        self.loop.call_soon_threadsafe(self.loop.call_later, self.gateway.cfg.drain_delay, self._stop)
+
+    def _stop(self) -> None:
+        self.should_exit = True
+
+
+async def serve(cfg: RouterConfig) -> int:
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
+    keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
+    if cfg.k8s_selector:
+        from ragserve_router.k8s import PodWatcher, parse_selector
+
+        parse_selector(cfg.k8s_selector)  # a bad selector stops start-up with a clear error
+    state = await make_state(cfg)
+    metrics = RouterMetrics()
+    pool = EnginePool(cfg, state, metrics)
+    tokenizers = Tokenizers(state)
+    gateway = Gateway(
+        cfg=cfg,
+        state=state,
+        pool=pool,
+        tokenizers=tokenizers,
+        policies=Policies(cfg, state, pool.load, pool.kv_usage),
+        proxy=Proxy(cfg, pool, metrics),
+        auth=Authenticator(keys),
+        limiter=RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst),
+        metrics=metrics,
+    )
+    grpc_server, grpc_port, grpc_health = build_grpc_server(
+        cfg, RegistryServicer(cfg, state, pool, tokenizers, metrics)
+    )
+    await grpc_server.start()
+    await grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await pool.refresh()
+    await pool.probe_due()
+    tasks = [asyncio.create_task(pool.run())]
+    if cfg.k8s_selector:
+        tasks.append(asyncio.create_task(PodWatcher(cfg, pool).run()))
+
+    def on_drain() -> None:
+        asyncio.ensure_future(grpc_health.enter_graceful_shutdown())
+
+    config = uvicorn.Config(
+        create_app(gateway),
+        host=cfg.host,
+        port=cfg.port,
+        loop="none",
+        log_level=cfg.log_level,
+        access_log=cfg.log_level == "debug",
+        timeout_graceful_shutdown=cfg.drain_timeout,
+        lifespan="off",
+    )
+    server = DrainingServer(config, gateway, on_drain)
+    server.loop = asyncio.get_running_loop()
+    log.info(
+        "router %s: http %s:%d, grpc registry %s:%d, policy %s, state %s",
+        cfg.router_id,
+        cfg.host,
+        cfg.port,
+        cfg.host,
+        grpc_port,
+        cfg.policy,
+        "redis" if cfg.redis else "memory",
+    )
+    try:
+        await server.serve()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await grpc_server.stop(grace=1.0)
+        for closer in (gateway.proxy.close, pool.close, state.close):
+            with contextlib.suppress(Exception):
+                await closer()
+    return 0 if server.started else 1

@@ -1,0 +1,1 @@
+"""Test support shared across the suite: processes, ports, tiny models, fixtures' building blocks."""

@@ -1,0 +1,68 @@
+"""Helpers shared by the cachestore tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragserve.keys import KVLayout, store_key
+from ragserve.v1 import cachestore_pb2 as pb
+from ragserve_cachestore.client import KVBlock
+from ragserve_cachestore.record import HEADER_SIZE, StoredBlock, checksum
+
+LAYOUT = KVLayout("model-a", "bfloat16", 16, 2, 2, 16).fingerprint()
+OTHER_LAYOUT = KVLayout("model-b", "bfloat16", 16, 2, 2, 16).fingerprint()
+
+
+def chain(n: int, seed: str = "doc") -> list[bytes]:
+    """n distinct 32-byte keys (chained-hash shaped)."""
+    return [hashlib.sha256(f"{seed}/{i}".encode()).digest() for i in range(n)]
+
+
+def kv_blocks(n: int, size: int = 1024, seed: str = "doc") -> list[KVBlock]:
+    """n bfloat16 blocks of `size` bytes with distinct contents."""
+    out = []
+    for i, key in enumerate(chain(n, seed)):
+        data = (hashlib.sha256(key).digest() * (size // 32 + 1))[: size - 4] + i.to_bytes(4, "little")
+        out.append(KVBlock(key, data, "bfloat16", (size // 2,)))
+    return out
+
+
+def pb_blocks(blocks: list[KVBlock]) -> list[pb.Block]:
+    return [pb.Block(key=b.key, data=b.data, dtype=b.dtype, shape=b.shape, checksum=checksum(b.data)) for b in blocks]
+
+
+def wait_serving(address: str, timeout_s: float = 30.0, credentials: grpc.ChannelCredentials | None = None) -> None:
+    """Block until the standard gRPC health service at `address` reports SERVING."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cachestore at {address} not serving after {timeout_s}s")
+            time.sleep(0.1)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+SIZE = 1000
+COST = SIZE + HEADER_SIZE  # what one block costs in a tier budget
+
+
+def items(n: int, seed: str = "doc", size: int = SIZE) -> list[tuple[bytes, StoredBlock]]:
+    return [
+        (store_key(LAYOUT, b.key), StoredBlock(b.data, b.dtype, b.shape, checksum(b.data)))
+        for b in kv_blocks(n, size, seed)
+    ]
