@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragserve.http_body import parse_json_object
-from ragserve.http_body import read_body as _read_body
+from ragserve.http.body import parse_json_object
+from ragserve.http.body import read_body as _read_body
 from ragserve_router.auth import Authenticator, RateLimiter
 from ragserve_router.config import POLICIES, RouterConfig
 from ragserve_router.errors import RouterError, error_response

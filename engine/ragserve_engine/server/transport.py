@@ -9,8 +9,8 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ragserve.http_body import parse_json_object
-from ragserve.http_body import read_body as _read_body
+from ragserve.http.body import parse_json_object
+from ragserve.http.body import read_body as _read_body
 from ragserve_engine.server.errors import ApiError, validation_error
 
 M = TypeVar("M", bound=BaseModel)

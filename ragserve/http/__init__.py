@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by the engine server and the router (needs the `http` extra: FastAPI, uvicorn)."""
