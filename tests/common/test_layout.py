@@ -1,0 +1,84 @@
+"""The layout rule: import path = file path, and the component seams docs/architecture.md states.
+
+Every module's dotted name is its file path below one source root (the repo root for the core `ragserve`,
+the component's folder for the others) and the installed packages resolve there with no renaming.
+Router, cachestore, operator and the core never import torch or transformers; the engine never imports
+the router. Each package's modules are all imported in one clean interpreter (`python -I`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ROOTS = {
+    "ragserve": ROOT,
+    "ragserve_engine": ROOT / "engine",
+    "ragserve_router": ROOT / "router",
+    "ragserve_cachestore": ROOT / "cachestore",
+    "ragserve_operator": ROOT / "operator",
+}
+TORCH_FREE = ("ragserve", "ragserve_router", "ragserve_cachestore", "ragserve_operator")
+IMPORT_ALL = ROOT / "tests" / "helpers" / "import_all.py"
+
+
+def module_files(package: str) -> dict[str, Path]:
+    """{dotted name: file} for every module file of `package`, named by its path below the source root."""
+    root = SOURCE_ROOTS[package]
+    files = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+@functools.cache
+def imported(package: str) -> dict:
+    """Every module of `package` imported in a fresh isolated interpreter (see tests/helpers/import_all.py)."""
+    argv = [sys.executable, "-I", str(IMPORT_ALL), package, *module_files(package)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, f"importing {package} failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("package", list(SOURCE_ROOTS))
+def test_installed_package_resolves_to_its_folder(package):
+    assert Path(importlib.util.find_spec(package).origin) == SOURCE_ROOTS[package] / package / "__init__.py"
+
+
+@pytest.mark.parametrize("package", list(SOURCE_ROOTS))
+def test_every_module_imports_from_the_file_its_name_says(package):
+    files = module_files(package)
+    report = imported(package)
+    assert {name: Path(origin) for name, origin in report["origins"].items()} == files
+    assert sorted(report["walked"]) == sorted(files), "modules the import system sees that are not files here"
+
+
+@pytest.mark.parametrize("package", list(SOURCE_ROOTS))
+def test_each_distribution_packages_its_own_folder_without_renaming(package):
+    root = SOURCE_ROOTS[package]
+    assert not (root / "setup.py").exists() and not (root / "setup.cfg").exists()
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in setuptools
+    assert setuptools["packages"]["find"].get("where", ["."]) == ["."]
+    assert setuptools["packages"]["find"]["include"] == [package, f"{package}.*"]
+
+
+@pytest.mark.parametrize("package", TORCH_FREE)
+def test_torch_free_packages_never_import_torch(package):
+    pulled_by = imported(package)["pulled_by"]
+    assert "torch" not in pulled_by, f"{pulled_by['torch']} imports torch"
+    assert "transformers" not in pulled_by, f"{pulled_by['transformers']} imports transformers"
+
+
+def test_engine_never_imports_the_router():
+    pulled_by = imported("ragserve_engine")["pulled_by"]
+    assert "ragserve_router" not in pulled_by, f"{pulled_by['ragserve_router']} imports the router"
