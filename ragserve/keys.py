@@ -1,4 +1,4 @@
-"""The cache-key scheme shared by engine, router and cachestore (see DESIGN.md).
+"""The cache-key scheme shared by engine, router and cachestore (see docs/architecture.md).
 
 root  = SHA-256(b"ragserve-kv-v1" | lp(model_id) | lp(namespace))
 h_i   = SHA-256(h_{i-1} | lp(u32le(tokens of block i)) | lp(extra_i))
