@@ -1,0 +1,66 @@
+"""Metric names: the vLLM-named series engines export, read by the router, the operator and the chart's
+dashboard, alerts and autoscalers (docs/architecture.md). Torch-free, no dependencies.
+
+Counters are named without `_total` and histograms without `_bucket`/`_sum`/`_count`, as prometheus_client
+declares them; `total()` gives a counter's exposed sample name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL_NAME_LABEL = "model_name"  # every engine series carries the served model's name
+
+# Engine load gauges.
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0..1
+KV_CACHE_USAGE_V0 = "vllm:gpu_cache_usage_perc"  # vLLM v0's name for the same gauge (other engines)
+
+# Engine counters.
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUEST_SUCCESS = "vllm:request_success"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
+EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
+NUM_PREEMPTIONS = "vllm:num_preemptions"
+
+# Engine histograms and info.
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+def total(counter: str) -> str:
+    """A counter's exposed sample name: vllm:prompt_tokens -> vllm:prompt_tokens_total."""
+    return counter + "_total"
+
+
+def adapter_name(name: str) -> str:
+    """The custom-metrics name prometheus-adapter serves a series under (chart README rules): ':' -> '_'."""
+    return name.replace(":", "_")
+
+
+@dataclass(frozen=True)
+class LoadMetric:
+    """One engine load signal: where it is read, how it combines, and the autoscaling target that uses it."""
+
+    field: str  # ragserve.prom_text.EngineLoad field
+    name: str  # the gauge engines export
+    per_pod: str  # combining one pod's series (one per served model): "sum" or "max"
+    over_pool: str  # combining a pool's pods in autoscaler PromQL: "sum" (per-pod target) or "avg"
+    target_key: str  # spec.autoscaling key in the RAGServe CRD (and the chart's engine autoscaling values)
+    aliases: tuple[str, ...] = ()  # older names read when `name` is absent
+
+
+# Requests are summed (each served model's queue is its own work); KV usage is one pool per engine process,
+# repeated under each model_name label, so a pod's usage is the highest series, never the sum.
+LOAD_METRICS: tuple[LoadMetric, ...] = (
+    LoadMetric("waiting", NUM_REQUESTS_WAITING, "sum", "sum", "targetWaitingRequests"),
+    LoadMetric("running", NUM_REQUESTS_RUNNING, "sum", "sum", "targetRunningRequests"),
+    LoadMetric("kv_usage", KV_CACHE_USAGE, "max", "avg", "targetKVCacheUsage", (KV_CACHE_USAGE_V0,)),
+)
