@@ -7,7 +7,7 @@ from ragserve_operator.engines import cachestore_addresses, engine_deployment, e
 from ragserve_operator.names import Owner
 from ragserve_operator.redis import redis_configmap, redis_deployment, redis_service
 from ragserve_operator.router import registry_service, router_deployment, router_service
-from ragserve_operator.scaling import engine_hpa, engine_scaledobject
+from ragserve_operator.scaling.hpa_keda import engine_hpa, engine_scaledobject
 from ragserve_operator.spec import RAGServeSpec
 
 # kinds the operator creates, and so may prune

@@ -10,11 +10,11 @@ from typing import Any
 import kopf
 
 from ragserve_operator.apply import Emit
-from ragserve_operator.autoscale import autoscale_once, interval_of
-from ragserve_operator.autoscaler import Stabilizer
 from ragserve_operator.kube import Kube, load_config
 from ragserve_operator.names import MANAGED_BY, MANAGED_BY_LABEL, owner_of
 from ragserve_operator.reconcile import reconcile
+from ragserve_operator.scaling.autoscale_pass import autoscale_once, interval_of
+from ragserve_operator.scaling.decision import Stabilizer
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
 
 CHILD_RESOURCES = [

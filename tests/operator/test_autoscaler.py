@@ -3,7 +3,8 @@ pods, max over metrics, stabilization windows, scale-down delay, min/max."""
 
 from __future__ import annotations
 
-from ragserve_operator.autoscaler import PodMetrics, Policy, Stabilizer, metric_replicas, recommend
+from ragserve.prom_text import EngineLoad as PodMetrics
+from ragserve_operator.scaling.decision import Policy, Stabilizer, metric_replicas, recommend
 
 
 def pods(*waiting: float, kv: float = 0.0, running: float = 0.0) -> list[PodMetrics]:

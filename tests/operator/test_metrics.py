@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_http_server
 
-from ragserve_operator.autoscaler import PodMetrics
-from ragserve_operator.metrics import parse_metrics, pod_metrics_url, scrape_pods
+from ragserve.prom_text import EngineLoad as PodMetrics
+from ragserve.prom_text import engine_load as parse_metrics
+from ragserve_operator.scaling.pod_metrics import pod_metrics_url, scrape_pods
 
 
 def exposition(waiting: dict[str, float], running: float = 0.0, kv: float = 0.0) -> CollectorRegistry:

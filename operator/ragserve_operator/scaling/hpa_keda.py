@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
+from ragserve.metric_names import LOAD_METRICS, adapter_name
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import Pool, RAGServeSpec
 
-# (CRD target key, Prometheus name, custom-metrics name as prometheus-adapter serves it, KEDA aggregation):
-# request counts are summed (AverageValue: desired = sum / target), KV usage is the pool average
+# Per LOAD_METRICS entry: HPA Pods metrics by their prometheus-adapter name; KEDA triggers aggregate over the
+# pool's pods, request counts summed (AverageValue: desired = sum / target), KV usage averaged
 # (Value: desired = current x average / target), as in the chart.
-METRICS = [
-    ("targetWaitingRequests", "vllm:num_requests_waiting", "vllm_num_requests_waiting", "sum"),
-    ("targetRunningRequests", "vllm:num_requests_running", "vllm_num_requests_running", "sum"),
-    ("targetKVCacheUsage", "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc", "avg"),
-]
 
 
 def quantity(value: float) -> str:
@@ -37,10 +33,13 @@ def engine_hpa(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
     metrics = [
         {
             "type": "Pods",
-            "pods": {"metric": {"name": adapter}, "target": {"type": "AverageValue", "averageValue": quantity(a[key])}},
+            "pods": {
+                "metric": {"name": adapter_name(m.name)},
+                "target": {"type": "AverageValue", "averageValue": quantity(a[m.target_key])},
+            },
         }
-        for key, _, adapter, _ in METRICS
-        if a.get(key) is not None
+        for m in LOAD_METRICS
+        if a.get(m.target_key) is not None
     ]
     return {
         "apiVersion": "autoscaling/v2",
@@ -64,16 +63,16 @@ def engine_scaledobject(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
     triggers = [
         {
             "type": "prometheus",
-            "name": adapter.replace("_", "-"),
-            "metricType": "AverageValue" if agg == "sum" else "Value",
+            "name": adapter_name(m.name).replace("_", "-"),
+            "metricType": "AverageValue" if m.over_pool == "sum" else "Value",
             "metadata": {
                 "serverAddress": a["prometheusAddress"],
-                "query": f"{agg}({prom}{{{selector}}})",
-                "threshold": str(a[key]),
+                "query": f"{m.over_pool}({m.name}{{{selector}}})",
+                "threshold": str(a[m.target_key]),
             },
         }
-        for key, prom, adapter, agg in METRICS
-        if a.get(key) is not None
+        for m in LOAD_METRICS
+        if a.get(m.target_key) is not None
     ]
     return {
         "apiVersion": "keda.sh/v1alpha1",

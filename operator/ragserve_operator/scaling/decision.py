@@ -11,19 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class PodMetrics:
-    waiting: float  # vllm:num_requests_waiting
-    running: float  # vllm:num_requests_running
-    kv_usage: float  # vllm:kv_cache_usage_perc, 0..1
+from ragserve.metric_names import LOAD_METRICS
+from ragserve.prom_text import EngineLoad
 
 
 @dataclass(frozen=True)
 class Policy:
     min_replicas: int
     max_replicas: int
-    targets: dict[str, float]  # PodMetrics field -> per-pod target
+    targets: dict[str, float]  # EngineLoad field -> per-pod target
     tolerance: float = 0.1
     scale_up_window_s: float = 0.0
     scale_down_window_s: float = 300.0
@@ -31,15 +27,14 @@ class Policy:
 
     @classmethod
     def from_spec(cls, autoscaling: dict, pool: dict) -> Policy:
-        keys = {
-            "waiting": "targetWaitingRequests",
-            "running": "targetRunningRequests",
-            "kv_usage": "targetKVCacheUsage",
-        }
         return cls(
             min_replicas=pool["minReplicas"],
             max_replicas=pool["maxReplicas"],
-            targets={m: float(autoscaling[k]) for m, k in keys.items() if autoscaling.get(k) is not None},
+            targets={
+                m.field: float(autoscaling[m.target_key])
+                for m in LOAD_METRICS
+                if autoscaling.get(m.target_key) is not None
+            },
             tolerance=autoscaling["tolerance"],
             scale_up_window_s=autoscaling["scaleUpStabilizationSeconds"],
             scale_down_window_s=autoscaling["scaleDownStabilizationSeconds"],
@@ -75,7 +70,7 @@ def metric_replicas(current: int, values: list[float | None], target: float, tol
     return current if (new_ratio > 1 and desired < current) or (new_ratio < 1 and desired > current) else desired
 
 
-def recommend(current: int, pods: list[PodMetrics | None], policy: Policy) -> tuple[int, str, dict[str, float]]:
+def recommend(current: int, pods: list[EngineLoad | None], policy: Policy) -> tuple[int, str, dict[str, float]]:
     averages, best, why = {}, None, "no engine metrics"
     for metric, target in policy.targets.items():
         values = [None if p is None else getattr(p, metric) for p in pods]
@@ -96,7 +91,7 @@ class Stabilizer:
     history: list[tuple[float, int]] = field(default_factory=list)
     last_scale_up: float | None = None
 
-    def decide(self, now: float, current: int, pods: list[PodMetrics | None], policy: Policy) -> Decision:
+    def decide(self, now: float, current: int, pods: list[EngineLoad | None], policy: Policy) -> Decision:
         recommended, why, averages = recommend(current, pods, policy)
         horizon = max(policy.scale_up_window_s, policy.scale_down_window_s)
         self.history = [(t, r) for t, r in self.history if now - t < horizon]

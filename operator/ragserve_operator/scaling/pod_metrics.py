@@ -1,35 +1,15 @@
-"""Read an engine pod's load from its Prometheus /metrics (vLLM metric names)."""
+"""Read engine pods' load from their Prometheus /metrics (ragserve.prom_text.engine_load: vLLM names)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 
-from ragserve_operator.autoscaler import PodMetrics
+from ragserve.prom_text import EngineLoad, engine_load
 from ragserve_operator.names import ENGINE_PORT
 
-NAMES = {
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_requests_running": "running",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-}
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 MAX_BYTES = 4 * 1024 * 1024
-
-
-def parse_metrics(text: str) -> PodMetrics:
-    """Requests summed over label sets (one per served model), KV usage the highest. ValueError if absent."""
-    found: dict[str, list[float]] = {field: [] for field in NAMES.values()}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) in NAMES:
-            found[NAMES[match.group(1)]].append(float(match.group(3)))
-    missing = [name for name, field in NAMES.items() if not found[field]]
-    if missing:
-        raise ValueError(f"metrics missing: {', '.join(missing)}")
-    return PodMetrics(waiting=sum(found["waiting"]), running=sum(found["running"]), kv_usage=max(found["kv_usage"]))
 
 
 def pod_metrics_url(pod: dict) -> str | None:
@@ -45,7 +25,7 @@ def pod_metrics_url(pod: dict) -> str | None:
     return f"http://{host}:{port}/metrics"
 
 
-async def scrape(client: httpx.AsyncClient, url: str | None) -> PodMetrics | None:
+async def scrape(client: httpx.AsyncClient, url: str | None) -> EngineLoad | None:
     if url is None:
         return None
     try:
@@ -53,12 +33,12 @@ async def scrape(client: httpx.AsyncClient, url: str | None) -> PodMetrics | Non
         response.raise_for_status()
         if len(response.content) > MAX_BYTES:
             return None
-        return parse_metrics(response.text)
+        return engine_load(response.text)
     except (httpx.HTTPError, ValueError):
         return None
 
 
-async def scrape_pods(pods: list[dict], timeout_s: float = 3.0) -> list[PodMetrics | None]:
+async def scrape_pods(pods: list[dict], timeout_s: float = 3.0) -> list[EngineLoad | None]:
     """One entry per pod that counts toward the pool (not terminating or failed): None = no metrics."""
     counted = [p for p in pods if _counts(p)]
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:

@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 
 from ragserve_operator.apply import Emit, contains
-from ragserve_operator.autoscaler import Decision, Policy, Stabilizer
 from ragserve_operator.kube import Kube
-from ragserve_operator.metrics import scrape_pods
 from ragserve_operator.names import Owner
 from ragserve_operator.reconcile import lock_for
+from ragserve_operator.scaling.decision import Decision, Policy, Stabilizer
+from ragserve_operator.scaling.pod_metrics import scrape_pods
 from ragserve_operator.spec import Pool, RAGServeSpec, SpecError, parse_spec
 from ragserve_operator.status import now as utc_now
 
