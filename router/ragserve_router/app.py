@@ -9,17 +9,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import parse_json_object
 from ragserve.http.body import read_body as _read_body
-from ragserve_router.auth import Authenticator, RateLimiter
-from ragserve_router.config import POLICIES, RouterConfig
-from ragserve_router.errors import RouterError, error_response
+from ragserve.http.errors import ApiError, install_error_handlers
+from ragserve_router.auth import LimitedKey, RateLimiter
+from ragserve_router.config import RouterConfig
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import Policies, RouteRequest
+from ragserve_router.policies import POLICIES, Policies, RouteRequest
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy, Routed
@@ -38,7 +38,7 @@ class Gateway:
     tokenizers: Tokenizers
     policies: Policies
     proxy: Proxy
-    auth: Authenticator
+    auth: ApiKeys
     limiter: RateLimiter
     metrics: RouterMetrics
     draining: bool = False
@@ -51,70 +51,56 @@ class Gateway:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    return await _read_body(request, limit, RouterError)
+    return await _read_body(request, limit, ApiError)
 
 
 def parse_body(raw: bytes) -> tuple[dict, str]:
-    body = parse_json_object(raw, RouterError)
+    body = parse_json_object(raw, ApiError)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise RouterError(400, "'model' is required and must be a string", "missing_model", param="model")
+        raise ApiError(400, "'model' is required and must be a string", "missing_model", param="model")
     return body, model
 
 
-def _request_id(request: Request) -> str:
+async def assign_request_id(request: Request) -> None:
+    """The client's X-Request-Id when well formed, else a new one; error answers carry it too."""
     given = request.headers.get("x-request-id", "")
-    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    request.state.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
 def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="ragserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
+    install_error_handlers(app, "router", log)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(exc.status_code, message, "not_found" if exc.status_code == 404 else None)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s", request.url.path)
-        return error_response(500, "internal router error", "internal_error")
-
-    def authorize(request: Request) -> None:
-        key = gw.auth.check(request.headers.get("authorization"))
+    def rate_limit(request: Request, key: LimitedKey | None) -> None:
         try:
             gw.limiter.check(key.name if key else (request.client.host if request.client else "-"), key)
-        except RouterError:
+        except ApiError:
             gw.metrics.rate_limited.inc()
             raise
 
-    async def route(request: Request, path: str, chat: bool) -> Response:
-        request_id = _request_id(request)
-        started = time.monotonic()
-        try:
-            authorize(request)
-            raw = await read_body(request, gw.cfg.max_body_bytes)
-            body, model = parse_body(raw)
-            routed = Routed(request, request_id, model, path, raw, body.get("stream") is True, None, None, started)
-            return await _dispatch(gw, routed, body, chat)
-        except RouterError as err:
-            return err.response(request_id)
+    auth = require_api_key(gw.auth, rate_limit)
+    generate = [Depends(assign_request_id), auth]  # in this order: a 401 or 429 carries the request id
 
-    @app.post("/v1/chat/completions")
+    async def route(request: Request, path: str, chat: bool) -> Response:
+        started = time.monotonic()
+        raw = await read_body(request, gw.cfg.max_body_bytes)
+        body, model = parse_body(raw)
+        stream = body.get("stream") is True
+        routed = Routed(request, request.state.request_id, model, path, raw, stream, None, None, started)
+        return await _dispatch(gw, routed, body, chat)
+
+    @app.post("/v1/chat/completions", dependencies=generate)
     async def chat_completions(request: Request) -> Response:
         return await route(request, "/v1/chat/completions", chat=True)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=generate)
     async def completions(request: Request) -> Response:
         return await route(request, "/v1/completions", chat=False)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        try:
-            authorize(request)
-        except RouterError as err:
-            return err.response()
+    @app.get("/v1/models", dependencies=[auth])
+    async def models() -> Response:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "ragserve"} for m in gw.pool.models()]
         return JSONResponse({"object": "list", "data": data})
 
@@ -142,15 +128,15 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     model, request = routed.model, routed.request
     if model not in gw.pool.models():
         gw.metrics.request_errors.labels("", "model_not_found").inc()
-        raise RouterError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
+        raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
     candidates = gw.pool.candidates(model)
     if not candidates:
         gw.metrics.request_errors.labels(model, "no_healthy_engine").inc()
-        raise RouterError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine")
+        raise ApiError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine")
     policy = gw.cfg.policy
     if gw.cfg.allow_policy_header and (wanted := request.headers.get(POLICY_HEADER)):
         if wanted not in POLICIES:
-            raise RouterError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
+            raise ApiError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
         policy = wanted
     t0 = time.monotonic()
     key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))

@@ -1,35 +1,32 @@
-"""API keys (constant-time comparison) and per-key token-bucket rate limits."""
+"""The router's API keys file and per-key token-bucket rate limits (the key check is ragserve.http.auth)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragserve_router.errors import RouterError
+from ragserve.http.auth import ApiKey, digest
+from ragserve.http.errors import ApiError
 
 MAX_BUCKETS = 10_000
 
 
 @dataclass
-class ApiKey:
-    name: str
-    digest: bytes  # SHA-256 of the key: the key itself is not kept around
-    rps: float | None = None
+class LimitedKey(ApiKey):
+    rps: float | None = None  # None: the router's default rate limit
     burst: int | None = None
 
 
-def parse_keys_file(path: str) -> list[ApiKey]:
+def parse_keys_file(path: str) -> list[LimitedKey]:
     """One key per line: `KEY [name=NAME] [rps=N] [burst=M]`; '#' starts a comment."""
     keys = []
     for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
-        key = ApiKey(f"key{len(keys) + 1}", hashlib.sha256(fields[0].encode()).digest())
+        key = LimitedKey(f"key{len(keys) + 1}", digest(fields[0]))
         for option in fields[1:]:
             name, _, value = option.partition("=")
             try:
@@ -47,27 +44,6 @@ def parse_keys_file(path: str) -> list[ApiKey]:
     if not keys:
         raise ValueError(f"{path} has no API keys")
     return keys
-
-
-class Authenticator:
-    def __init__(self, keys: list[ApiKey] | None) -> None:
-        self.keys = keys
-
-    def check(self, authorization: str | None) -> ApiKey | None:
-        """The matching key, None when auth is off; raises 401 otherwise. Compares against every key."""
-        if self.keys is None:
-            return None
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise RouterError(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
-        digest = hashlib.sha256(token.strip().encode()).digest()
-        found = None
-        for key in self.keys:
-            if hmac.compare_digest(digest, key.digest):
-                found = key
-        if found is None:
-            raise RouterError(401, "invalid API key", "invalid_api_key")
-        return found
 
 
 @dataclass
@@ -96,7 +72,7 @@ class RateLimiter:
         self._clock = clock
         self._buckets: dict[str, Bucket] = {}
 
-    def check(self, who: str, key: ApiKey | None) -> None:
+    def check(self, who: str, key: LimitedKey | None) -> None:
         rps = key.rps if key and key.rps is not None else self.default_rps
         if rps <= 0:
             return
@@ -109,7 +85,7 @@ class RateLimiter:
             bucket = self._buckets[who] = Bucket(rps, capacity, capacity, self._clock())
         wait = bucket.take(self._clock())
         if wait > 0:
-            raise RouterError(
+            raise ApiError(
                 429,
                 f"rate limit of {rps:g} requests/s exceeded; retry after {math.ceil(wait)} s",
                 "rate_limit_exceeded",

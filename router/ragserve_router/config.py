@@ -8,8 +8,7 @@ import socket
 from dataclasses import dataclass, field, fields
 
 from ragserve.config import add_flag, parse_bytes, positive_int
-
-POLICIES = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")
+from ragserve_router.policies import POLICIES
 
 
 @dataclass

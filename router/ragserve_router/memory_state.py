@@ -86,3 +86,6 @@ class MemoryState(RouterState):
 
     async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
         return self.approx.match(ttl_by_engine, hashes)
+
+    async def trim_approx(self) -> int:
+        return 0  # the in-process index evicts as it records

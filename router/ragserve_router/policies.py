@@ -1,4 +1,8 @@
-"""Routing policies. Each orders the candidate engines best first; the proxy tries them in that order."""
+"""Routing policies. Each orders the candidate engines best first; the proxy tries them in that order.
+
+A policy is a small class with one `route()` method, registered by name in POLICY_CLASSES; POLICIES is
+the list of names (command-line choices, the policy header, the local stack).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,15 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
-from ragserve_router.config import RouterConfig
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import RoutingKey, prompt_bytes
 from ragserve_router.state import RouterState
+
+if TYPE_CHECKING:  # config imports POLICIES from here
+    from ragserve_router.config import RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,36 +48,23 @@ class Decision:
         return min(self.cached_blocks.get(engine_id, 0) * bs, (key.num_prompt_tokens - 1) // bs * bs)
 
 
-class Policies:
-    def __init__(
-        self,
-        cfg: RouterConfig,
-        state: RouterState,
-        load: Callable[[EngineRecord], float],
-        kv_usage: Callable[[EngineRecord], float],
-    ) -> None:
-        self.cfg = cfg
-        self.state = state
-        self.load = load
-        self.kv_usage = kv_usage
-        self._rr = itertools.count()
+@dataclass
+class Context:
+    """What the policies route on, and the orderings they share."""
 
-    async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:
-        return await getattr(self, policy)(req, sorted(candidates, key=lambda r: r.engine_id))
+    cfg: RouterConfig
+    state: RouterState
+    load: Callable[[EngineRecord], float]
+    kv_usage: Callable[[EngineRecord], float]
+    turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
-    async def round_robin(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
-        start = next(self._rr) % len(cands)
-        return Decision(cands[start:] + cands[:start], "round_robin", "rotation")
-
-    def _by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
-        turn, n = next(self._rr), len(cands)
+    def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
+        """Least loaded first; ties by KV usage, then rotating."""
+        turn, n = next(self.turns), len(cands)
         ranked = sorted(range(n), key=lambda i: (self.load(cands[i]), self.kv_usage(cands[i]), (i - turn) % n))
         return [cands[i] for i in ranked]
 
-    async def least_loaded(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
-        return Decision(self._by_load(cands), "least_loaded", "load")
-
-    def _ring(self, key: bytes | str, cands: list[EngineRecord], bounded: bool) -> list[EngineRecord]:
+    def ring(self, key: bytes | str, cands: list[EngineRecord], bounded: bool) -> list[EngineRecord]:
         by_id = {r.engine_id: r for r in cands}
         ids = list(by_id)
         if bounded:
@@ -79,13 +73,63 @@ class Policies:
             order = ring_order(key, ids)
         return [by_id[e] for e in order]
 
-    async def session(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+
+class Policy:
+    name: ClassVar[str]
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        raise NotImplementedError
+
+
+POLICY_CLASSES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    POLICY_CLASSES[cls.name] = cls
+    return cls
+
+
+@register
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        start = next(self.ctx.turns) % len(cands)
+        return Decision(cands[start:] + cands[:start], self.name, "rotation")
+
+
+@register
+class LeastLoaded(Policy):
+    name = "least_loaded"
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        return Decision(self.ctx.by_load(cands), self.name, "load")
+
+
+@register
+class Session(Policy):
+    """Sticky by session header (or the body's `user`) on a consistent-hash ring."""
+
+    name = "session"
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         key = req.headers.get(self.cfg.session_header.lower()) or req.body.get("user")
         if not isinstance(key, str) or not key:
-            return Decision(self._by_load(cands), "session", "no_session_key")
-        return Decision(self._ring("session:" + key, cands, bounded=False), "session", "session_key")
+            return Decision(self.ctx.by_load(cands), self.name, "no_session_key")
+        return Decision(self.ctx.ring("session:" + key, cands, bounded=False), self.name, "session_key")
 
-    async def prefix(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+
+@register
+class Prefix(Policy):
+    """Same leading blocks (or context header) to the same engine, on a bounded-load ring."""
+
+    name = "prefix"
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         explicit = req.headers.get(self.cfg.context_header.lower())
         if explicit:
             key: bytes | str = "context:" + explicit
@@ -96,10 +140,35 @@ class Policies:
         else:
             key = hashlib.sha256(prompt_bytes(req.body, req.chat)).digest()
             reason = "short_prompt"
-        return Decision(self._ring(key, cands, bounded=True), "prefix", reason)
+        return Decision(self.ctx.ring(key, cands, bounded=True), self.name, reason)
+
+
+@register
+class KVAware(Policy):
+    """Lowest cost: uncached blocks (exact and approximate KV indexes) weighed against load, behind a guard."""
+
+    name = "kv_aware"
+
+    async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
+        cached = await self._cached_blocks(req.key, cands)
+        if len(cands) > 1 and self._guard_tripped(cands):
+            return Decision(self.ctx.by_load(cands), self.name, "imbalance_guard", cached)
+        n = len(req.key.hashes)
+        # equal costs (a new document): ties follow the leading blocks, so one document's burst stays
+        # together while different documents spread, the same way on every replica
+        tie = req.key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
+
+        def cost(r: EngineRecord) -> tuple[float, float, int]:
+            uncached = n - cached.get(r.engine_id, 0)
+            load = self.ctx.load(r)
+            return self.cfg.kv_weight * uncached + self.cfg.load_weight * load, load, rendezvous_score(tie, r.engine_id)
+
+        order = sorted(cands, key=cost)
+        reason = "prefix_hit" if cached.get(order[0].engine_id, 0) > 0 else "cost"
+        return Decision(order, self.name, reason, cached)
 
     def _guard_tripped(self, cands: list[EngineRecord]) -> bool:
-        loads = [self.load(r) for r in cands]
+        loads = [self.ctx.load(r) for r in cands]
         high, low = max(loads), min(loads)
         return high - low > self.cfg.guard_abs and high > self.cfg.guard_rel * low
 
@@ -113,26 +182,29 @@ class Policies:
             return {}
 
     async def _lookup(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
+        state, cfg = self.ctx.state, self.cfg
         with_events = [r.engine_id for r in cands if r.has_events] if key.exact else []
-        exact = await self.state.match_exact(with_events, key.hashes) if with_events else {}
-        ttl = {r.engine_id: self.cfg.approx_pending_ttl if r.has_events else self.cfg.approx_ttl for r in cands}
-        approx = await self.state.match_approx(ttl, key.hashes)
+        exact = await state.match_exact(with_events, key.hashes) if with_events else {}
+        ttl = {r.engine_id: cfg.approx_pending_ttl if r.has_events else cfg.approx_ttl for r in cands}
+        approx = await state.match_approx(ttl, key.hashes)
         return {r.engine_id: max(exact.get(r.engine_id, 0), approx.get(r.engine_id, 0)) for r in cands}
 
-    async def kv_aware(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
-        cached = await self._cached_blocks(req.key, cands)
-        if len(cands) > 1 and self._guard_tripped(cands):
-            return Decision(self._by_load(cands), "kv_aware", "imbalance_guard", cached)
-        n = len(req.key.hashes)
-        # equal costs (a new document): ties follow the leading blocks, so one document's burst stays
-        # together while different documents spread, the same way on every replica
-        tie = req.key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self._rr))
 
-        def cost(r: EngineRecord) -> tuple[float, float, int]:
-            uncached = n - cached.get(r.engine_id, 0)
-            load = self.load(r)
-            return self.cfg.kv_weight * uncached + self.cfg.load_weight * load, load, rendezvous_score(tie, r.engine_id)
+POLICIES = tuple(POLICY_CLASSES)
 
-        order = sorted(cands, key=cost)
-        reason = "prefix_hit" if cached.get(order[0].engine_id, 0) > 0 else "cost"
-        return Decision(order, "kv_aware", reason, cached)
+
+class Policies:
+    """One instance of every registered policy over a shared context."""
+
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        state: RouterState,
+        load: Callable[[EngineRecord], float],
+        kv_usage: Callable[[EngineRecord], float],
+    ) -> None:
+        ctx = Context(cfg, state, load, kv_usage)
+        self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
+
+    async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:
+        return await self.by_name[policy].route(req, sorted(candidates, key=lambda r: r.engine_id))

@@ -138,9 +138,7 @@ class EnginePool:
                 try:
                     await self.sweep()
                     await self.refresh()
-                    trim = getattr(self.state, "trim_approx", None)
-                    if trim is not None:
-                        await trim()
+                    await self.state.trim_approx()
                 except Exception as exc:  # shared state unreachable: keep the last view
                     log.warning("registry sync failed: %s", exc)
                 await asyncio.sleep(sync_every)

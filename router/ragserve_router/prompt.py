@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from ragserve.keys import block_hashes, root_hash
-from ragserve.tokenizer import PromptTokenizer
+from ragserve.tokenizer import PromptTokenizer, normalize_messages
 from ragserve_router.engines import ModelSpec
 from ragserve_router.state import RouterState
 
@@ -51,9 +51,12 @@ def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[in
     return None
 
 
-def _content_text(content) -> str:
+def _message_text(message: dict) -> str:
+    """The message's text as the chat template sees it; parts that are not text (images) are left out."""
+    content = message.get("content")
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        message = {**message, "content": [p for p in content if isinstance(p, dict) and p.get("type") == "text"]}
+    content = normalize_messages([message])[0].get("content")
     return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
 
 
@@ -61,9 +64,7 @@ def prompt_bytes(body: dict, chat: bool) -> bytes:
     """A canonical byte form of the prompt, for text-chunk hashing."""
     if chat:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-        parts = [
-            f"{m.get('role', '')}\x1f{_content_text(m.get('content'))}\x1e" for m in messages if isinstance(m, dict)
-        ]
+        parts = [f"{m.get('role', '')}\x1f{_message_text(m)}\x1e" for m in messages if isinstance(m, dict)]
         return "".join(parts).encode()
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):

@@ -14,9 +14,9 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from ragserve.http.errors import ApiError
 from ragserve_router.config import RouterConfig
 from ragserve_router.engines import EngineRecord
-from ragserve_router.errors import RouterError
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decision
 from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT, EnginePool
@@ -97,7 +97,7 @@ class Proxy:
                 resp = await self.client.send(req, stream=True)
             except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
                 health.inflight -= 1
-                raise RouterError(503, "the router is overloaded; try again", "overloaded") from None
+                raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
             except httpx.TimeoutException:
                 failure = TIMEOUT
             except httpx.HTTPError:
@@ -117,7 +117,7 @@ class Proxy:
             log.warning("request %s: engine %s failed (%s)", r.request_id, engine.engine_id, failure)
         status, message = (504, "the engine timed out") if failure == TIMEOUT else (502, "no engine could serve it")
         self.metrics.request_errors.labels(r.model, failure).inc()
-        raise RouterError(status, f"request failed: {message}; try again", code=failure)
+        raise ApiError(status, f"request failed: {message}; try again", code=failure)
 
     def _response_headers(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> dict[str, str]:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_HEADERS}
@@ -139,7 +139,7 @@ class Proxy:
             code = CLIENT_CLOSED if isinstance(exc, ClientGone) else 502
             self._finish(r, engine, code)
             if code == 502:
-                raise RouterError(502, "the engine failed while answering; try again", code="upstream_error") from None
+                raise ApiError(502, "the engine failed while answering; try again", code="upstream_error") from None
             return Response(status_code=CLIENT_CLOSED)
         finally:
             await resp.aclose()

@@ -9,6 +9,7 @@ import logging
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from ragserve.tls import server_credentials
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_router.admission import Refused, admit
 from ragserve_router.config import RouterConfig
@@ -128,11 +129,6 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.DeregisterResponse()
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def build_grpc_server(
     cfg: RouterConfig, servicer: RegistryServicer
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
@@ -146,12 +142,7 @@ def build_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{cfg.host}:{cfg.grpc_port}"
     if cfg.tls_cert:
-        credentials = grpc.ssl_server_credentials(
-            [(_read(cfg.tls_key), _read(cfg.tls_cert))],
-            root_certificates=_read(cfg.tls_client_ca) if cfg.tls_client_ca else None,
-            require_client_auth=bool(cfg.tls_client_ca),
-        )
-        port = server.add_secure_port(address, credentials)
+        port = server.add_secure_port(address, server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca))
     else:
         port = server.add_insecure_port(address)
     return server, port, health_servicer

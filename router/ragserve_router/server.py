@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import uvicorn
 from grpc_health.v1 import health_pb2
 
+from ragserve.http.auth import ApiKeys
+from ragserve.http.drain import DrainingServer
+from ragserve.logs import setup_logging
 from ragserve_router.app import Gateway, create_app
-from ragserve_router.auth import Authenticator, RateLimiter, parse_keys_file
+from ragserve_router.auth import RateLimiter, parse_keys_file
 from ragserve_router.config import RouterConfig
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
@@ -43,36 +46,29 @@ async def make_state(cfg: RouterConfig) -> RouterState:
     return state
 
 
-class DrainingServer(uvicorn.Server):
-    """First SIGTERM/SIGINT: report not ready, wait drain_delay, then stop taking connections and let
-    in-flight requests finish (up to drain_timeout). A second signal exits at once."""
+class RouterServer(DrainingServer):
+    """Drain: report not ready and call on_drain, wait drain_delay (load balancers notice), then stop
+    taking connections and let in-flight requests finish (up to drain_timeout)."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_drain) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_drain: Callable[[], None]) -> None:
         super().__init__(config)
         self.gateway = gateway
         self.on_drain = on_drain
-        self.loop: asyncio.AbstractEventLoop | None = None
 
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.gateway.draining or self.loop is None:
-            self.force_exit = self.should_exit
-            self.should_exit = True
-            return
-        log.info(
-            "signal %s: draining (ready=false), stopping in %.1f s",
-            signal.Signals(sig).name,
-            self.gateway.cfg.drain_delay,
-        )
+    def draining(self) -> bool:
+        return self.gateway.draining
+
+    def begin_drain(self, reason: str) -> None:
+        log.info("signal %s: draining (ready=false), stopping in %.1f s", reason, self.gateway.cfg.drain_delay)
         self.gateway.draining = True
-        self.loop.call_soon_threadsafe(self.on_drain)
-        self.loop.call_soon_threadsafe(self.loop.call_later, self.gateway.cfg.drain_delay, self._stop)
 
-    def _stop(self) -> None:
-        self.should_exit = True
+    async def drain(self, reason: str) -> None:
+        self.on_drain()
+        await asyncio.sleep(self.gateway.cfg.drain_delay)
 
 
 async def serve(cfg: RouterConfig) -> int:
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(cfg.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
     if cfg.k8s_selector:
@@ -90,7 +86,7 @@ async def serve(cfg: RouterConfig) -> int:
         tokenizers=tokenizers,
         policies=Policies(cfg, state, pool.load, pool.kv_usage),
         proxy=Proxy(cfg, pool, metrics),
-        auth=Authenticator(keys),
+        auth=ApiKeys(keys),
         limiter=RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst),
         metrics=metrics,
     )
@@ -118,8 +114,7 @@ async def serve(cfg: RouterConfig) -> int:
         timeout_graceful_shutdown=cfg.drain_timeout,
         lifespan="off",
     )
-    server = DrainingServer(config, gateway, on_drain)
-    server.loop = asyncio.get_running_loop()
+    server = RouterServer(config, gateway, on_drain)
     log.info(
         "router %s: http %s:%d, grpc registry %s:%d, policy %s, state %s",
         cfg.router_id,

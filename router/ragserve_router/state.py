@@ -102,6 +102,10 @@ class RouterState(ABC):
     async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
         """Per engine, how many leading hashes were routed to it within its TTL."""
 
+    @abstractmethod
+    async def trim_approx(self) -> int:
+        """Enforce the approximate index's size bound; returns how many entries were evicted."""
+
     async def ping(self) -> bool:
         return True
 
