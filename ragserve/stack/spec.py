@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, fields
 from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
 from ragserve_engine.config import EngineConfig
+from ragserve_router.policies import POLICIES
 
 LOOPBACK = "127.0.0.1"
-POLICIES = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # engine flags `ragserve up` sets itself, per engine
 ENGINE_OWN = {"model", "served_model_name"}
