@@ -1,10 +1,17 @@
-"""CLI flags with RAGSERVE_* environment defaults, and byte-size parsing, shared by all components."""
+"""CLI flags with RAGSERVE_* environment defaults, and byte-size parsing, shared by all components.
+
+A dataclass field made with `option()` is also a CLI flag: `add_options()` turns each into
+--<field-name> with the field's default, help, type and choices, so a default is written once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 _UNITS = {
     "": 1,
@@ -72,3 +79,56 @@ def fraction(text: str) -> float:
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
+
+
+def option(
+    default: Any,
+    help: str,
+    group: str,
+    *,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple | None = None,
+    spec: bool = False,
+) -> Any:
+    """A dataclass field that is also the flag --<field-name> in argument group `group` (a bool field gets
+    --no-<flag> too). `spec`: also a camelCase setting of the RAGServe CRD and the chart's values."""
+    metadata = {"help": help, "group": group, "type": type, "choices": choices, "spec": spec}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_of(name: str) -> str:
+    """Field name -> flag: block_size -> --block-size."""
+    return "--" + name.replace("_", "-")
+
+
+def options(cls: type) -> list[dataclasses.Field]:
+    """The fields of a dataclass that are flags (made with option())."""
+    return [f for f in dataclasses.fields(cls) if "group" in f.metadata]
+
+
+def add_options(parser: argparse.ArgumentParser, classes: tuple[type, ...], groups: tuple[str, ...]) -> None:
+    """One argument group per name in `groups`, holding the option() fields of `classes` in that group."""
+    for group in groups:
+        g = parser.add_argument_group(group)
+        for cls in classes:
+            for f in options(cls):
+                if f.metadata["group"] == group:
+                    add_flag(g, flag_of(f.name), **_argparse_kwargs(f))
+
+
+def _argparse_kwargs(f: dataclasses.Field) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+    if isinstance(f.default, bool):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    for key in ("type", "choices"):
+        if f.metadata[key] is not None:
+            kwargs[key] = f.metadata[key]
+    return kwargs
+
+
+class FromArgs:
+    """Mixin for option() dataclasses: build one from parsed flags (fields without a flag keep defaults)."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Any:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})

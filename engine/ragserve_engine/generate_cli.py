@@ -12,7 +12,7 @@ DEFAULT_PROMPT = "In two sentences: what is a KV cache, and why does reusing it 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ragserve_engine.config import add_engine_arguments
+    from ragserve.engine_args import add_engine_arguments
 
     add_engine_arguments(parser)
     g = parser.add_argument_group("generation")
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragserve_engine.config import EngineConfig
+    from ragserve.engine_args import EngineConfig
     from ragserve_engine.llm import LLM
     from ragserve_engine.sampling_params import SamplingParams
 

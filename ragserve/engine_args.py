@@ -1,0 +1,137 @@
+"""`ragserve engine` settings, written once: the engine's and the server's dataclasses, whose fields are
+also the CLI flags (vLLM's names; ragserve.config.option), the RAGServe CRD's engine properties and the
+chart's engine values. Torch-free, so `ragserve --help`, the operator and the chart tests use it cheaply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from ragserve.config import FromArgs, add_options, fraction, option, parse_bytes, positive_int
+from ragserve.model_source import DEFAULT_MODEL
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
+ENGINE_GROUPS = ("model", "KV cache", "scheduler")
+SERVER_GROUPS = ("server", "cluster")
+
+
+@dataclass
+class EngineConfig(FromArgs):
+    model: str = option(DEFAULT_MODEL, "alias, HF directory or .gguf file", "model")
+    served_model_name: str | None = option(None, "name clients use (default: the model name)", "model")
+    dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
+    device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
+    seed: int = option(0, "global seed", "model", type=int)
+    block_size: int = option(16, "tokens per KV block", "KV cache", type=positive_int, spec=True)
+    num_gpu_blocks: int | None = option(
+        None, "KV blocks (overrides memory budget)", "KV cache", type=positive_int, spec=True
+    )
+    kv_cache_memory: int | None = option(None, "KV cache bytes, e.g. 2GiB", "KV cache", type=parse_bytes, spec=True)
+    gpu_memory_utilization: float = option(0.9, "fraction of GPU memory to use", "KV cache", type=fraction, spec=True)
+    kv_cache_dtype: str = option("auto", "KV cache storage dtype", "KV cache", choices=KV_CACHE_DTYPES, spec=True)
+    attention_backend: str = option("auto", "attention kernels", "KV cache", choices=ATTENTION_BACKENDS, spec=True)
+    enable_prefix_caching: bool = option(True, "reuse cached prefix blocks", "KV cache", spec=True)
+    max_model_len: int | None = option(None, "max prompt + output tokens", "scheduler", type=positive_int, spec=True)
+    max_num_seqs: int = option(64, "max running sequences", "scheduler", type=positive_int, spec=True)
+    max_num_batched_tokens: int = option(2048, "token budget per step", "scheduler", type=positive_int, spec=True)
+    enable_chunked_prefill: bool = option(True, "split long prefills across steps", "scheduler")
+    preemption_mode: str = option(
+        "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
+    )
+    swap_space: float = option(1.0, "GiB of host memory for swap preemption", "scheduler", type=float, spec=True)
+    scheduling_policy: str = option("fcfs", "queue order", "scheduler", choices=SCHEDULING_POLICIES, spec=True)
+    # the engine's cachestore connector offloads and fetches KV blocks; its flags sit with the server's
+    cachestore: str | None = option(None, "shared KV-block store HOST:PORT[,HOST:PORT...]", "cluster")
+    cachestore_tls_ca: str | None = option(None, "CA bundle to verify the cachestore (enables TLS)", "cluster")
+    cachestore_tls_cert: str | None = option(None, "client certificate for mutual TLS with the cachestore", "cluster")
+    cachestore_tls_key: str | None = option(None, "client key for mutual TLS with the cachestore", "cluster")
+    cachestore_token_file: str | None = option(None, "file holding the cachestore's shared token", "cluster")
+
+    def __post_init__(self) -> None:
+        sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
+        checks = [
+            (self.block_size in BLOCK_SIZES, f"block_size must be {sizes}, got {self.block_size}"),
+            (self.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}"),
+            (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {ATTENTION_BACKENDS}"),
+            (self.preemption_mode in PREEMPTION_MODES, f"preemption_mode must be one of {PREEMPTION_MODES}"),
+            (self.scheduling_policy in SCHEDULING_POLICIES, f"scheduling_policy must be one of {SCHEDULING_POLICIES}"),
+            (self.max_num_seqs > 0, "max_num_seqs must be positive"),
+            (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
+            (self.swap_space >= 0, "swap_space must be >= 0"),
+            (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
+            (self.num_gpu_blocks is None or self.num_gpu_blocks > 1, "num_gpu_blocks must be > 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+@dataclass
+class ServerConfig(FromArgs):
+    host: str = option("0.0.0.0", "HTTP bind address", "server")
+    port: int = option(8000, "HTTP port", "server", type=positive_int)
+    router: str | None = option(None, "router gRPC registry HOST:PORT to register with", "cluster")
+    advertise_url: str | None = option(None, "URL the router sends traffic to (default http://HOST:PORT)", "cluster")
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize", "server")
+    max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "request body limit", "server", type=parse_bytes)
+    engine_id: str = option("", "unique engine id (default hostname-pid-starttime)", "cluster")
+    drain_timeout: float = option(60.0, "seconds running requests get after SIGTERM", "server", type=float)
+    router_tls_ca: str | None = option(None, "CA bundle to verify the router's registry (enables TLS)", "cluster")
+    router_tls_cert: str | None = option(None, "client certificate for mutual TLS with the router", "cluster")
+    router_tls_key: str | None = option(None, "client key for mutual TLS with the router", "cluster")
+    log_level: str = option("info", "log level", "server", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            self.engine_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        checks = [
+            (0 < self.port < 65536, f"--port must be in 1..65535, got {self.port}"),
+            (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
+            (self.drain_timeout >= 0, "--drain-timeout must be >= 0"),
+            (bool(self.router_tls_cert) == bool(self.router_tls_key), "--router-tls-cert needs --router-tls-key"),
+            (not self.router or ":" in self.router, f"--router must be HOST:PORT, got {self.router!r}"),
+            (
+                not self.advertise_url or self.advertise_url.startswith(("http://", "https://")),
+                f"--advertise-url must be an http(s) URL, got {self.advertise_url!r}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key):
+            if path and not os.path.isfile(path):
+                raise FileNotFoundError(f"TLS file {path} does not exist")
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL the router should use for this engine."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            try:
+                host = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, shared by `ragserve engine`, `ragserve generate` and `ragserve up`."""
+    add_options(parser, (EngineConfig,), ENGINE_GROUPS)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ragserve engine`'s server and cluster flags (with the engine's cachestore connection)."""
+    add_options(parser, (ServerConfig, EngineConfig), SERVER_GROUPS)
