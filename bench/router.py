@@ -20,7 +20,6 @@ import argparse
 import json
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,16 +31,12 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "helpers" / "fake_engine.py"
-POLICIES = ("round_robin", "least_loaded", "prefix", "kv_aware")
+COMPARED = ("round_robin", "least_loaded", "prefix", "kv_aware")  # the policies a default run compares
 WORDS = ("cache", "block", "prefix", "engine", "router", "token", "layer", "query", "answer", "vector")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Procs:
@@ -245,7 +240,7 @@ def main() -> None:
     p.add_argument("--overhead-requests", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", choices=("overhead", "quality"), default=None)
-    p.add_argument("--policies", type=lambda t: t.split(","), default=list(POLICIES), help="comma-separated")
+    p.add_argument("--policies", type=lambda t: t.split(","), default=list(COMPARED), help="comma-separated")
     p.add_argument("--out", default=None, help="write the quality results as JSON here")
     p.add_argument("--router-flags", type=str.split, default=[], help="extra router flags, e.g. '--load-weight 8'")
     args = p.parse_args()

@@ -12,8 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from ragserve.prom_text import engine_load
 from ragserve_router.config import RouterConfig
 from ragserve_router.engines import GRPC, K8S, STATIC, EngineRecord, Load, ModelSpec
 from ragserve_router.metrics import RouterMetrics
@@ -122,7 +122,8 @@ class EnginePool:
         record.models = [m["id"] for m in resp.json()["data"]]
         resp = await self.probe_client.get(record.url + "/metrics")
         if resp.status_code == 200:
-            record.load = _vllm_load(resp.text)
+            load = engine_load(resp.text, required=False)
+            record.load = Load(num_running=int(load.running), num_waiting=int(load.waiting), kv_usage=load.kv_usage)
 
     async def probe_due(self) -> None:
         """Probe engines whose breaker is open, and every engine that does not heartbeat."""
@@ -152,16 +153,3 @@ class EnginePool:
 
     async def close(self) -> None:
         await self.probe_client.aclose()
-
-
-def _vllm_load(text: str) -> Load:
-    """Load of any vLLM-compatible engine from its Prometheus metrics (summed over label sets)."""
-    values: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] += sample.value
-    return Load(
-        num_running=int(values.get("vllm:num_requests_running", 0)),
-        num_waiting=int(values.get("vllm:num_requests_waiting", 0)),
-        kv_usage=float(values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))),
-    )
