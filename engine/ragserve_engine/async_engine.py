@@ -1,4 +1,4 @@
-"""AsyncLLM: the engine on a background thread, with per-request async output streams.
+"""AsyncLLM: the engine on a background thread, with per-request async output streams (an EngineClient).
 
 Requests are tokenized and validated on the caller's thread (errors raise there); the step
 thread drains submitted requests and aborts before each step, so the event loop never waits
@@ -12,15 +12,20 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
-from ragserve_engine.block_pool import KVEvent
-from ragserve_engine.config import EngineConfig
+from ragserve.engine_args import EngineConfig
+from ragserve.tokenizer import PromptTokenizer
+from ragserve_engine.block_pool import KVEvent, KVSnapshot
+from ragserve_engine.engine_client import EngineInfo, EngineStats
+from ragserve_engine.kv_cache_manager import KVCacheBlocks
 from ragserve_engine.llm_engine import LLMEngine
 from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.sequence import Request
 
 log = logging.getLogger("ragserve_engine")
+T = TypeVar("T")
 
 
 class AsyncLLM:
@@ -31,11 +36,18 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._stop = False
         self._event_listeners: list[Callable[[list[KVEvent]], None]] = []
-        self._after_step: list[Callable[[LLMEngine], None]] = []
         self._thread = threading.Thread(target=self._run, name="ragserve-engine", daemon=True)
         self._thread.start()
 
-    # ---- public API ---------------------------------------------------------------------------
+    # ---- EngineClient -------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engine.info
+
     async def generate(
         self,
         prompt: str | list[int],
@@ -67,23 +79,35 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
 
-    def call(self, fn: Callable[[LLMEngine], object]) -> asyncio.Future:
+    def call(self, fn: Callable[[LLMEngine], T]) -> asyncio.Future[T]:
         """Run fn(engine) on the step thread between steps; await the returned future."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._submit(("call", (fn, loop, fut)))
         return fut
 
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
+        return self.engine.kv.hash_blocks(token_ids, cache_salt)
+
+    async def pin_prefixes(self, hashes: list[list[bytes]]) -> list[KVCacheBlocks]:
+        return await self.call(lambda engine: [engine.kv.pin(h) for h in hashes])
+
+    async def unpin(self, pinned: list[KVCacheBlocks]) -> None:
+        def release(engine: LLMEngine) -> None:
+            for blocks in reversed(pinned):  # tail first, like freeing one sequence
+                engine.kv.unpin(blocks)
+
+        await self.call(release)
+
     def add_kv_event_listener(self, fn: Callable[[list[KVEvent]], None]) -> None:
-        """fn(events) runs on the step thread after every step that produced KV events."""
         self.engine.pool.record_events = True
         self._event_listeners.append(fn)
 
-    def add_step_hook(self, fn: Callable[[LLMEngine], None]) -> None:
-        self._after_step.append(fn)
-
-    def stats(self) -> dict:
-        return self.engine.stats()
+    async def with_kv_snapshot(self, fn: Callable[[KVSnapshot], T]) -> T:
+        return await self.call(lambda engine: fn(engine.pool.snapshot()))
 
     def shutdown(self) -> None:
         self._stop = True
@@ -142,8 +166,6 @@ class AsyncLLM:
         events = self.engine.pool.take_events()
         for fn in self._event_listeners if events else ():
             fn(events)
-        for fn in self._after_step:
-            fn(self.engine)
 
     def _fail_all(self, exc: Exception) -> None:
         for rid in list(self.engine.requests):

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Request, Sequence
-
-if TYPE_CHECKING:
-    from ragserve_engine.llm_engine import LLMEngine
+from ragserve_engine.stop import StopCriteria
 
 
 def _score(seq: Sequence, length_penalty: float) -> float:
     return seq.cumulative_logprob / max(1, len(seq.output_token_ids)) ** length_penalty
 
 
-def beam_step(engine: LLMEngine, req: Request, rows: list[tuple[Sequence, torch.Tensor]]) -> None:
+def beam_step(
+    req: Request, rows: list[tuple[Sequence, torch.Tensor]], kv: KVCacheManager, criteria: StopCriteria
+) -> None:
     p, width = req.params, req.params.beam_width
     seqs = [seq for seq, _ in rows]
     logprobs = torch.log_softmax(torch.stack([lg.float() for _, lg in rows]), dim=-1)
@@ -25,7 +24,7 @@ def beam_step(engine: LLMEngine, req: Request, rows: list[tuple[Sequence, torch.
     vocab = logprobs.shape[-1]
     cum = torch.tensor([s.cumulative_logprob for s in seqs]).unsqueeze(1)
     scores, flat = torch.topk((cum + logprobs).flatten(), min(2 * width, logprobs.numel()))
-    stop_ids = set() if p.ignore_eos else engine.eos_ids | set(p.stop_token_ids)
+    stop_ids = set() if p.ignore_eos else criteria.eos_ids | set(p.stop_token_ids)
     chosen: list[tuple[int, int, float]] = []
     for score, idx in zip(scores.tolist(), flat.tolist(), strict=True):
         beam, token = divmod(idx, vocab)
@@ -36,10 +35,10 @@ def beam_step(engine: LLMEngine, req: Request, rows: list[tuple[Sequence, torch.
         chosen.append((beam, token, score))
         if len(chosen) == width:
             break
-    req.seqs = _advance(engine, seqs, chosen)
+    req.seqs = _advance(kv, seqs, chosen)
     req.needs_fork = False
-    if _done(engine, req):
-        _finalize(engine, req)
+    if _done(req, criteria.max_model_len):
+        _finalize(req, kv, criteria)
 
 
 def _finish_hypothesis(req: Request, parent: Sequence, token: int, score: float) -> None:
@@ -48,15 +47,15 @@ def _finish_hypothesis(req: Request, parent: Sequence, token: int, score: float)
     req.beam_finished.append(hyp)
 
 
-def _advance(engine: LLMEngine, seqs: list[Sequence], chosen: list[tuple[int, int, float]]) -> list[Sequence]:
+def _advance(kv: KVCacheManager, seqs: list[Sequence], chosen: list[tuple[int, int, float]]) -> list[Sequence]:
     """Children of each beam: the first reuses the beam, the others fork it before appending."""
     nxt: list[Sequence] = []
     for i, seq in enumerate(seqs):
         kids = [(tok, score) for beam, tok, score in chosen if beam == i]
         if not kids:
-            engine.kv.free(seq)
+            kv.free(seq)
             continue
-        forks = [engine.kv.fork(seq) for _ in kids[1:]]
+        forks = [kv.fork(seq) for _ in kids[1:]]
         for s, (tok, score) in zip([seq, *forks], kids, strict=True):
             s.token_ids.append(tok)
             s.cumulative_logprob = score
@@ -64,12 +63,12 @@ def _advance(engine: LLMEngine, seqs: list[Sequence], chosen: list[tuple[int, in
     return nxt
 
 
-def _done(engine: LLMEngine, req: Request) -> bool:
+def _done(req: Request, max_model_len: int) -> bool:
     p = req.params
     if not req.seqs:
         return True
     lead = req.seqs[0]
-    if len(lead.output_token_ids) >= p.max_tokens or lead.num_tokens >= engine.max_model_len:
+    if len(lead.output_token_ids) >= p.max_tokens or lead.num_tokens >= max_model_len:
         for seq in req.seqs:
             seq.finish_reason = "length"
         req.beam_finished += req.seqs
@@ -81,16 +80,16 @@ def _done(engine: LLMEngine, req: Request) -> bool:
     return worst_kept >= best_running
 
 
-def _finalize(engine: LLMEngine, req: Request) -> None:
+def _finalize(req: Request, kv: KVCacheManager, criteria: StopCriteria) -> None:
     for seq in req.seqs:
         if seq.blocks:
-            engine.kv.free(seq)
+            kv.free(seq)
         seq.finish_reason = seq.finish_reason or "length"
     best = sorted(req.beam_finished, key=lambda h: _score(h, req.params.length_penalty), reverse=True)
     req.seqs = best[: req.params.n]
     for i, seq in enumerate(req.seqs):
         seq.index = i
         ids = seq.output_token_ids
-        if seq.finish_reason == "stop" and ids and ids[-1] in engine.eos_ids:
+        if seq.finish_reason == "stop" and ids and ids[-1] in criteria.eos_ids:
             ids = ids[:-1]
-        seq.output_text = engine.tokenizer.decode(ids)
+        seq.output_text = criteria.tokenizer.decode(ids)

@@ -55,6 +55,14 @@ class FreeBlockQueue:
 
 
 @dataclass
+class KVSnapshot:
+    """Every cached block hash, and how many pool events are not yet taken (the snapshot covers them)."""
+
+    block_hashes: list[bytes]
+    num_pending_events: int
+
+
+@dataclass
 class KVEvent:
     kind: str  # "stored" | "removed" | "cleared"
     block_hashes: list[bytes] = field(default_factory=list)
@@ -145,3 +153,6 @@ class BlockPool:
     def take_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events
+
+    def snapshot(self) -> KVSnapshot:
+        return KVSnapshot(list(self.cached), len(self.events))

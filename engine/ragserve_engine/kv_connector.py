@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from ragserve_engine.attention.kv_cache import KVCacheTensors
-from ragserve_engine.block_pool import BlockPool, KVCacheBlock
+from ragserve_engine.block_pool import KVCacheBlock
+from ragserve_engine.kv_cache_manager import KVCacheManager
 
 log = logging.getLogger("ragserve_engine.connector")
 _SEEN_LIMIT = 1 << 16
@@ -32,9 +33,10 @@ class ConnectorStats:
 
 
 class CacheStoreConnector:
-    def __init__(self, client, kv: KVCacheTensors, pool: BlockPool, block_size: int, queue_blocks: int = 512) -> None:
+    def __init__(self, client, kv_cache: KVCacheTensors, kv_manager: KVCacheManager, queue_blocks: int = 512) -> None:
         self.client = client
-        self.kv, self.pool, self.block_size = kv, pool, block_size
+        self.kv_cache, self.kv_manager = kv_cache, kv_manager
+        self.block_size = kv_manager.block_size
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
@@ -42,7 +44,9 @@ class CacheStoreConnector:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config, layout: str, kv: KVCacheTensors, pool: BlockPool) -> CacheStoreConnector:
+    def from_config(
+        cls, config, layout: str, kv_cache: KVCacheTensors, kv_manager: KVCacheManager
+    ) -> CacheStoreConnector:
         from pathlib import Path
 
         from ragserve_cachestore.client import CacheStoreClient, TLSConfig
@@ -52,7 +56,7 @@ class CacheStoreConnector:
             tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
         token = Path(config.cachestore_token_file).read_text().strip() if config.cachestore_token_file else None
         client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
-        return cls(client, kv, pool, config.block_size)
+        return cls(client, kv_cache, kv_manager)
 
     # ---- fetch ------------------------------------------------------------------------------------
     def fetch(self, hashes: list[bytes], num_local_hits: int) -> int:
@@ -68,15 +72,14 @@ class CacheStoreConnector:
             log.exception("cachestore fetch failed")
             return 0
         blocks = [b for b in blocks if self._fits(b)]
-        blocks = blocks[: max(0, self.pool.num_free_blocks - 1)]
+        blocks = blocks[: self.kv_manager.num_importable_blocks()]
         if not blocks:
             return 0
-        targets = self.pool.get_new_blocks(len(blocks))
-        for target, block, i in zip(targets, blocks, range(num_local_hits, len(hashes)), strict=False):
-            self._write(target.block_id, block.data)
-            self.pool.cache_full_block(target, hashes[i], hashes[i - 1] if i else None)
-            self._remember(hashes[i])
-        self.pool.free_blocks(list(reversed(targets)))  # now plain cached blocks: the admission hits them
+        fetched = missing[: len(blocks)]
+        parent = hashes[num_local_hits - 1] if num_local_hits else None
+        self.kv_manager.import_blocks(fetched, parent, lambda i, block_id: self._write(block_id, blocks[i].data))
+        for h in fetched:
+            self._remember(h)
         self.stats.hits += len(blocks) * self.block_size
         return len(blocks)
 
@@ -84,18 +87,18 @@ class CacheStoreConnector:
         return len(block.data) == self._block_nbytes()
 
     def _block_nbytes(self) -> int:
-        n = self.kv.data[0].numel() * self.kv.data.element_size()
-        if self.kv.scales is not None:
-            n += self.kv.scales[0].numel() * self.kv.scales.element_size()
+        n = self.kv_cache.data[0].numel() * self.kv_cache.data.element_size()
+        if self.kv_cache.scales is not None:
+            n += self.kv_cache.scales[0].numel() * self.kv_cache.scales.element_size()
         return n
 
     def _write(self, block_id: int, data: bytes) -> None:
         raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        size = self.kv.data[0].numel() * self.kv.data.element_size()
-        dst = self.kv.data[block_id]
+        size = self.kv_cache.data[0].numel() * self.kv_cache.data.element_size()
+        dst = self.kv_cache.data[block_id]
         dst.copy_(raw[:size].view(dst.dtype).view(dst.shape).to(dst.device))
-        if self.kv.scales is not None:
-            sdst = self.kv.scales[block_id]
+        if self.kv_cache.scales is not None:
+            sdst = self.kv_cache.scales[block_id]
             sdst.copy_(raw[size:].view(sdst.dtype).view(sdst.shape).to(sdst.device))
 
     # ---- offload ----------------------------------------------------------------------------------
@@ -105,8 +108,8 @@ class CacheStoreConnector:
         if not todo:
             return
         ids = [b.block_id for b, _ in todo]
-        data = self.kv.data[ids].cpu()
-        scales = self.kv.scales[ids].cpu() if self.kv.scales is not None else None
+        data = self.kv_cache.data[ids].cpu()
+        scales = self.kv_cache.scales[ids].cpu() if self.kv_cache.scales is not None else None
         for i, (_, h) in enumerate(todo):
             raw = data[i].contiguous().view(torch.uint8).numpy().tobytes()
             if scales is not None:

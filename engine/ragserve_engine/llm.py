@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from ragserve_engine.config import EngineConfig
+from ragserve.engine_args import EngineConfig
 from ragserve_engine.llm_engine import LLMEngine
 from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.sampling_params import SamplingParams

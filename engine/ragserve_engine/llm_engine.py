@@ -6,11 +6,12 @@ import time
 
 import torch
 
+from ragserve.engine_args import EngineConfig
 from ragserve.keys import KVLayout, root_hash
 from ragserve.model_source import load_tokenizer, model_fingerprint, resolve_model
 from ragserve_engine.beam_search import beam_step
 from ragserve_engine.block_pool import BlockPool
-from ragserve_engine.config import EngineConfig
+from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
@@ -19,7 +20,7 @@ from ragserve_engine.sampler import Sampler, SamplingRow, top_logprobs
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
-from ragserve_engine.stop import check_stop
+from ragserve_engine.stop import StopCriteria, check_stop
 
 
 class LLMEngine:
@@ -39,18 +40,20 @@ class LLMEngine:
             self.model_id, f"{self.runner.kv.kv_dtype}:{self.runner.kv.storage_dtype_name}", config.block_size,
             mc.num_layers, mc.num_kv_heads, mc.head_dim,
         )  # fmt: skip
-        self.scheduler = Scheduler(config, self.kv)
         self.connector = None
         if config.cachestore:
             from ragserve_engine.kv_connector import CacheStoreConnector
 
-            self.connector = CacheStoreConnector.from_config(
-                config, self.layout.fingerprint(), self.runner.kv, self.pool
-            )
-            self.scheduler.connector = self.connector
+            self.connector = CacheStoreConnector.from_config(config, self.layout.fingerprint(), self.runner.kv, self.kv)
+        self.scheduler = Scheduler(config, self.kv, self.connector)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.eos_ids = set(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
+        self.stop_criteria = StopCriteria(self.tokenizer, frozenset(self.eos_ids), self.max_model_len)
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.layout, self.max_model_len, self.pool.num_blocks)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -158,7 +161,7 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.params.use_beam_search:
-                beam_step(self, req, rows)
+                beam_step(req, rows, self.kv, self.stop_criteria)
             else:
                 plain += self._expand_forks(req, rows)
         self._sample(plain)
@@ -201,7 +204,7 @@ class LLMEngine:
             seq.cumulative_logprob += res.logprob
             if res.top_logprobs is not None:
                 seq.logprobs.append(res.top_logprobs)
-            check_stop(self, req, seq)
+            check_stop(req, seq, self.stop_criteria)
             if seq.finished and seq.blocks:
                 self.kv.free(seq)
 
@@ -237,16 +240,16 @@ class LLMEngine:
             max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics,
         )  # fmt: skip
 
-    def stats(self) -> dict:
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting) + len(self.scheduler.swapped),
-            "kv_usage": self.pool.usage(),
-            "num_blocks": self.pool.num_blocks,
-            "free_blocks": self.pool.num_free_blocks,
-            "prefix_cache_queries": self.kv.stats.queries,
-            "prefix_cache_hits": self.kv.stats.hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "external_prefix_cache_queries": self.connector.stats.queries if self.connector else 0,
-            "external_prefix_cache_hits": self.connector.stats.hits if self.connector else 0,
-        }
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            kv_usage=self.pool.usage(),
+            num_blocks=self.pool.num_blocks,
+            free_blocks=self.pool.num_free_blocks,
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
+            external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
+        )

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ragserve.engine_args import EngineConfig
 from ragserve.model_source import ModelSource
 from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.selector import get_attention_backend
-from ragserve_engine.config import EngineConfig
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.models.loader import load_model

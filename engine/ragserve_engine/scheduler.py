@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ragserve_engine.config import EngineConfig
+from ragserve.engine_args import EngineConfig
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Request, Sequence, Status
+
+if TYPE_CHECKING:
+    from ragserve_engine.kv_connector import CacheStoreConnector
 
 
 @dataclass
@@ -41,14 +45,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, connector: CacheStoreConnector | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.connector = connector  # when a cachestore is configured
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.num_preemptions = 0
-        self.connector = None  # CacheStoreConnector, when a cachestore is configured
 
     def _key(self, req: Request):
         if self.config.scheduling_policy == "priority":
@@ -75,8 +79,7 @@ class Scheduler:
             budget = self._schedule_swapped(out, budget)
         if out.num_preempted == 0 and not self.swapped:
             self._schedule_waiting(out, budget)
-        out.copies = self.kv.pending_copies
-        self.kv.pending_copies = []
+        out.copies = self.kv.take_pending_copies()
         return out
 
     def _chunk(self, req: Request, budget: int) -> int:
@@ -112,7 +115,7 @@ class Scheduler:
         if not self.kv.can_allocate(needed):
             return False
         for seq in seqs:
-            if not self.kv.allocate_slots(seq, chunk):
+            if self.kv.allocate_slots(seq, chunk) is None:
                 raise RuntimeError("KV allocation failed after the capacity check")
         return True
 
@@ -146,10 +149,10 @@ class Scheduler:
         while self.swapped and budget > 0:
             req = self.swapped[0]
             seqs = req.live_seqs
-            if self.num_running_seqs + len(seqs) > self.config.max_num_seqs or not self.kv.can_swap_in(seqs):
+            if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             chunk = self._chunk(req, budget)
-            if chunk == 0 or self._swap_in_blocks(seqs, chunk) > self.kv.pool.num_free_blocks:
+            if chunk == 0 or not self.kv.can_swap_in(seqs, chunk):
                 break
             self.swapped.pop(0)
             out.swap_in += self.kv.swap_in(seqs)
@@ -158,15 +161,6 @@ class Scheduler:
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
         return budget
-
-    def _swap_in_blocks(self, seqs: list[Sequence], chunk: int) -> int:
-        """Device blocks to swap a group back in and give it `chunk` more tokens (CoW included)."""
-        bs = self.kv.block_size
-        total = len({h for s in seqs for h in s.swapped_table})
-        for s in seqs:
-            total += max(0, -(-(s.num_computed_tokens + chunk) // bs) - len(s.swapped_table))
-            total += 1 if len(seqs) > 1 and s.num_computed_tokens % bs else 0
-        return total
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0:
@@ -220,11 +214,7 @@ class Scheduler:
             out.newly_cached += self.kv.cache_blocks(s.seq, s.request.cache_salt)
 
     def finish(self, req: Request) -> None:
-        self.kv.swap.free += list(dict.fromkeys(h for seq in req.seqs for h in seq.swapped_table))
-        for seq in req.seqs:
-            seq.swapped_table = []
-            if seq.blocks:
-                self.kv.free(seq)
+        self.kv.free_seqs(req.seqs)
         for queue in (self.waiting, self.running, self.swapped):
             if req in queue:
                 queue.remove(req)

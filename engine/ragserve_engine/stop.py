@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ragserve_engine.sequence import Request, Sequence
 
 if TYPE_CHECKING:
-    from ragserve_engine.llm_engine import LLMEngine
+    from ragserve.tokenizer import PromptTokenizer
 
 
-def check_stop(engine: LLMEngine, req: Request, seq: Sequence) -> None:
+@dataclass(frozen=True)
+class StopCriteria:
+    """What stop checks need from the engine: the tokenizer (output text), EOS ids, the context limit."""
+
+    tokenizer: PromptTokenizer
+    eos_ids: frozenset[int]
+    max_model_len: int
+
+
+def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
     p = req.params
     last = seq.token_ids[-1]
     num_out = len(seq.output_token_ids)
-    seq.output_text = engine.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+    decode = criteria.tokenizer.decode
+    seq.output_text = decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
     if num_out >= p.min_tokens:
-        if not p.ignore_eos and last in engine.eos_ids:
-            seq.output_text = engine.tokenizer.decode(seq.output_token_ids[:-1], p.skip_special_tokens)
+        if not p.ignore_eos and last in criteria.eos_ids:
+            seq.output_text = decode(seq.output_token_ids[:-1], p.skip_special_tokens)
             seq.finish_reason = "stop"
             return
         if last in p.stop_token_ids:
@@ -25,7 +36,7 @@ def check_stop(engine: LLMEngine, req: Request, seq: Sequence) -> None:
             return
         if p.stop and _stop_string(seq, p.stop, p.include_stop_str_in_output):
             return
-    if num_out >= p.max_tokens or seq.num_tokens >= engine.max_model_len:
+    if num_out >= p.max_tokens or seq.num_tokens >= criteria.max_model_len:
         seq.finish_reason = "length"
 
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from ragserve.engine_args import EngineConfig
 from ragserve_engine.async_engine import AsyncLLM
-from ragserve_engine.config import EngineConfig
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
 
@@ -52,7 +52,7 @@ def test_early_exit_aborts_and_frees_blocks(engine):
         await gen.aclose()
         for _ in range(100):
             await asyncio.sleep(0.05)
-            if engine.stats()["free_blocks"] == engine.stats()["num_blocks"] and not engine.engine.requests:
+            if engine.stats().free_blocks == engine.stats().num_blocks and not engine.engine.requests:
                 return True
         return False
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from ragserve_engine.block_pool import BlockPool, KVEvent
+from ragserve_engine.block_pool import BlockPool, KVEvent, KVSnapshot
 from ragserve_engine.server.events import SNAPSHOT_CHUNK, KVEventLog, to_proto
 
 H = [bytes([i]) * 32 for i in range(10)]
@@ -58,7 +56,7 @@ def test_snapshot_numbers_on_from_the_routers_seq_and_covers_pending_events():
     log = KVEventLog()
     log.on_events([KVEvent("stored", [H[8]], None)])
     assert len(pool.events) == 3  # not yet published to listeners
-    assert log.snapshot(SimpleNamespace(pool=pool), after_seq=41) == 3
+    assert log.snapshot(pool.snapshot(), after_seq=41) == 3
     snap = log.since(41, 100)
     assert [e.seq for e in snap] == [42, 43] and kinds(snap) == ["cleared", "stored"]
     assert set(snap[1].stored.block_hashes) == set(H[:3])
@@ -69,7 +67,7 @@ def test_snapshot_numbers_on_from_the_routers_seq_and_covers_pending_events():
 def test_large_snapshots_are_chunked():
     cached = {i.to_bytes(32, "little"): None for i in range(SNAPSHOT_CHUNK + 5)}
     log = KVEventLog()
-    log.snapshot(SimpleNamespace(pool=SimpleNamespace(cached=cached, events=[])), after_seq=0)
+    log.snapshot(KVSnapshot(list(cached), num_pending_events=0), after_seq=0)
     events = log.since(0, 10)
     assert kinds(events) == ["cleared", "stored", "stored"]
     assert [len(e.stored.block_hashes) for e in events[1:]] == [SNAPSHOT_CHUNK, 5]

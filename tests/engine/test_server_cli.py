@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from ragserve.cli import build_parser
-from ragserve_engine.config import EngineConfig
-from ragserve_engine.server.config import ServerConfig
+from ragserve.engine_args import EngineConfig, ServerConfig
 from tests.helpers.engine_server import start_engine
 
 CONTRACT = (

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 
 from ragserve.v1 import registry_pb2
-from ragserve_engine.block_pool import KVEvent
+from ragserve_engine.block_pool import KVEvent, KVSnapshot
 
 REPLAY_CAPACITY = 100_000  # events
 SNAPSHOT_CHUNK = 4096  # hashes per BlocksStored event of a snapshot
@@ -70,15 +70,15 @@ class KVEventLog:
                 self._append(**kind)
         self._notify()
 
-    def snapshot(self, engine, after_seq: int) -> int:
+    def snapshot(self, snapshot: KVSnapshot, after_seq: int) -> int:
         """AllBlocksCleared + BlocksStored of every cached hash, numbered from after_seq + 1.
 
-        Runs on the step thread (AsyncLLM.call), so no step changes the cache meanwhile.
+        Runs on the step thread (EngineClient.with_kv_snapshot), so no step changes the cache meanwhile.
         Returns the number of hashes.
         """
-        hashes = list(engine.pool.cached)
+        hashes = snapshot.block_hashes
         with self._lock:
-            self._skip = len(engine.pool.events)
+            self._skip = snapshot.num_pending_events
             self._events.clear()
             self.last_seq = after_seq
             self._append(cleared=registry_pb2.AllBlocksCleared())

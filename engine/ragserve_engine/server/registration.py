@@ -16,9 +16,10 @@ from functools import cached_property
 import grpc
 
 from ragserve import __version__
+from ragserve.engine_args import ServerConfig
 from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
-from ragserve_engine.server.config import ServerConfig
+from ragserve_engine.engine_client import EngineClient
 from ragserve_engine.server.events import KVEventLog
 
 log = logging.getLogger("ragserve_engine.registration")
@@ -45,7 +46,7 @@ def make_channel(cfg: ServerConfig) -> grpc.aio.Channel:
 
 
 class RegistrationClient:
-    def __init__(self, cfg: ServerConfig, llm, model_name: str, events: KVEventLog) -> None:
+    def __init__(self, cfg: ServerConfig, llm: EngineClient, model_name: str, events: KVEventLog) -> None:
         self.cfg = cfg
         self.llm = llm
         self.model_name = model_name
@@ -59,16 +60,16 @@ class RegistrationClient:
 
     @cached_property
     def request(self) -> registry_pb2.RegisterRequest:
-        engine, cfg = self.llm.engine, self.cfg
-        tok = engine.tokenizer
+        cfg, info, tok = self.cfg, self.llm.info, self.llm.tokenizer
+        layout = info.layout
         identity = registry_pb2.EngineIdentity(
             engine_id=cfg.engine_id,
             url=cfg.url,
             served_model_name=self.model_name,
-            model_id=engine.model_id,
+            model_id=layout.model_id,
             key_scheme=KEY_SCHEME,
-            block_size=engine.config.block_size,
-            layout_fingerprint=engine.layout.fingerprint(),
+            block_size=layout.block_size,
+            layout_fingerprint=layout.fingerprint(),
             tokenizer_fingerprint=tok.fingerprint(),
             version=__version__,
         )
@@ -77,9 +78,9 @@ class RegistrationClient:
             tokenizer_json=tok.tokenizer_json.encode(),
             chat_template=tok.chat_template or "",
             special_tokens_json=json.dumps(tok.special_tokens),
-            num_blocks=engine.pool.num_blocks,
-            max_model_len=engine.max_model_len,
-            probe_block_hashes=_probe(tok, engine.config.block_size, engine.model_id),
+            num_blocks=info.num_blocks,
+            max_model_len=info.max_model_len,
+            probe_block_hashes=_probe(tok, layout.block_size, layout.model_id),
         )
 
     def start(self) -> None:
@@ -137,7 +138,7 @@ class RegistrationClient:
     async def _resume(self, resume_from_seq: int) -> int:
         """Replay from the router's last applied seq, or send a snapshot numbered right after it."""
         if not self.events.can_replay(resume_from_seq):
-            count = await self.llm.call(lambda engine: self.events.snapshot(engine, resume_from_seq))
+            count = await self.llm.with_kv_snapshot(lambda snap: self.events.snapshot(snap, resume_from_seq))
             log.info("sending a KV snapshot of %d cached blocks", count)
         return resume_from_seq
 
@@ -148,11 +149,11 @@ class RegistrationClient:
             while not sender.done():
                 stats = self.llm.stats()
                 load = registry_pb2.Load(
-                    num_running=stats["num_running"],
-                    num_waiting=stats["num_waiting"],
-                    kv_usage=stats["kv_usage"],
-                    free_blocks=stats["free_blocks"],
-                    total_blocks=stats["num_blocks"],
+                    num_running=stats.num_running,
+                    num_waiting=stats.num_waiting,
+                    kv_usage=stats.kv_usage,
+                    free_blocks=stats.free_blocks,
+                    total_blocks=stats.num_blocks,
                 )
                 request = registry_pb2.HeartbeatRequest(
                     engine_id=self.cfg.engine_id, load=load, last_event_seq=self.events.last_seq

@@ -11,7 +11,7 @@ from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import ChatCompletionRequest
-from ragserve_engine.server.serving import OpenAIServing, stop_holdback, usage
+from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
 from ragserve_engine.server.streaming import ChoiceCursor
 
 OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop

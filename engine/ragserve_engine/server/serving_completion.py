@@ -9,7 +9,7 @@ from ragserve_engine.outputs import CompletionOutput, RequestOutput
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import CompletionRequest
-from ragserve_engine.server.serving import OpenAIServing, stop_holdback, usage
+from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
 from ragserve_engine.server.streaming import ChoiceCursor
 
 

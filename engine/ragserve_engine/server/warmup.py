@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ragserve.keys import block_hashes
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.server.errors import ApiError
 from ragserve_engine.server.protocol import WarmupRequest
+
+if TYPE_CHECKING:
+    from ragserve_engine.kv_cache_manager import KVCacheBlocks
 
 MAX_PINNED_FRACTION = 0.5  # pinning more would starve requests of KV blocks
 
@@ -21,7 +24,11 @@ MAX_PINNED_FRACTION = 0.5  # pinning more would starve requests of KV blocks
 @dataclass
 class Warmup:
     warmup_id: str
-    blocks: list = field(default_factory=list)  # pinned KVCacheBlocks
+    pinned: list[KVCacheBlocks] = field(default_factory=list)  # one per prompt
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(p.num_blocks for p in self.pinned)
 
 
 class WarmupManager:
@@ -31,50 +38,51 @@ class WarmupManager:
 
     @property
     def num_pinned_blocks(self) -> int:
-        return sum(len(w.blocks) for w in self.pinned.values())
+        return sum(w.num_blocks for w in self.pinned.values())
 
     def _prompts(self, req: WarmupRequest) -> list[list[int]]:
-        tokenizer = self.server.llm.engine.tokenizer
+        tokenizer = self.server.llm.tokenizer
         if req.texts:
             return [tokenizer.encode(text) for text in req.texts]
         # prefixes of later chats: no generation prompt, so a request that adds messages extends them
         return [tokenizer.encode_chat([m.render_dict() for m in msgs], False) for msgs in req.messages]
 
     async def warm(self, req: WarmupRequest) -> dict:
-        engine = self.server.llm.engine
+        llm = self.server.llm
+        max_model_len, num_blocks = llm.info.max_model_len, llm.info.num_blocks
         try:
             prompts = self._prompts(req)
         except ValueError as exc:
             raise ApiError(400, str(exc), "invalid_value", "messages" if req.messages else "texts") from None
         for i, p in enumerate(prompts):
-            if not p or len(p) >= engine.max_model_len:
+            if not p or len(p) >= max_model_len:
                 raise ApiError(
-                    400, f"warm-up prompt {i} has {len(p)} tokens; it must have 1 to {engine.max_model_len - 1}",
+                    400, f"warm-up prompt {i} has {len(p)} tokens; it must have 1 to {max_model_len - 1}",
                     "invalid_value",
                 )  # fmt: skip
-        hashes = [block_hashes(p, engine.kv.block_size, engine.kv.root, req.cache_salt) for p in prompts]
-        limit = int(engine.pool.num_blocks * MAX_PINNED_FRACTION)
+        hashes = [llm.hash_blocks(p, req.cache_salt) for p in prompts]
+        limit = int(num_blocks * MAX_PINNED_FRACTION)
         wanted = sum(len(h) for h in hashes)
         if req.pin and self.num_pinned_blocks + wanted > limit:
             raise ApiError(
                 400,
                 f"pinning {wanted} more blocks would pin {self.num_pinned_blocks + wanted} of "
-                f"{engine.pool.num_blocks} KV blocks; at most {limit} may be pinned",
+                f"{num_blocks} KV blocks; at most {limit} may be pinned",
                 "too_many_pinned_blocks",
                 "pin",
             )
         warmup_id = f"warmup-{uuid.uuid4().hex}"
         cached = await asyncio.gather(*(self._prefill(warmup_id, i, p, req.cache_salt) for i, p in enumerate(prompts)))
-        pinned: list[list] = []
+        pinned: list[KVCacheBlocks] = []
         if req.pin:
-            pinned = await self.server.llm.call(lambda e: [e.kv.pin(h) for h in hashes])
-            self.pinned[warmup_id] = Warmup(warmup_id, [b for blocks in pinned for b in blocks])
+            pinned = await llm.pin_prefixes(hashes)
+            self.pinned[warmup_id] = Warmup(warmup_id, pinned)
         items = [
             {
                 "num_tokens": len(p),
                 "num_blocks": len(h),
                 "num_cached_tokens": c,
-                "num_pinned_blocks": len(pinned[i]) if req.pin else 0,
+                "num_pinned_blocks": pinned[i].num_blocks if req.pin else 0,
                 "block_hashes": [x.hex() for x in h],
             }
             for i, (p, h, c) in enumerate(zip(prompts, hashes, cached, strict=True))
@@ -96,9 +104,9 @@ class WarmupManager:
         warmup = self.pinned.pop(warmup_id, None)
         if warmup is None:
             raise ApiError(404, f"no pinned warm-up with id {warmup_id!r}", "not_found", "id")
-        await self.server.llm.call(lambda e: e.kv.unpin(warmup.blocks))
-        return {"id": warmup_id, "object": "warmup.deleted", "deleted": True, "num_unpinned_blocks": len(warmup.blocks)}
+        await self.server.llm.unpin(warmup.pinned)
+        return {"id": warmup_id, "object": "warmup.deleted", "deleted": True, "num_unpinned_blocks": warmup.num_blocks}
 
     def summary(self) -> dict:
-        data = [{"id": w.warmup_id, "num_pinned_blocks": len(w.blocks)} for w in self.pinned.values()]
+        data = [{"id": w.warmup_id, "num_pinned_blocks": w.num_blocks} for w in self.pinned.values()]
         return {"object": "list", "data": data}

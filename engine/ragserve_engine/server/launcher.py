@@ -13,12 +13,11 @@ import signal
 
 import uvicorn
 
+from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.model_source import resolve_model
-from ragserve_engine.config import EngineConfig
-from ragserve_engine.server.app import create_app
-from ragserve_engine.server.config import ServerConfig
+from ragserve_engine.server.engine_server import DRAINING, FAILED, EngineServer
 from ragserve_engine.server.events import KVEventLog
-from ragserve_engine.server.state import DRAINING, FAILED, EngineServer
+from ragserve_engine.server.routes import create_app
 
 log = logging.getLogger("ragserve_engine.server")
 DRAIN_POLL_S = 0.1
@@ -45,15 +44,11 @@ class DrainingServer(uvicorn.Server):
         if server.registration is not None:
             await server.registration.stop(reason)
         deadline = self.loop.time() + server.config.drain_timeout
-        while self._busy() and self.loop.time() < deadline:
+        while server.busy and self.loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
-        if self._busy():
+        if server.busy:
             log.warning("drain timeout: exiting with requests still running")
         self.should_exit = True
-
-    def _busy(self) -> bool:
-        stats = self.server.stats()
-        return self.server.inflight > 0 or bool(stats and (stats["num_running"] or stats["num_waiting"]))
 
 
 async def load(server: EngineServer, uv: DrainingServer) -> None:
@@ -69,10 +64,10 @@ async def load(server: EngineServer, uv: DrainingServer) -> None:
         llm.shutdown()
         return
     server.attach(llm)
-    engine = llm.engine
+    info = llm.info
     log.info(
         "serving %s (model_id %s): %d KV blocks of %d tokens, max_model_len %d",
-        server.model_name, engine.model_id, engine.pool.num_blocks, engine.config.block_size, engine.max_model_len,
+        server.model_name, info.layout.model_id, info.num_blocks, info.layout.block_size, info.max_model_len,
     )  # fmt: skip
     if server.config.router:
         from ragserve_engine.server.registration import RegistrationClient

@@ -47,7 +47,7 @@ class OpenAIServing:
 
     @property
     def tokenizer(self):
-        return self.server.llm.engine.tokenizer
+        return self.server.llm.tokenizer
 
     def header(self, request_id: str, created: int) -> dict:
         return {"id": request_id, "object": self.object_name, "created": created, "model": self.server.model_name}

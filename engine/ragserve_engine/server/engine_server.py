@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ragserve_engine.config import EngineConfig
-from ragserve_engine.server.config import ServerConfig
+from ragserve.engine_args import EngineConfig, ServerConfig
+from ragserve_engine.engine_client import EngineClient, EngineStats
 from ragserve_engine.server.errors import ApiError
 from ragserve_engine.server.metrics import EngineMetrics
 from ragserve_engine.server.serving_chat import ChatServing
 from ragserve_engine.server.serving_completion import CompletionServing
 from ragserve_engine.server.warmup import WarmupManager
+
+if TYPE_CHECKING:
+    from ragserve_engine.server.registration import RegistrationClient
 
 LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
 
@@ -21,10 +25,10 @@ class EngineServer:
     engine_config: EngineConfig
     model_name: str
     metrics: EngineMetrics | None = None
-    llm: object | None = None  # AsyncLLM, set when the model is loaded
+    llm: EngineClient | None = None  # set when the model is loaded
     status: str = LOADING
     inflight: int = 0  # engine requests the HTTP side is waiting on
-    registration: object | None = None  # RegistrationClient with --router
+    registration: RegistrationClient | None = None  # with --router
 
     def __post_init__(self) -> None:
         self.metrics = self.metrics or EngineMetrics(self.model_name)
@@ -32,15 +36,21 @@ class EngineServer:
         self.completion = CompletionServing(self)
         self.warmups = WarmupManager(self)
 
-    def attach(self, llm) -> None:
+    def attach(self, llm: EngineClient) -> None:
         """The model is loaded: start serving it."""
         self.llm = llm
-        engine = llm.engine
-        self.metrics.attach_engine(self.stats, engine.config.block_size, engine.pool.num_blocks)
+        info = llm.info
+        self.metrics.attach_engine(self.stats, info.layout.block_size, info.num_blocks)
         self.status = READY
 
-    def stats(self) -> dict | None:
+    def stats(self) -> EngineStats | None:
         return self.llm.stats() if self.llm is not None else None
+
+    @property
+    def busy(self) -> bool:
+        """Requests still running: the HTTP side waits on some, or the engine has queued work."""
+        stats = self.stats()
+        return self.inflight > 0 or (stats is not None and stats.busy)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ragserve import __version__
+from ragserve_engine.server.engine_server import READY, EngineServer
 from ragserve_engine.server.errors import ApiError, bad_request, install_error_handlers
 from ragserve_engine.server.protocol import (
     ChatCompletionRequest,
@@ -16,7 +17,6 @@ from ragserve_engine.server.protocol import (
     TokenizeRequest,
     WarmupRequest,
 )
-from ragserve_engine.server.state import READY, EngineServer
 from ragserve_engine.server.transport import check_api_key, parse
 
 
@@ -47,7 +47,7 @@ def create_app(server: EngineServer) -> FastAPI:
         authorize(request)
         card = {"id": server.model_name, "object": "model", "created": created, "owned_by": "ragserve"}
         if server.llm is not None:
-            card["max_model_len"] = server.llm.engine.max_model_len
+            card["max_model_len"] = server.llm.info.max_model_len
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.post("/tokenize")
@@ -56,7 +56,7 @@ def create_app(server: EngineServer) -> FastAPI:
         server.check_loaded()
         req = await parse(request, TokenizeRequest, limit)
         server.check_model(req.model)
-        tok = server.llm.engine.tokenizer
+        tok = server.llm.tokenizer
         try:
             if req.messages is not None:
                 messages = [m.render_dict() for m in req.messages]
@@ -65,7 +65,7 @@ def create_app(server: EngineServer) -> FastAPI:
                 tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         except ValueError as exc:
             raise bad_request(exc, "messages") from None
-        return JSONResponse({"count": len(tokens), "max_model_len": server.llm.engine.max_model_len, "tokens": tokens})
+        return JSONResponse({"count": len(tokens), "max_model_len": server.llm.info.max_model_len, "tokens": tokens})
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -73,7 +73,7 @@ def create_app(server: EngineServer) -> FastAPI:
         server.check_loaded()
         req = await parse(request, DetokenizeRequest, limit)
         server.check_model(req.model)
-        tok = server.llm.engine.tokenizer
+        tok = server.llm.tokenizer
         if any(t < 0 or t >= tok.vocab_size for t in req.tokens):
             raise ApiError(400, f"token ids must be in [0, {tok.vocab_size})", "invalid_value", "tokens")
         return JSONResponse({"prompt": tok.decode(req.tokens, skip_special_tokens=False)})

@@ -1,0 +1,93 @@
+"""EngineClient: what the OpenAI server, warm-up and registration may use of a loaded engine (vLLM's name).
+
+AsyncLLM implements it. Torch-free: the server imports this before the model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from ragserve.keys import KVLayout
+
+if TYPE_CHECKING:
+    from ragserve.tokenizer import PromptTokenizer
+    from ragserve_engine.block_pool import KVEvent, KVSnapshot
+    from ragserve_engine.kv_cache_manager import KVCacheBlocks
+    from ragserve_engine.outputs import RequestOutput
+    from ragserve_engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Fixed for the engine's lifetime: its KV layout (model_id, block_size, fingerprint) and capacity."""
+
+    layout: KVLayout
+    max_model_len: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's queues, KV usage and cumulative counters (token counts for the caches)."""
+
+    num_running: int
+    num_waiting: int  # waiting or swapped out
+    kv_usage: float
+    num_blocks: int
+    free_blocks: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.num_running or self.num_waiting)
+
+
+class EngineClient(Protocol):
+    @property
+    def tokenizer(self) -> PromptTokenizer: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
+        """The prefix-cache keys of the full blocks of token_ids."""
+        ...
+
+    def pin_prefixes(self, hashes: list[list[bytes]]) -> Awaitable[list[KVCacheBlocks]]:
+        """Hold the cached prefix of each hash chain so eviction skips it; unpin() releases them."""
+        ...
+
+    def unpin(self, pinned: list[KVCacheBlocks]) -> Awaitable[None]: ...
+
+    def add_kv_event_listener(self, fn: Callable[[list[KVEvent]], None]) -> None:
+        """fn(events) runs on the engine's step thread after every step that produced KV events."""
+        ...
+
+    def with_kv_snapshot(self, fn: Callable[[KVSnapshot], T]) -> Awaitable[T]:
+        """fn(snapshot of the cached blocks) on the step thread, so no KV event happens in between."""
+        ...
+
+    def shutdown(self) -> None: ...
