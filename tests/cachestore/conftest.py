@@ -5,20 +5,17 @@ Everything binds 127.0.0.1 on free ports and is stopped by the test that started
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
-from tests.helpers.cachestore import wait_serving
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
+from tests.helpers.process import start, start_redis, wait_grpc
 
 
 @pytest.fixture
@@ -39,73 +36,45 @@ def make_server():
 
 
 class CacheStoreProcess:
-    """A real `ragserve cachestore` subprocess."""
+    """A real `ragserve cachestore` subprocess on 127.0.0.1:port, its output in `log`."""
 
-    def __init__(self, port: int, *args: str, env: dict | None = None) -> None:
+    def __init__(self, log: Path, port: int, *args: str, env: dict | None = None) -> None:
         self.port, self.address = port, f"127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port), *args]
         if "--metrics-port" not in args:
             cmd += ["--metrics-port", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.process = start("cachestore", cmd, log, env=env)
 
     def wait_serving(self, credentials: grpc.ChannelCredentials | None = None) -> CacheStoreProcess:
-        try:
-            wait_serving(self.address, credentials=credentials)
-        except TimeoutError:
-            self.stop()
-            raise AssertionError(f"cachestore did not start:\n{self.proc.stdout.read()}") from None
+        wait_grpc(self.address, credentials=credentials, proc=self.process)
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.process.stop(sig)
 
 
 @pytest.fixture
-def cachestore_process():
+def cachestore_process(tmp_path_factory):
     """Start `ragserve cachestore` processes: cachestore_process(*flags, port=None) -> CacheStoreProcess (serving)."""
+    logs = tmp_path_factory.mktemp("cachestore-logs")
     started: list[CacheStoreProcess] = []
 
-    def start(*args: str, port: int | None = None, wait: bool = True, env: dict | None = None) -> CacheStoreProcess:
-        proc = CacheStoreProcess(port or free_port(), *args, env=env)
+    def run(*args: str, port: int | None = None, wait: bool = True, env: dict | None = None) -> CacheStoreProcess:
+        proc = CacheStoreProcess(logs / f"cachestore-{len(started)}.log", port or free_port(), *args, env=env)
         started.append(proc)
         return proc.wait_serving() if wait else proc
 
-    yield start
+    yield run
     for proc in started:
         proc.stop()
-        if proc.proc.stdout:
-            proc.proc.stdout.close()
 
 
 @pytest.fixture
-def redis_url(tmp_path):
+def redis_url(tmp_path_factory):
     """A real, throwaway redis-server on a free port (no persistence)."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    client.close()
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    proc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 import signal
 import socket
 import threading
-import time
 
 import grpc
 import pytest
@@ -13,21 +12,13 @@ from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.client import CacheStoreClient, KVBlock
 from ragserve_cachestore.sharding import parse_addresses, rendezvous_owner
 from tests.helpers.cachestore import LAYOUT, chain, kv_blocks
+from tests.helpers.process import until
 
 
 def stored_on(address: str, keys: list[bytes]) -> list[bool]:
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.CacheStoreStub(channel)
         return [stub.Lookup(pb.LookupRequest(layout=LAYOUT, keys=[k]), timeout=5).prefix_len == 1 for k in keys]
-
-
-def wait_until(condition, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_rendezvous_balances_and_moves_only_the_removed_replicas_keys():
@@ -87,7 +78,7 @@ def test_sharding_across_two_processes_then_a_dead_replica_is_skipped_and_used_a
         assert not client.replicas[1].backoff.available()  # skipped without a network call for now
 
         cachestore_process(*disk_only, "--disk-dir", str(tmp_path / "b"), port=b.port)  # same port and disk
-        assert wait_until(lambda: client.lookup(keys) == 64), "restarted replica was not used again"
+        assert until(lambda: client.lookup(keys) == 64, timeout=20, fail=False), "restarted replica was not used again"
         assert client.get(keys) == blocks  # from b's disk tier, across the restart
     finally:
         client.close()

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.keys import KVLayout, store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve_cachestore.client import KVBlock
 from ragserve_cachestore.record import HEADER_SIZE, StoredBlock, checksum
+from tests.helpers.process import wait_grpc as wait_serving  # noqa: F401  (engine tests import it from here)
 
 LAYOUT = KVLayout("model-a", "bfloat16", 16, 2, 2, 16).fingerprint()
 OTHER_LAYOUT = KVLayout("model-b", "bfloat16", 16, 2, 2, 16).fingerprint()
@@ -34,23 +31,6 @@ def kv_blocks(n: int, size: int = 1024, seed: str = "doc") -> list[KVBlock]:
 
 def pb_blocks(blocks: list[KVBlock]) -> list[pb.Block]:
     return [pb.Block(key=b.key, data=b.data, dtype=b.dtype, shape=b.shape, checksum=checksum(b.data)) for b in blocks]
-
-
-def wait_serving(address: str, timeout_s: float = 30.0, credentials: grpc.ChannelCredentials | None = None) -> None:
-    """Block until the standard gRPC health service at `address` reports SERVING."""
-    deadline = time.monotonic() + timeout_s
-    with grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cachestore at {address} not serving after {timeout_s}s")
-            time.sleep(0.1)
 
 
 def dir_bytes(path: Path) -> int:

@@ -13,7 +13,8 @@ import sys
 import httpx
 import pytest
 
-from tests.helpers.stack import ROOT, Up, alive, tiny, wait_gone
+from tests.helpers.process import alive, wait_gone
+from tests.helpers.stack import ROOT, Up, tiny
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 

@@ -11,7 +11,8 @@ import sys
 
 from ragserve.cli import build_parser
 from ragserve.stack.spec import Ports, StackConfig, engine_spec
-from tests.helpers.stack import ROOT, Up, alive, tiny, wait_gone
+from tests.helpers.process import alive, wait_gone
+from tests.helpers.stack import ROOT, Up, tiny
 
 SMALL = ("--engines", "1", "--redis", "off", "--num-gpu-blocks", "64", "--served-model-name", "tiny")
 
