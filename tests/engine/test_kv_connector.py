@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 
-import grpc
 import pytest
 
+from ragserve.tls import channel_credentials
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.cachestore import wait_serving
@@ -99,8 +99,7 @@ def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        creds = grpc.ssl_channel_credentials(certs["ca"].read_bytes(), certs["client_key"].read_bytes(),
-                                             certs["client_cert"].read_bytes())  # fmt: skip
+        creds = channel_credentials(str(certs["ca"]), str(certs["client_cert"]), str(certs["client_key"]))
         wait_serving(f"localhost:{port}", credentials=creds)
         secure = dict(cachestore_tls_ca=str(certs["ca"]), cachestore_tls_cert=str(certs["client_cert"]),
                       cachestore_tls_key=str(certs["client_key"]), cachestore_token_file=str(token))  # fmt: skip

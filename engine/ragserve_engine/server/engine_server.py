@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ragserve.engine_args import EngineConfig, ServerConfig
+from ragserve.http.errors import ApiError
 from ragserve_engine.engine_client import EngineClient, EngineStats
-from ragserve_engine.server.errors import ApiError
 from ragserve_engine.server.metrics import EngineMetrics
 from ragserve_engine.server.serving_chat import ChatServing
 from ragserve_engine.server.serving_completion import CompletionServing

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import uvicorn
 
 from ragserve.engine_args import EngineConfig, ServerConfig
+from ragserve.http.drain import DrainingServer
+from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
 from ragserve_engine.server.engine_server import DRAINING, FAILED, EngineServer
 from ragserve_engine.server.events import KVEventLog
@@ -23,21 +24,19 @@ log = logging.getLogger("ragserve_engine.server")
 DRAIN_POLL_S = 0.1
 
 
-class DrainingServer(uvicorn.Server):
+class EngineHTTPServer(DrainingServer):
+    """Drain: deregister from the router, then wait for running requests (up to --drain-timeout)."""
+
     def __init__(self, config: uvicorn.Config, server: EngineServer) -> None:
         super().__init__(config)
         self.server = server
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.exit_code = 0
 
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.server.status == DRAINING or self.loop is None:
-            self.force_exit = self.should_exit
-            self.should_exit = True
-            return
-        log.info("%s: draining (ready=false), then exiting", signal.Signals(sig).name)
+    def draining(self) -> bool:
+        return self.server.status == DRAINING
+
+    def begin_drain(self, reason: str) -> None:
+        log.info("%s: draining (ready=false), then exiting", reason)
         self.server.status = DRAINING
-        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.drain(signal.Signals(sig).name)))
 
     async def drain(self, reason: str) -> None:
         server = self.server
@@ -48,10 +47,9 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(DRAIN_POLL_S)
         if server.busy:
             log.warning("drain timeout: exiting with requests still running")
-        self.should_exit = True
 
 
-async def load(server: EngineServer, uv: DrainingServer) -> None:
+async def load(server: EngineServer, uv: EngineHTTPServer) -> None:
     from ragserve_engine.async_engine import AsyncLLM  # torch: only once serving
 
     try:
@@ -88,8 +86,7 @@ async def run_server(server: EngineServer) -> int:
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=30,
     )
-    uv = DrainingServer(config, server)
-    uv.loop = asyncio.get_running_loop()
+    uv = EngineHTTPServer(config, server)
     loader = asyncio.create_task(load(server, uv))
     try:
         await uv.serve()
@@ -103,7 +100,7 @@ async def run_server(server: EngineServer) -> int:
 
 
 def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(cfg.log_level)
     source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
     server = EngineServer(cfg, engine_config, source.name)
     log.info("engine %s: http %s:%d, model %s loading", cfg.engine_id, cfg.host, cfg.port, source.name)

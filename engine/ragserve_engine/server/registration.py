@@ -18,6 +18,7 @@ import grpc
 from ragserve import __version__
 from ragserve.engine_args import ServerConfig
 from ragserve.keys import KEY_SCHEME, probe_hashes
+from ragserve.tls import channel_credentials
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_engine.engine_client import EngineClient
 from ragserve_engine.server.events import KVEventLog
@@ -37,11 +38,7 @@ def make_channel(cfg: ServerConfig) -> grpc.aio.Channel:
     ]
     if not cfg.router_tls_ca:
         return grpc.aio.insecure_channel(cfg.router, options=options)
-
-    def read(path: str | None) -> bytes | None:
-        return open(path, "rb").read() if path else None
-
-    creds = grpc.ssl_channel_credentials(read(cfg.router_tls_ca), read(cfg.router_tls_key), read(cfg.router_tls_cert))
+    creds = channel_credentials(cfg.router_tls_ca, cfg.router_tls_cert, cfg.router_tls_key, flags="--router-tls-")
     return grpc.aio.secure_channel(cfg.router, creds, options=options)
 
 

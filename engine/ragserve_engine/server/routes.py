@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ragserve import __version__
+from ragserve.http.auth import ApiKeys, require_api_key
+from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve_engine.server.engine_server import READY, EngineServer
-from ragserve_engine.server.errors import ApiError, bad_request, install_error_handlers
+from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -17,42 +20,38 @@ from ragserve_engine.server.protocol import (
     TokenizeRequest,
     WarmupRequest,
 )
-from ragserve_engine.server.transport import check_api_key, parse
+from ragserve_engine.server.transport import parse
+
+log = logging.getLogger("ragserve_engine.server")
 
 
 def create_app(server: EngineServer) -> FastAPI:
     app = FastAPI(title="ragserve engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
-    install_error_handlers(app)
+    install_error_handlers(app, "engine", log)
     limit = server.config.max_body_bytes
     created = int(time.time())
+    auth = [require_api_key(ApiKeys.single(server.config.api_key))]
 
-    def authorize(request: Request) -> None:
-        check_api_key(request, server.config.api_key)
-
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
-        authorize(request)
         server.check_accepting()
         return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
-        authorize(request)
         server.check_accepting()
         return await server.completion.create(request, await parse(request, CompletionRequest, limit))
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        authorize(request)
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> Response:
         card = {"id": server.model_name, "object": "model", "created": created, "owned_by": "ragserve"}
         if server.llm is not None:
             card["max_model_len"] = server.llm.info.max_model_len
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> Response:
-        authorize(request)
         server.check_loaded()
         req = await parse(request, TokenizeRequest, limit)
         server.check_model(req.model)
@@ -67,9 +66,8 @@ def create_app(server: EngineServer) -> FastAPI:
             raise bad_request(exc, "messages") from None
         return JSONResponse({"count": len(tokens), "max_model_len": server.llm.info.max_model_len, "tokens": tokens})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> Response:
-        authorize(request)
         server.check_loaded()
         req = await parse(request, DetokenizeRequest, limit)
         server.check_model(req.model)
@@ -78,22 +76,19 @@ def create_app(server: EngineServer) -> FastAPI:
             raise ApiError(400, f"token ids must be in [0, {tok.vocab_size})", "invalid_value", "tokens")
         return JSONResponse({"prompt": tok.decode(req.tokens, skip_special_tokens=False)})
 
-    @app.post("/v1/warmup")
+    @app.post("/v1/warmup", dependencies=auth)
     async def warmup(request: Request) -> Response:
-        authorize(request)
         server.check_accepting()
         req = await parse(request, WarmupRequest, limit)
         server.check_model(req.model)
         return JSONResponse(await server.warmups.warm(req))
 
-    @app.get("/v1/warmup")
-    async def warmups(request: Request) -> Response:
-        authorize(request)
+    @app.get("/v1/warmup", dependencies=auth)
+    async def warmups() -> Response:
         return JSONResponse(server.warmups.summary())
 
-    @app.delete("/v1/warmup/{warmup_id}")
-    async def unpin(request: Request, warmup_id: str) -> Response:
-        authorize(request)
+    @app.delete("/v1/warmup/{warmup_id}", dependencies=auth)
+    async def unpin(warmup_id: str) -> Response:
         server.check_loaded()
         return JSONResponse(await server.warmups.release(warmup_id))
 

@@ -8,8 +8,9 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ragserve.http.errors import error_body
 from ragserve_engine.outputs import RequestOutput
-from ragserve_engine.server.errors import bad_request, error_body
+from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.generation import Generation
 from ragserve_engine.server.protocol import SamplingRequest
 from ragserve_engine.server.streaming import EventStreamResponse, sse

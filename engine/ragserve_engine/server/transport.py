@@ -1,9 +1,8 @@
-"""Request plumbing: body-size limit, JSON parsing into pydantic models, API key, client disconnects."""
+"""Request plumbing: body-size limit, JSON parsing into pydantic models, client disconnects."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from typing import TypeVar
 
 from fastapi import Request
@@ -11,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from ragserve.http.body import parse_json_object
 from ragserve.http.body import read_body as _read_body
-from ragserve_engine.server.errors import ApiError, validation_error
+from ragserve.http.errors import ApiError, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,15 +29,6 @@ async def parse(request: Request, model: type[M], limit: int) -> M:
         return model.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-
-
-def check_api_key(request: Request, api_key: str | None) -> None:
-    if not api_key:
-        return
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ragserve.http.errors import ApiError
 from ragserve_engine.sampling_params import SamplingParams
-from ragserve_engine.server.errors import ApiError
 from ragserve_engine.server.protocol import WarmupRequest
 
 if TYPE_CHECKING:
