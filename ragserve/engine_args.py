@@ -9,9 +9,9 @@ import argparse
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import Field, dataclass
 
-from ragserve.config import FromArgs, add_options, fraction, option, parse_bytes, positive_int
+from ragserve.config import FromArgs, add_options, fraction, option, options, parse_bytes, positive_int
 from ragserve.model_source import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -22,6 +22,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
+ENGINE_PORT = 8000
 ENGINE_GROUPS = ("model", "KV cache", "scheduler")
 SERVER_GROUPS = ("server", "cluster")
 
@@ -80,7 +81,7 @@ class EngineConfig(FromArgs):
 @dataclass
 class ServerConfig(FromArgs):
     host: str = option("0.0.0.0", "HTTP bind address", "server")
-    port: int = option(8000, "HTTP port", "server", type=positive_int)
+    port: int = option(ENGINE_PORT, "HTTP port", "server", type=positive_int)
     router: str | None = option(None, "router gRPC registry HOST:PORT to register with", "cluster")
     advertise_url: str | None = option(None, "URL the router sends traffic to (default http://HOST:PORT)", "cluster")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize", "server")
@@ -135,3 +136,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """`ragserve engine`'s server and cluster flags (with the engine's cachestore connection)."""
     add_options(parser, (ServerConfig, EngineConfig), SERVER_GROUPS)
+
+
+def spec_key(name: str) -> str:
+    """Field name -> its camelCase key in the RAGServe CRD and the chart's values: block_size -> blockSize."""
+    first, *rest = name.split("_")
+    return first + "".join(part.capitalize() for part in rest)
+
+
+def spec_options() -> list[tuple[str, Field]]:
+    """(camelCase key, field) of every engine setting a RAGServe pool or a chart pool sets, in field order."""
+    return [(spec_key(f.name), f) for f in options(EngineConfig) if f.metadata["spec"]]

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
-from ragserve_operator.names import ENGINE_PORT, Owner
+from ragserve.engine_args import ENGINE_PORT
+from ragserve.engine_command import EnginePod, engine_command
+from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
 
 STARTUP_TIMEOUT_S = 1800  # model download + load + warm-up
-
-
-def flag(key: str) -> str:
-    """camelCase CRD key -> the engine's CLI flag (blockSize -> --block-size)."""
-    return "--" + re.sub(r"(?<!^)(?=[A-Z])", "-", key).lower()
-
-
-def engine_flags(pool: Pool) -> list[str]:
-    out: list[str] = []
-    for key, value in pool.engine_flags.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag(key) if value else "--no-" + flag(key)[2:])
-        else:
-            out += [flag(key), str(value)]
-    return out
 
 
 def cachestore_addresses(owner: Owner, spec: RAGServeSpec) -> list[str]:
@@ -46,17 +29,18 @@ def model_path(pool: Pool) -> str:
 
 
 def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
-    args = ["engine", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--model", model_path(pool)]
-    if pool.raw.get("servedModelName"):
-        args += ["--served-model-name", pool.raw["servedModelName"]]
-    args += engine_flags(pool)
-    args += ["--router", f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}"]
-    args += ["--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}"]
-    if addresses := cachestore_addresses(owner, spec):
-        args += ["--cachestore", ",".join(addresses)]
-    if pool.raw.get("maxBodyBytes"):
-        args += ["--max-body-bytes", str(pool.raw["maxBodyBytes"])]
-    return args
+    """The pool's `ragserve engine` command line (the pool's extraArgs are appended by pods.container)."""
+    return engine_command(
+        EnginePod(
+            model=model_path(pool),
+            served_model_name=pool.raw.get("servedModelName"),
+            engine=pool.engine_flags,
+            port=ENGINE_PORT,
+            router=f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}",
+            cachestore=tuple(cachestore_addresses(owner, spec)),
+            max_body_bytes=pool.raw.get("maxBodyBytes"),
+        )
+    )
 
 
 def pool_replicas(spec: RAGServeSpec, pool: Pool, current: int | None) -> int | None:

@@ -14,7 +14,6 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
-ENGINE_PORT = 8000
 REDIS_PORT = 6379
 CACHESTORE_METRICS_PORT = 9090
 

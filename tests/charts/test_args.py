@@ -9,7 +9,7 @@ import io
 
 from ragserve.cli import SUBCOMMANDS, build_parser
 from ragserve.config import env_name
-from ragserve_engine.config import EngineConfig, add_engine_arguments
+from ragserve.engine_args import EngineConfig, add_engine_arguments
 
 # Read by ragserve.model_source.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}

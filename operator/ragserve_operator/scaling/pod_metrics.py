@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
+from ragserve.engine_args import ENGINE_PORT
 from ragserve.prom_text import EngineLoad, engine_load
-from ragserve_operator.names import ENGINE_PORT
 
 MAX_BYTES = 4 * 1024 * 1024
 

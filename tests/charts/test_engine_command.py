@@ -1,0 +1,107 @@
+"""One engine command line: the chart's templates/engine/_args.tpl renders, for every value set, exactly what
+ragserve.engine_command.engine_command() (the function the operator calls) builds for the same settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragserve.engine_command import EnginePod, TLSFiles, engine_command
+
+DEFAULTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/ragserve/values.yaml").read_text())
+NAMESPACE, FULLNAME = "ai", "rs-ragserve"  # conftest's release "rs" in namespace "ai"
+EXTRA = {
+    "extra-args-and-drain": {
+        "logLevel": "debug",
+        "engines": [
+            {
+                "name": "p",
+                "model": "m",
+                "extraArgs": ["--seed", "7"],
+                "terminationGracePeriodSeconds": 300,
+                "preStopSleepSeconds": 10,
+                "engine": {"swapSpace": 2.5, "maxModelLen": 4096, "enablePrefixCaching": False},
+            }
+        ],
+    },
+    "no-router-no-cachestore": {"router": {"enabled": False}, "cachestore": {"enabled": False}},
+    "pool-opts-out": {"engines": [{"name": "solo", "model": "m", "registerWithRouter": False, "useCachestore": False}]},
+}
+
+
+def merged(base: dict, override: dict) -> dict:
+    """Maps merge, everything else replaces (Helm's values merge and the chart's ragserve.merge)."""
+    out = dict(base)
+    for key, value in override.items():
+        both_maps = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both_maps else value
+    return out
+
+
+def model_path(pool: dict) -> str:
+    source = pool["modelSource"]
+    if source["type"] != "none" and not pool["model"].startswith("/"):
+        return f"{source['mountPath'].rstrip('/')}/{pool['model']}"
+    return pool["model"]
+
+
+def host(name: str, values: dict) -> str:
+    return f"{FULLNAME}-{name}.{NAMESPACE}.svc.{values['clusterDomain']}"
+
+
+def tls(side: dict, client: str) -> TLSFiles:
+    if not side["tls"]["enabled"]:
+        return TLSFiles()
+    if not side["tls"]["clientAuth"]:
+        return TLSFiles(ca=f"/etc/ragserve/{client}-ca/ca.crt")
+    files = (f"/etc/ragserve/{client}-ca/ca.crt", f"/etc/ragserve/{client}-client/tls.crt")
+    return TLSFiles(*files, f"/etc/ragserve/{client}-client/tls.key")
+
+
+def expected(values: dict, pool: dict) -> list[str]:
+    """engine_command() for a chart pool, with the chart's wiring (Service names, mount paths, grace period)."""
+    router, store = values["router"], values["cachestore"]
+    registers = router["enabled"] and pool["registerWithRouter"]
+    stores = store["enabled"] and pool["useCachestore"]
+    headless = host("cachestore-headless", values)
+    cachestore = [f"{FULLNAME}-cachestore-{i}.{headless}:{store['port']}" for i in range(store["replicas"])]
+    token = store["auth"]["existingSecret"] and f"/etc/ragserve/cachestore-token/{store['auth']['key']}"
+    pod = EnginePod(
+        model=model_path(pool),
+        served_model_name=pool["servedModelName"],
+        engine=pool["engine"],
+        port=pool["port"],
+        router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,
+        router_tls=tls(router, "router"),
+        cachestore=tuple(cachestore) if stores else (),
+        cachestore_tls=tls(store, "cachestore"),
+        cachestore_token_file=token or None,
+        max_body_bytes=pool["maxBodyBytes"],
+        log_level=values["logLevel"],
+        drain_timeout=max(0, pool["terminationGracePeriodSeconds"] - pool["preStopSleepSeconds"] - 5),
+        extra_args=tuple(pool["extraArgs"]),
+    )
+    return engine_command(pod)
+
+
+def check_engine_args(render, user_values: dict) -> None:
+    values = merged(DEFAULTS, user_values)
+    docs = {d["metadata"]["name"]: d for d in render(user_values) if d["kind"] == "Deployment"}
+    for raw in values["engines"]:
+        pool = merged(values["engineDefaults"], raw)
+        (container,) = [
+            c for c in docs[f"{FULLNAME}-engine-{pool['name']}"]["spec"]["template"]["spec"]["containers"]
+            if c["name"] == "engine"
+        ]  # fmt: skip
+        assert container["args"] == expected(values, pool), pool["name"]
+
+
+def test_chart_engine_args_are_engine_command(render, values):
+    check_engine_args(render, values)
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+def test_more_engine_settings(render, name):
+    check_engine_args(render, EXTRA[name])
