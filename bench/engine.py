@@ -55,7 +55,7 @@ def run_ragserve(llm: LLM, w: Workload) -> tuple[float, float]:
         engine.step()
         running = [s for r in engine.scheduler.running for s in r.live_seqs]
         if running and not engine.scheduler.waiting:
-            allocated = (engine.pool.num_blocks - engine.pool.num_free_blocks) * engine.config.block_size
+            allocated = engine.stats().used_blocks * engine.config.block_size
             waste.append(1 - sum(s.num_tokens for s in running) / allocated)
     return time.perf_counter() - t0, sum(waste) / max(1, len(waste))
 
@@ -128,7 +128,7 @@ def bench_fork_blocks(llm: LLM) -> tuple[float, float]:
         top = 0
         while fresh.engine.has_unfinished_requests():
             fresh.engine.step()
-            top = max(top, fresh.engine.pool.num_blocks - fresh.engine.pool.num_free_blocks)
+            top = max(top, fresh.engine.stats().used_blocks)
         return top
 
     indep = peak([SamplingParams(max_tokens=32, ignore_eos=True, seed=i) for i in range(4)])

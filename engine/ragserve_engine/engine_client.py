@@ -46,6 +46,10 @@ class EngineStats:
     external_prefix_cache_hits: int = 0
 
     @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - self.free_blocks
+
+    @property
     def busy(self) -> bool:
         return bool(self.num_running or self.num_waiting)
 

@@ -12,8 +12,8 @@ import pytest
 from ragserve.tls import channel_credentials
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
-from tests.helpers.cachestore import wait_serving
 from tests.helpers.net import free_port
+from tests.helpers.process import wait_grpc
 from tests.helpers.tiny_models import tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -29,7 +29,7 @@ def cachestore():
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
-    wait_serving(address)
+    wait_grpc(address)
     yield address, proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -100,7 +100,7 @@ def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
     )  # fmt: skip
     try:
         creds = channel_credentials(str(certs["ca"]), str(certs["client_cert"]), str(certs["client_key"]))
-        wait_serving(f"localhost:{port}", credentials=creds)
+        wait_grpc(f"localhost:{port}", credentials=creds)
         secure = dict(cachestore_tls_ca=str(certs["ca"]), cachestore_tls_cert=str(certs["client_cert"]),
                       cachestore_tls_key=str(certs["client_key"]), cachestore_token_file=str(token))  # fmt: skip
         a = engine(f"localhost:{port}", **secure)

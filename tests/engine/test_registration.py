@@ -13,9 +13,10 @@ from ragserve import __version__
 from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.model_source import model_fingerprint, resolve_model
 from ragserve.tokenizer import PromptTokenizer
-from tests.helpers.engine_server import MODEL_NAME, start_engine, wait_for
+from tests.helpers.engine_server import MODEL_NAME, start_engine
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
+from tests.helpers.process import until
 from tests.helpers.registration import (
     Recorder,
     complete,
@@ -68,7 +69,7 @@ def test_register_request_carries_the_engine_identity(cluster):
     recorder, engine, _ = cluster
     rec = recorder()
     proc = engine("eng-id", "--advertise-url", "http://10.1.2.3:8000/")
-    wait_for(lambda: registered(rec), what="registration")
+    until(lambda: registered(rec), what="registration")
     req = rec.registers[0]
     path = tiny_model("llama")
     model_id = model_fingerprint(resolve_model(str(path), MODEL_NAME))
@@ -89,7 +90,7 @@ def test_heartbeats_report_load_and_events_build_the_index(cluster):
     recorder, engine, _ = cluster
     rec = recorder()
     proc = engine("eng-hb")
-    wait_for(lambda: len(rec.heartbeats) >= 2, what="heartbeats")
+    until(lambda: len(rec.heartbeats) >= 2, what="heartbeats")
     hb = rec.heartbeats[-1]
     assert hb.engine_id == "eng-hb" and hb.load.total_blocks == 256 and hb.load.free_blocks == 256
     prompts = [prompt_ids(k) for k in range(3)]
@@ -97,7 +98,7 @@ def test_heartbeats_report_load_and_events_build_the_index(cluster):
         complete(proc.url, ids)
     model_id = rec.registers[0].identity.model_id
     want = expected_index(model_id, prompts)
-    wait_for(lambda: index_of(rec, "eng-hb") == want, what="index equal to the engine's cached blocks")
+    until(lambda: index_of(rec, "eng-hb") == want, what="index equal to the engine's cached blocks")
     seqs = [ev.seq for ev in rec.events]
     assert seqs == list(range(1, len(seqs) + 1))
     assert rec.events[0].WhichOneof("event") == "cleared"  # first contact: a (here empty) snapshot
@@ -105,7 +106,7 @@ def test_heartbeats_report_load_and_events_build_the_index(cluster):
     assert chained == []  # each prompt's blocks start at the chain root ...
     stored = [ev.stored for ev in rec.events if ev.WhichOneof("event") == "stored"]
     assert [len(s.block_hashes) for s in stored] == [5, 5, 5]  # ... and arrive as one chain event each
-    wait_for(lambda: rec.heartbeats[-1].last_event_seq == seqs[-1], what="heartbeat carrying the last seq")
+    until(lambda: rec.heartbeats[-1].last_event_seq == seqs[-1], what="heartbeat carrying the last seq")
 
 
 @pytest.mark.parametrize("router_kept_state", [False, True], ids=["router-lost-state", "router-kept-state"])
@@ -115,15 +116,15 @@ def test_reconnect_resyncs_the_index(cluster, router_kept_state):
     proc = engine("eng-rc")
     complete(proc.url, prompt_ids(0))
     model_id = rec.registers[0].identity.model_id
-    wait_for(lambda: index_of(rec, "eng-rc") == expected_index(model_id, [prompt_ids(0)]), what="first events")
+    until(lambda: index_of(rec, "eng-rc") == expected_index(model_id, [prompt_ids(0)]), what="first events")
     stop_recorder()
     complete(proc.url, prompt_ids(1))  # the engine keeps serving while the router is away
     complete(proc.url, prompt_ids(2))
     kept = Recorder(rec.last_seq, rec.index) if router_kept_state else None
     rec2 = recorder(kept)
-    wait_for(lambda: registered(rec2), timeout=60, what="re-registration after the router came back")
+    until(lambda: registered(rec2), timeout=60, what="re-registration after the router came back")
     want = expected_index(model_id, [prompt_ids(k) for k in range(3)])
-    wait_for(lambda: index_of(rec2, "eng-rc") == want, what="index resynced after reconnect")
+    until(lambda: index_of(rec2, "eng-rc") == want, what="index resynced after reconnect")
     if router_kept_state:  # replay: the events missed while away, numbered on from the old stream
         assert rec2.stream_starts[0] == rec.last_seq["eng-rc"] + 1
         assert all(ev.WhichOneof("event") == "stored" for ev in rec2.events)
@@ -139,10 +140,10 @@ def test_unknown_engine_registers_again(cluster):
     complete(proc.url, prompt_ids(5))
     model_id = rec.registers[0].identity.model_id
     want = expected_index(model_id, [prompt_ids(5)])
-    wait_for(lambda: index_of(rec, "eng-fg") == want, what="events")
+    until(lambda: index_of(rec, "eng-fg") == want, what="events")
     rec.forget("eng-fg")
-    wait_for(lambda: registered(rec, 2), what="re-registration after known=false")
-    wait_for(lambda: index_of(rec, "eng-fg") == want, what="snapshot after the router forgot the engine")
+    until(lambda: registered(rec, 2), what="re-registration after known=false")
+    until(lambda: index_of(rec, "eng-fg") == want, what="snapshot after the router forgot the engine")
 
 
 def test_refused_engine_keeps_serving_and_retries(cluster):
@@ -151,7 +152,7 @@ def test_refused_engine_keeps_serving_and_retries(cluster):
     rec.refuse = 3
     proc = engine("eng-refused")
     assert complete(proc.url, prompt_ids(7))["usage"]["completion_tokens"] == 1
-    wait_for(lambda: registered(rec, 4), timeout=60, what="registration after three refusals")
+    until(lambda: registered(rec, 4), timeout=60, what="registration after three refusals")
     assert proc.output().count("REFUSED THIS ENGINE") == 1  # loud, but at most once per 30 s
     assert "test refusal" in proc.output()
 
@@ -160,16 +161,16 @@ def test_sigterm_deregisters_drains_and_exits(cluster):
     recorder, engine, _ = cluster
     rec = recorder()
     proc = engine("eng-term")
-    wait_for(lambda: registered(rec), what="registration")
+    until(lambda: registered(rec), what="registration")
     body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", proc.url + "/v1/completions", json=body, timeout=60) as stream:
         lines = stream.iter_lines()
         assert next(lines).startswith("data: ")
         proc.popen.send_signal(signal.SIGTERM)
-        wait_for(lambda: httpx.get(proc.url + "/ready").status_code == 503, what="not ready")
+        until(lambda: httpx.get(proc.url + "/ready").status_code == 503, what="not ready")
         refused = httpx.post(proc.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-        wait_for(lambda: rec.deregisters, what="deregister")
+        until(lambda: rec.deregisters, what="deregister")
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"  # the running request finished
@@ -188,7 +189,7 @@ def test_mutual_tls_registration(cluster, tmp_path):
     rec = recorder(credentials=credentials)
     tls = ["--router-tls-ca", str(pki["ca"]), "--router-tls-cert", str(pki["client_cert"])]
     proc = engine("eng-tls", *tls, "--router-tls-key", str(pki["client_key"]))
-    wait_for(lambda: registered(rec), what="registration over mutual TLS")
+    until(lambda: registered(rec), what="registration over mutual TLS")
     complete(proc.url, prompt_ids(9))
     want = expected_index(rec.registers[0].identity.model_id, [prompt_ids(9)])
-    wait_for(lambda: index_of(rec, "eng-tls") == want, what="KV events over mutual TLS")
+    until(lambda: index_of(rec, "eng-tls") == want, what="KV events over mutual TLS")

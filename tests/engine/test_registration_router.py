@@ -11,8 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine, wait_for
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine
 from tests.helpers.net import free_port
+from tests.helpers.process import start, until
 
 CHAT = {
     "model": MODEL_NAME,
@@ -40,8 +41,7 @@ def stack(tmp_path):
     def start_router() -> subprocess.Popen:
         argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(http_port)]
         argv += ["--grpc-port", str(grpc_port), "--heartbeat-interval-ms", "300"]
-        log = (tmp_path / f"router-{len(routers)}.log").open("wb")
-        routers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        routers.append(start("router", argv, tmp_path / f"router-{len(routers)}.log").popen)
         return routers[-1]
 
     start_router()
@@ -69,7 +69,7 @@ def hit_through_router(url: str) -> dict:
     """Send the chat twice; the second must be predicted by the router's index exactly as the engine hits."""
     first = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60)
     assert first.status_code == 200, first.text
-    wait_for(lambda: router_metric(url, "ragserve_router_kv_events_total", kind="stored") > 0, what="KV events")
+    until(lambda: router_metric(url, "ragserve_router_kv_events_total", kind="stored") > 0, what="KV events")
     second = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60)
     assert second.headers["x-ragserve-engine"] == "eng-real"
     return second.json()["usage"]
@@ -77,7 +77,7 @@ def hit_through_router(url: str) -> dict:
 
 def test_router_admits_the_engine_and_predicts_its_hits(stack):
     url, engine, start_router, routers = stack
-    wait_for(lambda: engines_ready(url) == 1, timeout=60, what="engine registered with the router")
+    until(lambda: engines_ready(url) == 1, timeout=60, what="engine registered with the router")
     assert router_metric(url, "ragserve_router_registrations_refused_total") == 0
     usage = hit_through_router(url)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
@@ -89,8 +89,8 @@ def test_router_admits_the_engine_and_predicts_its_hits(stack):
     routers[-1].send_signal(signal.SIGTERM)  # a router restart loses the in-memory index
     assert routers[-1].wait(30) == 0
     start_router()
-    wait_for(lambda: engines_ready(url) == 1, timeout=60, what="engine re-registered after the router restart")
-    wait_for(lambda: router_metric(url, "ragserve_router_kv_events_total", kind="stored") > 0, what="snapshot")
+    until(lambda: engines_ready(url) == 1, timeout=60, what="engine re-registered after the router restart")
+    until(lambda: router_metric(url, "ragserve_router_kv_events_total", kind="stored") > 0, what="snapshot")
     resp = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60)
     assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
     assert router_metric(url, "ragserve_router_predicted_cached_tokens_total", engine="eng-real") == cached

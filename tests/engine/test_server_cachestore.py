@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.cachestore import wait_serving
-from tests.helpers.engine_server import metric, scrape, start_engine, wait_for
+from tests.helpers.engine_server import metric, scrape, start_engine
 from tests.helpers.net import free_port
+from tests.helpers.process import until, wait_grpc
 
 CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks
 
@@ -27,7 +27,7 @@ def cachestore():
          "--memory", "256MiB", "--metrics-port", str(metrics_port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    wait_serving(f"127.0.0.1:{port}")
+    wait_grpc(f"127.0.0.1:{port}")
     yield f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
@@ -53,7 +53,7 @@ def test_peer_blocks_show_as_external_hits(tmp_path, cachestore):
             proc.wait_ready()
         a, b = engines
         assert complete(a.url, [*CONTEXT, 11, 12])["prompt_tokens_details"]["cached_tokens"] == 0
-        wait_for(lambda: puts(metrics_url) >= 20, what="engine A's blocks offloaded to the cachestore")
+        until(lambda: puts(metrics_url) >= 20, what="engine A's blocks offloaded to the cachestore")
         usage = complete(b.url, [*CONTEXT, 21, 22, 23])
         assert usage["prompt_tokens_details"]["cached_tokens"] == 20 * 16
         samples = scrape(b.url)

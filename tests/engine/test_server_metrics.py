@@ -6,7 +6,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, scrape, start_engine, wait_for
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, scrape, start_engine
+from tests.helpers.process import until
 
 BLOCKS = 256
 
@@ -82,7 +83,7 @@ def test_stream_disconnect_aborts_and_frees_blocks(sdk, engine):
     assert metric(busy, "vllm:num_requests_running") == 1
     assert metric(busy, "vllm:kv_cache_usage_perc") > 0
     stream.close()
-    wait_for(lambda: idle(engine), what="blocks freed after the client disconnected")
+    until(lambda: idle(engine), what="blocks freed after the client disconnected")
     after = scrape(engine.url)
     generated = metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert 3 <= generated < 3000
@@ -96,7 +97,7 @@ def test_non_stream_disconnect_aborts(engine):
     body = {"prompt": LONG_CONTEXT, "max_tokens": 3000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(engine.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
-    wait_for(lambda: idle(engine), what="blocks freed after the client gave up")
+    until(lambda: idle(engine), what="blocks freed after the client gave up")
     after = scrape(engine.url)
     generated = metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated < 3000
