@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import threading
 
 from ragserve.config import add_flag, parse_bytes, positive_int
+from ragserve.logs import setup_logging
 
 DEFAULT_PORT = 50061
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

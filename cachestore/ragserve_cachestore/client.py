@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
+from ragserve.tls import channel_credentials
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.record import block_error, checksum, key_error, layout_error
@@ -48,10 +48,8 @@ class TLSConfig:
     key_file: str | None = None
 
     def credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None) -> bytes | None:
-            return Path(path).read_bytes() if path else None
-
-        return grpc.ssl_channel_credentials(read(self.ca_file), read(self.key_file), read(self.cert_file))
+        # the engine's --cachestore-tls-* flags are where these files come from
+        return channel_credentials(self.ca_file, self.cert_file, self.key_file, flags="--cachestore-tls-")
 
 
 class Replica:

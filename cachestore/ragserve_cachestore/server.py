@@ -6,12 +6,12 @@ import argparse
 import logging
 from concurrent import futures
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ragserve.tls import server_credentials
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.auth import TokenAuthInterceptor, read_token
@@ -78,21 +78,6 @@ def build_store(config: CacheStoreConfig) -> TieredStore:
     return TieredStore(tiers)
 
 
-def _read(path: str, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc}") from None
-
-
-def server_credentials(config: CacheStoreConfig) -> grpc.ServerCredentials | None:
-    if not config.tls_cert:
-        return None
-    pair = (_read(config.tls_key, "--tls-key"), _read(config.tls_cert, "--tls-cert"))
-    client_ca = _read(config.tls_client_ca, "--tls-client-ca") if config.tls_client_ca else None
-    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
-
-
 class CacheStoreServer:
     """`start()` binds and serves (returns the bound port); `stop()` shuts everything down."""
 
@@ -122,7 +107,7 @@ class CacheStoreServer:
     def start(self) -> int:
         c = self.config
         address = f"[{c.host}]:{c.port}" if ":" in c.host else f"{c.host}:{c.port}"
-        creds = server_credentials(c)
+        creds = server_credentials(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
         try:
             port = self._server.add_secure_port(address, creds) if creds else self._server.add_insecure_port(address)
         except RuntimeError as exc:
