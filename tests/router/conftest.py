@@ -6,34 +6,25 @@ Every process binds 127.0.0.1 on a free port and is stopped by the fixture that 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.helpers import process
+from tests.helpers.net import free_port
+
 FAKE_ENGINE = Path(__file__).parents[1] / "helpers" / "fake_engine.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    port: int
+class Server(process.Proc):
+    """A process serving HTTP on `port` (and the router's gRPC registry on `grpc_port`)."""
+
+    port: int = 0
     grpc_port: int = 0
 
     @property
@@ -44,22 +35,6 @@ class Proc:
     def grpc(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        if self.alive():
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        return self.popen.returncode
-
 
 class Cluster:
     """Starts processes and stops them all at teardown."""
@@ -67,31 +42,20 @@ class Cluster:
     def __init__(self, tmp: Path, model_dir: Path) -> None:
         self.tmp = tmp
         self.model_dir = model_dir
-        self.procs: list[Proc] = []
+        self.procs: list[process.Proc] = []
 
-    def _spawn(self, name: str, argv: list[str], port: int, grpc_port: int = 0, env: dict | None = None) -> Proc:
+    def _spawn(self, name: str, argv: list[str], port: int, grpc_port: int = 0, env: dict | None = None) -> Server:
         log = self.tmp / f"{name}-{len(self.procs)}.log"
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        with log.open("wb") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=self.tmp)
-        proc = Proc(name, popen, log, port, grpc_port)
-        self.procs.append(proc)
-        return proc
+        proc = process.start(name, argv, log, env=full_env, cwd=self.tmp)
+        server = Server(proc.name, proc.popen, proc.log, port, grpc_port)
+        self.procs.append(server)
+        return server
 
-    def wait_http(self, proc: Proc, path: str = "/health", timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()}")
-            try:
-                if httpx.get(proc.url + path, timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{proc.name} did not come up:\n{proc.output()}")
+    def wait_http(self, proc: Server, timeout: float = 60) -> None:
+        process.wait_http(proc.url + "/health", proc=proc, timeout=timeout)
 
-    def router(self, *flags: str, env: dict | None = None, wait: bool = True, name: str = "router") -> Proc:
+    def router(self, *flags: str, env: dict | None = None, wait: bool = True, name: str = "router") -> Server:
         port, grpc_port = free_port(), free_port()
         argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--grpc-port", str(grpc_port), *flags]
@@ -100,7 +64,7 @@ class Cluster:
             self.wait_http(proc)
         return proc
 
-    def engine(self, engine_id: str, *flags: str, router: Proc | None = None, port: int | None = None) -> Proc:
+    def engine(self, engine_id: str, *flags: str, router: Server | None = None, port: int | None = None) -> Server:
         port = port or free_port()
         argv = [sys.executable, str(FAKE_ENGINE), "--port", str(port), "--engine-id", engine_id]
         argv += ["--model-dir", str(self.model_dir), *flags]
@@ -110,7 +74,7 @@ class Cluster:
         self.wait_http(proc)
         return proc
 
-    def real_engines(self, router: Proc, count: int, *flags: str, ports: list[int] | None = None) -> list[Proc]:
+    def real_engines(self, router: Server, count: int, *flags: str, ports: list[int] | None = None) -> list[Server]:
         """Real `ragserve engine` processes on the tiny test model, registered with the router."""
         procs = []
         for i in range(count):
@@ -124,23 +88,9 @@ class Cluster:
         return procs
 
     def redis(self) -> str:
-        if shutil.which("redis-server") is None:
-            pytest.skip("redis-server is not installed")
-        port = free_port()
-        data = self.tmp / f"redis-{port}"
-        data.mkdir()
-        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        proc = self._spawn("redis", [*argv, "--dir", str(data)], port)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return f"redis://127.0.0.1:{port}/0"
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"redis-server did not start:\n{proc.output()}")
+        proc, url = process.start_redis(self.tmp)
+        self.procs.append(proc)
+        return url
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -168,20 +118,14 @@ def module_cluster(tmp_path_factory, model_dir):
     c.stop_all()
 
 
-def wait_until(predicate, timeout: float = 20, interval: float = 0.05, message: str = "condition"):
-    """Poll predicate until truthy (returns its value); fails the test after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {message}")
-
-
 @pytest.fixture
 def until():
-    return wait_until
+    """Poll a predicate until truthy (returns its value); fails the test after `timeout`."""
+
+    def wait(predicate, timeout: float = 20, interval: float = 0.05, message: str = "condition"):
+        return process.until(predicate, timeout=timeout, interval=interval, what=message)
+
+    return wait
 
 
 @pytest.fixture(scope="session")
