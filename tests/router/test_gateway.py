@@ -54,6 +54,12 @@ def chat(model="tiny", text="hello", **extra) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2, **extra}
 
 
+def stream_chat(router):
+    """A streamed chat completion through the router (a context manager yielding the response)."""
+    url, headers = router.url + "/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
+    return httpx.stream("POST", url, json=chat(stream=True), headers=headers, timeout=30)
+
+
 def test_models_is_the_union_and_requests_go_to_engines_serving_the_model(gw):
     router, tiny, other = gw
     listed = httpx.get(router.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
@@ -148,13 +154,7 @@ def test_sse_is_relayed_chunk_by_chunk(gw):
     router, tiny, _ = gw
     httpx.post(tiny.url + "/control/hold")
     try:
-        with httpx.stream(
-            "POST",
-            router.url + "/v1/chat/completions",
-            json=chat(stream=True),
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=30,
-        ) as resp:
+        with stream_chat(router) as resp:
             assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
             lines = resp.iter_lines()
             first = next(line for line in lines if line)
@@ -171,13 +171,7 @@ def test_client_disconnect_cancels_the_upstream_stream(gw, until):
     aborted = httpx.get(tiny.url + "/control/stats").json()["aborted"]
     httpx.post(tiny.url + "/control/hold")
     try:
-        with httpx.stream(
-            "POST",
-            router.url + "/v1/chat/completions",
-            json=chat(stream=True),
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=30,
-        ) as resp:
+        with stream_chat(router) as resp:
             next(line for line in resp.iter_lines() if line)
         # the client hung up mid-stream; the router must close the engine's stream too
         until(lambda: httpx.get(tiny.url + "/control/stats").json()["aborted"] > aborted, message="upstream abort")
@@ -192,13 +186,7 @@ def test_concurrent_streams_are_not_serialized(gw):
     firsts: list[str] = []
 
     def one():
-        with httpx.stream(
-            "POST",
-            router.url + "/v1/chat/completions",
-            json=chat(stream=True),
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=30,
-        ) as resp:
+        with stream_chat(router) as resp:
             lines = resp.iter_lines()
             firsts.append(next(line for line in lines if line))
             list(lines)
