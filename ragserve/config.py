@@ -31,6 +31,10 @@ _UNITS = {
 }
 
 
+# What parse_bytes() accepts, as a JSON-schema pattern (the RAGServe CRD's sizes).
+SIZE_PATTERN = r"^[0-9]*\.?[0-9]+ *([kKmMgGtT]([iI]?[bB])?|[bB])?$"
+
+
 def parse_bytes(text: str | int) -> int:
     """'4GiB', '512MiB', '1.5GB', '1048576' -> bytes."""
     if isinstance(text, int):
@@ -89,10 +93,12 @@ def option(
     type: Callable[[str], Any] | None = None,
     choices: tuple | None = None,
     spec: bool = False,
+    schema: dict[str, Any] | None = None,
 ) -> Any:
     """A dataclass field that is also the flag --<field-name> in argument group `group` (a bool field gets
-    --no-<flag> too). `spec`: also a camelCase setting of the RAGServe CRD and the chart's values."""
-    metadata = {"help": help, "group": group, "type": type, "choices": choices, "spec": spec}
+    --no-<flag> too). `spec`: also a camelCase setting of the RAGServe CRD and the chart's values, with
+    `schema`'s JSON-schema keywords added to what the type and choices say (e.g. an enum checked after parsing)."""
+    metadata = {"help": help, "group": group, "type": type, "choices": choices, "spec": spec, "schema": schema or {}}
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -34,9 +34,11 @@ class EngineConfig(FromArgs):
     dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
     seed: int = option(0, "global seed", "model", type=int)
-    block_size: int = option(16, "tokens per KV block", "KV cache", type=positive_int, spec=True)
+    block_size: int = option(
+        16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}
+    )
     num_gpu_blocks: int | None = option(
-        None, "KV blocks (overrides memory budget)", "KV cache", type=positive_int, spec=True
+        None, "KV blocks (overrides memory budget)", "KV cache", type=positive_int, spec=True, schema={"minimum": 2}
     )
     kv_cache_memory: int | None = option(None, "KV cache bytes, e.g. 2GiB", "KV cache", type=parse_bytes, spec=True)
     gpu_memory_utilization: float = option(0.9, "fraction of GPU memory to use", "KV cache", type=fraction, spec=True)
@@ -50,7 +52,9 @@ class EngineConfig(FromArgs):
     preemption_mode: str = option(
         "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
     )
-    swap_space: float = option(1.0, "GiB of host memory for swap preemption", "scheduler", type=float, spec=True)
+    swap_space: float = option(
+        1.0, "GiB of host memory for swap preemption", "scheduler", type=float, spec=True, schema={"minimum": 0}
+    )
     scheduling_policy: str = option("fcfs", "queue order", "scheduler", choices=SCHEDULING_POLICIES, spec=True)
     # the engine's cachestore connector offloads and fetches KV blocks; its flags sit with the server's
     cachestore: str | None = option(None, "shared KV-block store HOST:PORT[,HOST:PORT...]", "cluster")

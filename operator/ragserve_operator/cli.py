@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from importlib import resources
 
 from ragserve.config import add_flag
 
@@ -37,7 +36,9 @@ def namespaces_of(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.print_crd:
-        sys.stdout.write(resources.files("ragserve_operator").joinpath("crd.yaml").read_text())
+        from ragserve_operator.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
         return 0
     namespaces = namespaces_of(args)
     if args.kubeconfig:

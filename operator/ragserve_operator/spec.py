@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import jsonschema
-import yaml
 
 from ragserve.config import parse_bytes
+from ragserve_operator.crd import crd
 
 GROUP = "ragserve.dev"
 VERSION = "v1alpha1"
@@ -45,11 +43,6 @@ POOL_RULES: list[tuple[str, Any]] = [
 
 class SpecError(ValueError):
     """An invalid RAGServe spec; the message says what to fix."""
-
-
-@functools.cache
-def crd() -> dict:
-    return yaml.safe_load(resources.files(__package__).joinpath("crd.yaml").read_text())
 
 
 def spec_schema() -> dict:

@@ -1,0 +1,34 @@
+"""The chart's engine settings cannot drift from the engine's: values.yaml's engineDefaults.engine and the
+values.schema.json that constrains it have the keys, defaults and allowed values of ragserve.engine_args
+(the same source the RAGServe CRD is generated from)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
+
+
+def engine_schema(chart_dir) -> dict:
+    schema = json.loads((chart_dir / "values.schema.json").read_text())
+    return schema["definitions"]["enginePool"]["properties"]["engine"]["properties"]
+
+
+def test_values_have_every_engine_setting_with_the_engines_default(chart_dir):
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())["engineDefaults"]["engine"]
+    assert list(values) == [key for key, _ in spec_options()]
+    for key, f in spec_options():
+        assert values[key] == getattr(EngineConfig(), f.name), key
+
+
+def test_schema_allows_what_the_engine_allows(chart_dir):
+    schema = engine_schema(chart_dir)
+    assert list(schema) == [key for key, _ in spec_options()]
+    assert schema["blockSize"]["enum"] == list(BLOCK_SIZES)
+    for key, f in spec_options():
+        expected = f.metadata["choices"] or f.metadata["schema"].get("enum")
+        assert schema[key].get("enum") == (list(expected) if expected else None), key
+        if "minimum" in f.metadata["schema"]:
+            assert schema[key]["minimum"] == f.metadata["schema"]["minimum"], key
