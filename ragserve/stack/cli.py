@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 from ragserve.config import add_flag, parse_bytes, positive_int
+from ragserve.engine_args import add_engine_arguments
 from ragserve.stack.spec import LOG_LEVELS, POLICIES
-from ragserve_engine.config import add_engine_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,15 +9,28 @@ import socket
 import sys
 from dataclasses import dataclass, field, fields
 
+from ragserve.engine_args import LOG_LEVELS, EngineConfig
 from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
-from ragserve_engine.config import EngineConfig
-from ragserve_router.policies import POLICIES
 
 LOOPBACK = "127.0.0.1"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 # engine flags `ragserve up` sets itself, per engine
 ENGINE_OWN = {"model", "served_model_name"}
+
+
+def router_policies() -> tuple[str, ...]:
+    """The router's registered policy names; none where the router is not installed (an engine image): `up`
+    cannot run there, but every other command must still parse."""
+    try:
+        from ragserve_router.policies import POLICIES
+    except ModuleNotFoundError as exc:
+        if exc.name != "ragserve_router":
+            raise
+        return ()
+    return tuple(POLICIES)
+
+
+POLICIES = router_policies()
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -54,6 +67,7 @@ class StackConfig:
 
     def __post_init__(self) -> None:
         checks = [
+            (bool(POLICIES), "ragserve up starts a router: install ragserve-router"),
             (self.engines >= 1, f"--engines must be >= 1, got {self.engines}"),
             (self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}"),
             (

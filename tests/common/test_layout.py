@@ -28,6 +28,19 @@ SOURCE_ROOTS = {
 }
 TORCH_FREE = ("ragserve", "ragserve_router", "ragserve_cachestore", "ragserve_operator")
 IMPORT_ALL = ROOT / "tests" / "helpers" / "import_all.py"
+# what each image leaves out (Dockerfile.engine: core + engine; Dockerfile: core + router, cachestore, operator)
+IMAGES = {
+    "engine": ("ragserve_router", "ragserve_cachestore", "ragserve_operator"),
+    "torch-free": ("ragserve_engine",),
+}
+HIDE = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {absent}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Absent())
+"""
 
 
 def module_files(package: str) -> dict[str, Path]:
@@ -82,3 +95,11 @@ def test_torch_free_packages_never_import_torch(package):
 def test_engine_never_imports_the_router():
     pulled_by = imported("ragserve_engine")["pulled_by"]
     assert "ragserve_router" not in pulled_by, f"{pulled_by['ragserve_router']} imports the router"
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_the_cli_parses_where_only_some_components_are_installed(image):
+    absent = IMAGES[image]
+    code = HIDE.format(absent=absent) + "from ragserve.cli import build_parser; build_parser().parse_args(['info'])"
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
