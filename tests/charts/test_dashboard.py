@@ -12,7 +12,8 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from ragserve.prom_text import metric_types, samples
 
 OWNERS = {"vllm:": "engine", "ragserve_router_": "router", "ragserve_cachestore_": "cachestore"}
 NOT_OURS = {"up", "DCGM_FI_DEV_GPU_UTIL"}  # Prometheus' own series; the NVIDIA DCGM exporter's
@@ -98,11 +99,11 @@ def chart_queries(render, scenarios, chart_dir) -> list[str]:
 def exported(text: str) -> dict[str, set[str] | None]:
     """Sample names a /metrics page exports -> label names seen (None: declared, no sample yet)."""
     out: dict[str, set[str] | None] = {}
-    for family in text_string_to_metric_families(text):
-        for suffix in SUFFIXES.get(family.type, [""]):
-            out.setdefault(family.name + suffix, None)
-        for sample in family.samples:
-            out[sample.name] = (out.get(sample.name) or set()) | set(sample.labels)
+    for family, kind in metric_types(text).items():
+        for suffix in SUFFIXES.get(kind, [""]):
+            out.setdefault(family + suffix, None)
+    for sample in samples(text):
+        out[sample.name] = (out.get(sample.name) or set()) | set(sample.labels)
     return out
 
 

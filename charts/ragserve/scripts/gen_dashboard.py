@@ -12,9 +12,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragserve import metric_names as m
+from ragserve.metric_names import total
+
 OUT = Path(__file__).resolve().parent.parent / "files" / "dashboard.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-ENGINE = 'namespace="$namespace", model_name=~"$model"'
+ENGINE = f'namespace="$namespace", {m.MODEL_NAME_LABEL}=~"$model"'
 NS = 'namespace="$namespace"'
 RATE = "[$__rate_interval]"
 
@@ -47,12 +50,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
         [
             Panel(
                 "Time to first token (engine)",
-                [(f"p{int(q * 100)}", quantile(q, "vllm:time_to_first_token_seconds")) for q in (0.5, 0.9, 0.99)],
+                [(f"p{int(q * 100)}", quantile(q, m.TIME_TO_FIRST_TOKEN)) for q in (0.5, 0.9, 0.99)],
                 "s",
             ),
             Panel(
                 "Inter-token latency",
-                [(f"p{int(q * 100)}", quantile(q, "vllm:inter_token_latency_seconds")) for q in (0.5, 0.9, 0.99)],
+                [(f"p{int(q * 100)}", quantile(q, m.INTER_TOKEN_LATENCY)) for q in (0.5, 0.9, 0.99)],
                 "s",
             ),
             Panel(
@@ -66,7 +69,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
             ),
             Panel(
                 "End-to-end request latency",
-                [(f"p{int(q * 100)}", quantile(q, "vllm:e2e_request_latency_seconds")) for q in (0.5, 0.99)],
+                [(f"p{int(q * 100)}", quantile(q, m.E2E_REQUEST_LATENCY)) for q in (0.5, 0.99)],
                 "s",
             ),
         ],
@@ -77,23 +80,24 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "Requests running / waiting",
                 [
-                    ("running {{pod}}", f"sum by (pod) (vllm:num_requests_running{{{ENGINE}}})"),
-                    ("waiting {{pod}}", f"sum by (pod) (vllm:num_requests_waiting{{{ENGINE}}})"),
+                    ("running {{pod}}", f"sum by (pod) ({m.NUM_REQUESTS_RUNNING}{{{ENGINE}}})"),
+                    ("waiting {{pod}}", f"sum by (pod) ({m.NUM_REQUESTS_WAITING}{{{ENGINE}}})"),
                 ],
             ),
             Panel(
                 "KV cache usage",
-                [("{{pod}}", f"max by (pod) (vllm:kv_cache_usage_perc{{{ENGINE}}})")],
+                # a pod's KV usage is its highest series (ragserve.prom_text), as the operator and router read it
+                [("{{pod}}", f"max by (pod) ({m.KV_CACHE_USAGE}{{{ENGINE}}})")],
                 "percentunit",
                 "Above 85 % for 5 minutes raises RagserveKVCacheUsageHigh.",
                 [0.85],
             ),
-            Panel("Preemptions", [("{{pod}}", rate("vllm:num_preemptions_total", ENGINE, "pod"))], "ops"),
+            Panel("Preemptions", [("{{pod}}", rate(total(m.NUM_PREEMPTIONS), ENGINE, "pod"))], "ops"),
             Panel(
                 "Token throughput",
                 [
-                    ("prompt", rate("vllm:prompt_tokens_total", ENGINE)),
-                    ("generation", rate("vllm:generation_tokens_total", ENGINE)),
+                    ("prompt", rate(total(m.PROMPT_TOKENS), ENGINE)),
+                    ("generation", rate(total(m.GENERATION_TOKENS), ENGINE)),
                 ],
                 "short",
                 "Tokens per second, all engines.",
@@ -106,10 +110,10 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "Prefix cache hit rate (tokens)",
                 [
-                    ("local", ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")),
+                    ("local", ratio(total(m.PREFIX_CACHE_HITS), total(m.PREFIX_CACHE_QUERIES))),
                     (
                         "external (cachestore)",
-                        ratio("vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total"),
+                        ratio(total(m.EXTERNAL_PREFIX_CACHE_HITS), total(m.EXTERNAL_PREFIX_CACHE_QUERIES)),
                     ),
                 ],
                 "percentunit",
@@ -230,8 +234,11 @@ def dashboard() -> dict:
         "templating": {
             "list": [
                 datasource,
-                variable("namespace", "label_values(vllm:num_requests_running, namespace)"),
-                variable("model", 'label_values(vllm:num_requests_running{namespace="$namespace"}, model_name)'),
+                variable("namespace", f"label_values({m.NUM_REQUESTS_RUNNING}, namespace)"),
+                variable(
+                    "model",
+                    f'label_values({m.NUM_REQUESTS_RUNNING}{{namespace="$namespace"}}, {m.MODEL_NAME_LABEL})',
+                ),
             ]
         },
         "panels": panels,
