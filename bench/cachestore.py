@@ -15,6 +15,7 @@ uses a 1,024-token context; `--skip-engine` runs part 1 only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -23,22 +24,18 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import grpc
 
 from ragserve.keys import KVLayout
+from ragserve.stack.spec import free_port
 from ragserve_cachestore.client import CacheStoreClient, KVBlock
 
 BLOCK_SHAPE = (30, 2, 16, 3, 64)  # layers, K/V, tokens, KV heads, head dim (bf16)
 BLOCK_BYTES = 30 * 2 * 16 * 3 * 64 * 2
 LAYOUT = KVLayout("bench-smollm2-135m", "bfloat16", 16, 30, 3, 64).fingerprint()
 CHUNK = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- raw socket baseline: a peer process that sinks (put) or sources (get) N bytes -------------------------
@@ -98,10 +95,20 @@ def socket_get(port: int, total: int) -> list[bytes]:
 # -- gRPC: a real `ragserve cachestore` process -------------------------------------------------------------
 
 
-def start_cachestore(port: int, memory: int) -> subprocess.Popen:
+@contextlib.contextmanager
+def running_cachestore(port: int, memory: int) -> Iterator[str]:
+    """A `ragserve cachestore` process on 127.0.0.1:port, yielded once it accepts connections; stopped on exit."""
     cmd = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--memory", str(memory), "--metrics-port", "0", "--log-level", "WARNING"]
-    return subprocess.Popen(cmd)
+    store = subprocess.Popen(cmd)
+    address = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        yield address
+    finally:
+        store.terminate()
+        store.wait(15)
 
 
 def make_blocks(n: int, run: int) -> list[KVBlock]:
@@ -133,12 +140,11 @@ def main() -> int:
     ready = multiprocessing.get_context("spawn").Event()
     peer = multiprocessing.get_context("spawn").Process(target=socket_peer, args=(sock_port, ready), daemon=True)
     peer.start()
-    store = start_cachestore(grpc_port, memory=(repeats + 1) * total * 2)
-    client = CacheStoreClient([f"127.0.0.1:{grpc_port}"], LAYOUT, timeout_s=120)
-    try:
+    with (
+        running_cachestore(grpc_port, memory=(repeats + 1) * total * 2) as address,
+        CacheStoreClient([address], LAYOUT, timeout_s=120) as client,
+    ):
         ready.wait(30)
-        with grpc.insecure_channel(client.addresses[0]) as channel:
-            grpc.channel_ready_future(channel).result(timeout=60)
         results = {k: float("inf") for k in ("grpc put", "grpc get", "socket put", "socket get")}
         warm = make_blocks(n, -1)
         client.put(warm)
@@ -158,10 +164,6 @@ def main() -> int:
             t, got = timed(lambda: socket_get(sock_port, total))
             assert len(got) == n
             results["socket get"] = min(results["socket get"], t)
-    finally:
-        client.close()
-        store.terminate()
-        store.wait(15)
         with socket.create_connection(("127.0.0.1", sock_port)) as conn:
             conn.sendall(struct.pack("<cQ", b"q", 0))
         peer.join(10)
@@ -185,12 +187,7 @@ def fetch_vs_recompute(context_tokens: int) -> None:
     from ragserve_engine.llm import LLM
     from ragserve_engine.sampling_params import SamplingParams
 
-    port = free_port()
-    store = start_cachestore(port, memory=2 << 30)
-    address = f"127.0.0.1:{port}"
-    try:
-        with grpc.insecure_channel(address) as channel:
-            grpc.channel_ready_future(channel).result(timeout=60)
+    with running_cachestore(free_port(), memory=2 << 30) as address:
         rng = random.Random(0)
         context = [rng.randrange(100, 49000) for _ in range(context_tokens)]
         one = SamplingParams(temperature=0.0, max_tokens=1)
@@ -213,9 +210,6 @@ def fetch_vs_recompute(context_tokens: int) -> None:
         )
         print(f"{'recompute':<22}{t_recompute:>10.3f}")
         print(f"ratio: fetch TTFT is {t_recompute / t_fetch:.1f}x faster than recompute (target >= 10x)")
-    finally:
-        store.terminate()
-        store.wait(15)
 
 
 if __name__ == "__main__":

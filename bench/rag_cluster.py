@@ -249,6 +249,15 @@ def markdown(results: list[ConfigResult], args) -> str:
     return head + "\n".join(rows) + "\n" + foot
 
 
+def _save(fig, ax, ylabel: str, title: str, path: Path) -> Path:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def plot(results: list[ConfigResult], out: Path, stem: str) -> list[Path]:
     import matplotlib
 
@@ -262,23 +271,13 @@ def plot(results: list[ConfigResult], out: Path, stem: str) -> list[Path]:
         values = [getattr(r, part) for r in results]
         ax.bar(names, values, bottom=bottom, label=part, color=color)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_ylabel("prompt tokens")
-    ax.set_title("Where prompt tokens came from")
-    ax.legend()
-    fig.tight_layout()
-    tokens = out / f"{stem}_tokens.png"
-    fig.savefig(tokens, dpi=120)
+    tokens = _save(fig, ax, "prompt tokens", "Where prompt tokens came from", out / f"{stem}_tokens.png")
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = range(len(results))
     ax.bar([x - 0.2 for x in xs], [1000 * r.ttft_p50_s for r in results], 0.4, label="p50")
     ax.bar([x + 0.2 for x in xs], [1000 * r.ttft_p95_s for r in results], 0.4, label="p95")
     ax.set_xticks(list(xs), names)
-    ax.set_ylabel("TTFT (ms, through the router)")
-    ax.set_title("Time to first token")
-    ax.legend()
-    fig.tight_layout()
-    ttft = out / f"{stem}_ttft.png"
-    fig.savefig(ttft, dpi=120)
+    ttft = _save(fig, ax, "TTFT (ms, through the router)", "Time to first token", out / f"{stem}_ttft.png")
     plt.close("all")
     return [tokens, ttft]
 
