@@ -8,6 +8,7 @@ import os
 import sys
 
 from ragserve.config import add_flag
+from ragserve.logs import setup_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigException as exc:
         raise ValueError(f"no Kubernetes API to talk to (not in a pod, no usable kubeconfig): {exc}") from exc
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging("debug" if args.verbose else "info")
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     kopf.run(
         clusterwide=args.all_namespaces,
