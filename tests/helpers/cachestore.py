@@ -9,7 +9,6 @@ from ragserve.keys import KVLayout, store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve_cachestore.client import KVBlock
 from ragserve_cachestore.record import HEADER_SIZE, StoredBlock, checksum
-from tests.helpers.process import wait_grpc as wait_serving  # noqa: F401  (engine tests import it from here)
 
 LAYOUT = KVLayout("model-a", "bfloat16", 16, 2, 2, 16).fingerprint()
 OTHER_LAYOUT = KVLayout("model-b", "bfloat16", 16, 2, 2, 16).fingerprint()
