@@ -74,7 +74,7 @@ def engine_args(manifests: list[dict], pool: str) -> list[str]:
 
 
 def test_engine_values_reach_engine_flags(render, scenarios):
-    """Pool settings become engine/config.py flags, checked with that parser alone."""
+    """Pool settings become ragserve.engine_args flags, checked with that parser alone."""
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
     args = engine_args(render(scenarios["gpu-pool"]), "llama")

@@ -1,4 +1,5 @@
-{{/* ragserve.engineArgs: (list $ pool) -> the `ragserve engine` command line (engine/config.py flags). */}}
+{{/* ragserve.engineArgs: (list $ pool) -> the `ragserve engine` command line: ragserve.engine_command.engine_command()
+renders the same (tests/charts/test_engine_command.py); the engine flags are ragserve/engine_args.py fields. */}}
 {{- define "ragserve.engineArgs" -}}
 {{- $ := index . 0 -}}
 {{- $p := index . 1 -}}
