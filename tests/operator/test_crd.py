@@ -55,6 +55,11 @@ def test_engine_settings_are_the_engines():
     assert spec_schema()["properties"]["cachestore"]["properties"]["memory"]["pattern"] == SIZE_PATTERN
 
 
+def test_routing_policies_are_the_routers():
+    policies = pytest.importorskip("ragserve_router.policies").POLICIES
+    assert spec_schema()["properties"]["router"]["properties"]["policy"]["enum"] == list(policies)
+
+
 def test_printer_columns_point_at_status_fields():
     version = crd()["spec"]["versions"][0]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -1,14 +1,15 @@
-"""The chart's engine settings cannot drift from the engine's: values.yaml's engineDefaults.engine and the
+"""The chart's values cannot drift from the code: values.yaml's engineDefaults.engine and the
 values.schema.json that constrains it have the keys, defaults and allowed values of ragserve.engine_args
-(the same source the RAGServe CRD is generated from)."""
+(the same source the RAGServe CRD is generated from); log levels and routing policies are the code's."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
-from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
+from ragserve.engine_args import BLOCK_SIZES, LOG_LEVELS, EngineConfig, spec_options
 
 
 def engine_schema(chart_dir) -> dict:
@@ -32,3 +33,10 @@ def test_schema_allows_what_the_engine_allows(chart_dir):
         assert schema[key].get("enum") == (list(expected) if expected else None), key
         if "minimum" in f.metadata["schema"]:
             assert schema[key]["minimum"] == f.metadata["schema"]["minimum"], key
+
+
+def test_log_levels_and_routing_policies_are_the_codes(chart_dir):
+    policies = pytest.importorskip("ragserve_router.policies").POLICIES
+    schema = json.loads((chart_dir / "values.schema.json").read_text())["properties"]
+    assert schema["logLevel"]["enum"] == list(LOG_LEVELS)
+    assert schema["router"]["properties"]["policy"]["enum"] == list(policies)
