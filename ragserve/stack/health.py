@@ -40,11 +40,12 @@ def http_get(url: str, timeout: float = TIMEOUT_S) -> tuple[int, dict]:
     return status, body if isinstance(body, dict) else {}
 
 
-def grpc_serving(address: str, timeout: float = TIMEOUT_S) -> bool:
+def grpc_serving(address: str, timeout: float = TIMEOUT_S, credentials=None) -> bool:
+    """The grpc.health.v1 overall status is SERVING; `credentials` (grpc.ChannelCredentials) for a TLS server."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError:

@@ -8,9 +8,9 @@ proc.stop()  # SIGTERM, SIGKILL after the timeout; always reaped
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ragserve.stack import health
+from ragserve.stack.spec import redis_spec
 from tests.helpers.net import free_port
 
 TAIL = 6000  # characters of a log quoted when a process fails to start
@@ -122,35 +122,9 @@ async def until_async(
     raise AssertionError(f"timed out after {timeout}s: {what}")
 
 
-def http_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def grpc_serving(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
-    """One check of the standard gRPC health service (overall status)."""
-    with grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def redis_pong(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 def wait_http(url: str, *, proc: Proc | None = None, timeout: float = 60.0) -> None:
     """Until GET `url` answers 200."""
-    until(lambda: http_ok(url), timeout=timeout, interval=0.2, what=f"GET {url}", proc=proc)
+    until(lambda: health.check(url), timeout=timeout, interval=0.2, what=f"GET {url}", proc=proc)
 
 
 def wait_grpc(
@@ -161,7 +135,8 @@ def wait_grpc(
     timeout: float = 30.0,
 ) -> None:
     """Until the gRPC health service at `address` reports SERVING."""
-    until(lambda: grpc_serving(address, credentials), timeout=timeout, what=f"gRPC health at {address}", proc=proc)
+    serving = functools.partial(health.grpc_serving, address, credentials=credentials)
+    until(serving, timeout=timeout, what=f"gRPC health at {address}", proc=proc)
 
 
 def start_redis(tmp: Path) -> tuple[Proc, str]:
@@ -172,10 +147,10 @@ def start_redis(tmp: Path) -> tuple[Proc, str]:
     port = free_port()
     data = tmp / f"redis-{port}"
     data.mkdir()
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(data)]
-    proc = start("redis", argv, tmp / f"redis-{port}.log")
-    until(lambda: redis_pong(port), timeout=20, interval=0.05, what="redis PING", proc=proc)
-    return proc, f"redis://127.0.0.1:{port}/0"
+    spec = redis_spec(exe, port, str(data), "warning")  # as `ragserve up` runs it
+    proc = start("redis", spec.argv, tmp / f"redis-{port}.log")
+    until(lambda: health.check(spec.probe), timeout=20, interval=0.05, what="redis PING", proc=proc)
+    return proc, spec.url
 
 
 def alive(pid: int) -> bool:
