@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_h
 
 from ragserve.prom_text import EngineLoad as PodMetrics
 from ragserve.prom_text import engine_load as parse_metrics
+from ragserve.prom_text import samples
 from ragserve_operator.scaling.pod_metrics import pod_metrics_url, scrape_pods
 
 
@@ -72,3 +73,24 @@ async def test_scrape_pods_over_http(port):
         server.shutdown()
         thread.join()
     assert samples == [PodMetrics(waiting=7.0, running=2.0, kv_usage=0.25), None, None]
+
+
+def test_label_values_with_escapes_and_braces_parse_like_prometheus_client():
+    registry = CollectorRegistry()
+    g = Gauge("vllm:kv_cache_usage_perc", "kv usage", ["model_name"], registry=registry)
+    g.labels('a "quoted", \\ {odd} model\nname').set(0.75)
+    text = generate_latest(registry).decode()
+    (sample,) = [s for s in samples(text) if s.name == "vllm:kv_cache_usage_perc"]
+    assert sample.labels == {"model_name": 'a "quoted", \\ {odd} model\nname'} and sample.value == 0.75
+
+
+def test_the_v0_kv_usage_name_and_optional_metrics():
+    text = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.4\n'
+    assert parse_metrics(text, required=False) == PodMetrics(waiting=0.0, running=0.0, kv_usage=0.4)
+    with pytest.raises(ValueError, match="vllm:num_requests_waiting, vllm:num_requests_running"):
+        parse_metrics(text)
+
+
+def test_a_malformed_line_is_an_error():
+    with pytest.raises(ValueError, match="malformed"):
+        parse_metrics("vllm:num_requests_waiting{model_name=unquoted} 1\n")
