@@ -48,8 +48,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv, self.connector)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
-        self.eos_ids = set(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
-        self.stop_criteria = StopCriteria(self.tokenizer, frozenset(self.eos_ids), self.max_model_len)
+        eos_ids = frozenset(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
+        self.stop_criteria = StopCriteria(self.tokenizer, eos_ids, self.max_model_len)
 
     @property
     def info(self) -> EngineInfo:
@@ -196,7 +196,7 @@ class LLMEngine:
         rows = []
         for req, seq, _ in plain:
             short = len(seq.output_token_ids) < req.params.min_tokens
-            blocked = sorted(self.eos_ids | set(req.params.stop_token_ids)) if short else []
+            blocked = sorted(self.stop_criteria.eos_ids | set(req.params.stop_token_ids)) if short else []
             rows.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
         results = self.sampler(torch.stack([logits for _, _, logits in plain]), rows)
         for (req, seq, _), res in zip(plain, results, strict=True):

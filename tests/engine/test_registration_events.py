@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragserve_engine.block_pool import BlockPool, KVEvent, KVSnapshot
-from ragserve_engine.server.events import SNAPSHOT_CHUNK, KVEventLog, to_proto
+from ragserve_engine.server.kv_events import SNAPSHOT_CHUNK, KVEventLog, to_proto
 
 H = [bytes([i]) * 32 for i in range(10)]
 

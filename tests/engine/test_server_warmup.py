@@ -12,7 +12,8 @@ import pytest
 
 from ragserve.keys import block_hashes, root_hash
 from ragserve.model_source import model_fingerprint, resolve_model
-from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine, wait_for
+from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
+from tests.helpers.process import until
 from tests.helpers.tiny_models import tiny_model
 
 BLOCKS = 40
@@ -84,7 +85,7 @@ def test_pinned_blocks_survive_cache_pressure_until_unpinned(engine):
     resp = httpx.delete(engine.url + f"/v1/warmup/{pinned['id']}")
     assert resp.status_code == 200 and resp.json()["num_unpinned_blocks"] == n_pinned
     assert httpx.delete(engine.url + f"/v1/warmup/{pinned['id']}").status_code == 404
-    wait_for(lambda: metric(scrape(engine.url), "vllm:kv_cache_usage_perc") == 0, what="unpinned blocks freed")
+    until(lambda: metric(scrape(engine.url), "vllm:kv_cache_usage_perc") == 0, what="unpinned blocks freed")
     pressure(engine)
     assert cached_tokens(engine, DOC_A + " Question: and now?") == 0
 

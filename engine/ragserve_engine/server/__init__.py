@@ -1,1 +1,8 @@
-"""The engine's HTTP server: OpenAI API, metrics, warm-up, and its cluster duties (registration, KV events)."""
+"""The engine's HTTP server: OpenAI API, metrics, warm-up, and its cluster duties (registration, KV events).
+
+launcher (the `ragserve engine` process: uvicorn, model load, drain), engine_server (EngineServer: what one
+server holds), routes (the FastAPI endpoints), serving_base / serving_chat / serving_completion (OpenAI
+requests), generation, streaming, logprobs, protocol (request bodies), transport (body parsing, disconnects),
+errors (engine ValueErrors as 400s), metrics, warmup, registration and kv_events (the router's registry).
+It reaches the engine only through ragserve_engine.engine_client.EngineClient.
+"""

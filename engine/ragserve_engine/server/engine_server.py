@@ -1,4 +1,4 @@
-"""Everything one engine server holds: the AsyncLLM (once loaded), metrics, warm-ups, cluster duties."""
+"""Everything one engine server holds: the EngineClient (once loaded), metrics, warm-ups, cluster duties."""
 
 from __future__ import annotations
 

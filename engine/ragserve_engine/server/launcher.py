@@ -17,7 +17,7 @@ from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
 from ragserve_engine.server.engine_server import DRAINING, FAILED, EngineServer
-from ragserve_engine.server.events import KVEventLog
+from ragserve_engine.server.kv_events import KVEventLog
 from ragserve_engine.server.routes import create_app
 
 log = logging.getLogger("ragserve_engine.server")

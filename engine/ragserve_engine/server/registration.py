@@ -21,7 +21,7 @@ from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.tls import channel_credentials
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_engine.engine_client import EngineClient
-from ragserve_engine.server.events import KVEventLog
+from ragserve_engine.server.kv_events import KVEventLog
 
 log = logging.getLogger("ragserve_engine.registration")
 MAX_MESSAGE_BYTES = 64 * 1024**2
