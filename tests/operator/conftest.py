@@ -12,8 +12,6 @@ import asyncio
 import copy
 import datetime
 import os
-import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -27,6 +25,8 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import parsing as kmock_parsing
 
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from tests.helpers.net import free_ports as _free_ports
+from tests.helpers.process import Proc, start, until_async
 
 NS = "rs-test"
 RAGSERVES = f"{GROUP}/{VERSION}/{PLURAL}"
@@ -131,7 +131,7 @@ async def kube(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeSim]:
         yield sim
 
 
-async def start_operator(sim: KubeSim, tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
+def start_operator(sim: KubeSim, tmp_path: Path, port: int) -> Proc:
     config = kubeconfig(str(sim.url).rstrip("/"), tmp_path / "kubeconfig.yaml")
     args = [
         "operator",
@@ -143,49 +143,31 @@ async def start_operator(sim: KubeSim, tmp_path: Path, port: int, *extra: str) -
         f"http://127.0.0.1:{port}/healthz",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") and k != "KUBECONFIG"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ragserve.cli", *args, *extra],
-        env=env,
-        stdout=open(tmp_path / "operator.log", "a"),  # noqa: SIM115  (closed with the process)
-        stderr=subprocess.STDOUT,
-    )
-    return proc
-
-
-async def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM and wait without blocking the loop: kmock serves the operator's last requests meanwhile."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while proc.poll() is None and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    return start("operator", [sys.executable, "-m", "ragserve.cli", *args], tmp_path / "operator.log", env=env)
 
 
 @pytest_asyncio.fixture
 async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterator[Callable]:
-    """Start the operator (stopping the previous one first); every process is stopped at teardown."""
-    procs: list[subprocess.Popen] = []
+    """Start the operator (stopping the previous one first); every process is stopped at teardown, without
+    blocking the loop: kmock serves the operator's last requests meanwhile."""
+    procs: list[Proc] = []
 
-    async def start() -> subprocess.Popen:
+    async def run() -> subprocess.Popen:
         for old in procs:
-            await stop(old)
+            await old.stop_async()
         kube._requests.clear()  # so the readiness check below sees this process's watches
-        proc = await start_operator(kube, tmp_path, port)
+        proc = start_operator(kube, tmp_path, port)
         procs.append(proc)
-        await _eventually(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
+        await until_async(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
         # kmock's watches ignore resourceVersion (events between a list and its watch are lost): wait for them
-        await _eventually(lambda: _watching(kube), timeout=60, what="the operator's watch streams")
-        return proc
+        await until_async(lambda: _watching(kube), timeout=60, what="the operator's watch streams")
+        return proc.popen
 
     try:
-        yield start
+        yield run
     finally:
         for proc in procs:
-            await stop(proc)
+            await proc.stop_async()
         print((tmp_path / "operator.log").read_text()[-20000:])
 
 
@@ -202,8 +184,8 @@ def _watching(sim: KubeSim) -> bool:
     return set(WATCHED) <= watched
 
 
-async def _alive(proc: subprocess.Popen, port: int) -> bool:
-    assert proc.poll() is None, "operator exited"
+async def _alive(proc: Proc, port: int) -> bool:
+    assert proc.alive(), "operator exited"
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
@@ -216,36 +198,32 @@ async def _alive(proc: subprocess.Popen, port: int) -> bool:
 
 @pytest.fixture
 def free_ports() -> Callable[[int], list[int]]:
-    """n distinct free loopback ports (sockets held together, so no port comes twice)."""
-
-    def take(n: int) -> list[int]:
-        sockets = [socket.socket() for _ in range(n)]
-        try:
-            for s in sockets:
-                s.bind(("127.0.0.1", 0))
-            return [s.getsockname()[1] for s in sockets]
-        finally:
-            for s in sockets:
-                s.close()
-
-    return take
+    return _free_ports
 
 
 @pytest.fixture
 def eventually() -> Callable:
-    return _eventually
+    """await eventually(check, what=..., timeout=...): tests.helpers.process.until_async."""
+    return until_async
 
 
-async def _eventually(check: Callable, timeout: float = 30.0, what: str = "condition", every: float = 0.2):
-    """Poll check() (sync or async) until it returns something truthy; fail with `what` after timeout."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(every)
+@pytest.fixture
+def engine_pod() -> Callable[[str, str, str, int], dict]:
+    return _engine_pod
+
+
+def _engine_pod(name: str, pool: str, instance: str, port: int) -> dict:
+    """A ready engine pod of `pool` in RAGServe `instance`, its HTTP port on loopback (its /metrics is read)."""
+    labels = {
+        "app.kubernetes.io/name": "ragserve",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": "engine",
+        "ragserve.dev/pool": pool,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }

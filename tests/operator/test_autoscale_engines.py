@@ -5,14 +5,15 @@ load stops, then scales down to minReplicas."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ragserve.stack import health
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from tests.helpers.process import Proc, start, until_async
 from tests.helpers.tiny_models import tiny_model
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
@@ -20,26 +21,19 @@ NS = "rs-test"  # conftest's
 DEPLOYMENT = "scale-engine-a"
 
 
-async def start_engine(port: int, log: Path) -> subprocess.Popen:
+def start_engine(port: int, log: Path) -> Proc:
     argv = [sys.executable, "-m", "ragserve.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--model", str(tiny_model("llama")), "--served-model-name", "tiny", "--device", "cpu"]
     argv += ["--max-num-seqs", "1"]  # one running request per engine: the rest queue
-    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return start("engine", argv, log)
 
 
-async def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 300.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while loop.time() < deadline:
-            assert proc.poll() is None, "engine exited"
-            try:
-                if (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"engine on {port} did not become healthy")
+async def wait_healthy(proc: Proc, port: int, timeout: float = 300.0) -> None:
+    async def healthy() -> bool:
+        assert proc.alive(), proc.failure("engine exited")
+        return await asyncio.to_thread(health.check, f"http://127.0.0.1:{port}/health")
+
+    await until_async(healthy, timeout=timeout, interval=0.5, what=f"engine on {port} healthy")
 
 
 async def keep_busy(port: int, stop: asyncio.Event) -> int:
@@ -54,22 +48,6 @@ async def keep_busy(port: int, stop: asyncio.Event) -> int:
     return done
 
 
-def pod(name: str, port: int) -> dict:
-    labels = {
-        "app.kubernetes.io/name": "ragserve",
-        "app.kubernetes.io/instance": "scale",
-        "app.kubernetes.io/component": "engine",
-        "ragserve.dev/pool": "a",
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
-        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
 SPEC = {
     "engines": [{"name": "a", "model": "tiny", "minReplicas": 1, "maxReplicas": 3}],
     "autoscaling": {
@@ -81,16 +59,16 @@ SPEC = {
 }
 
 
-async def test_scales_real_engines(kube, operator, eventually, free_ports, tmp_path):
+async def test_scales_real_engines(kube, operator, eventually, free_ports, engine_pod, tmp_path):
     ports = free_ports(2)
-    engines = [await start_engine(p, tmp_path / f"engine-{p}.log") for p in ports]
+    engines = [start_engine(p, tmp_path / f"engine-{p}.log") for p in ports]
     stop = asyncio.Event()
     try:
         await asyncio.gather(*(wait_healthy(e, p) for e, p in zip(engines, ports, strict=True)))
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "scale"}, "spec": SPEC}
         await kube.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
         for i, port in enumerate(ports):
-            await kube.call("POST", f"/api/v1/namespaces/{NS}/pods", pod(f"scale-a-{i}", port))
+            await kube.call("POST", f"/api/v1/namespaces/{NS}/pods", engine_pod(f"scale-a-{i}", "a", "scale", port))
 
         def replicas() -> int | None:
             live = kube.obj("apps/v1/deployments", DEPLOYMENT)
@@ -126,12 +104,6 @@ async def test_scales_real_engines(kube, operator, eventually, free_ports, tmp_p
     finally:
         stop.set()
         for engine in engines:
-            engine.terminate()
-        for engine in engines:
-            try:
-                engine.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                engine.kill()
-                engine.wait()
+            await engine.stop_async(timeout=30)
     history = [v["spec"]["replicas"] for v in kube.objects["apps/v1/deployments", NS, DEPLOYMENT].history if v]
     assert min(history) == 1 and max(history) == 3  # within min/max throughout

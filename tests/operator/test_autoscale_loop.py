@@ -43,22 +43,6 @@ def engines(ports: list[int]):
             engine.stop()
 
 
-def engine_pod(name: str, pool: str, instance: str, port: int) -> dict:
-    labels = {
-        "app.kubernetes.io/name": "ragserve",
-        "app.kubernetes.io/instance": instance,
-        "app.kubernetes.io/component": "engine",
-        "ragserve.dev/pool": pool,
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": port}]}]},
-        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
 def replicas(kube, name: str) -> int | None:
     live = kube.obj(DEPLOYMENTS, name)
     return None if live is None else live["spec"].get("replicas")
@@ -80,7 +64,7 @@ AUTOSCALED = {
 }
 
 
-async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator, eventually, free_ports):
+async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator, eventually, free_ports, engine_pod):
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "auto"}, "spec": AUTOSCALED}
     await kube.call("POST", BASE, body)
     await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="pool created at minReplicas")
