@@ -25,10 +25,6 @@ class KVCacheBlocks:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
-
 
 @dataclass
 class CacheStats:

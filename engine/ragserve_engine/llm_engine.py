@@ -57,14 +57,10 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, **kw
     ) -> Request:
-        req = self.make_request(request_id, prompt, params, priority, cache_salt)
+        """make_request (kw: priority, cache_salt), then submit."""
+        req = self.make_request(request_id, prompt, params, **kw)
         self.submit(req)
         return req
 

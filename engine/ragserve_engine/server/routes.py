@@ -20,7 +20,7 @@ from ragserve_engine.server.protocol import (
     TokenizeRequest,
     WarmupRequest,
 )
-from ragserve_engine.server.transport import parse
+from ragserve_engine.server.transport import M, parse
 
 log = logging.getLogger("ragserve_engine.server")
 
@@ -50,11 +50,15 @@ def create_app(server: EngineServer) -> FastAPI:
             card["max_model_len"] = server.llm.info.max_model_len
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def tokenizer_request(request: Request, model: type[M]) -> M:
+        server.check_loaded()
+        req = await parse(request, model, limit)
+        server.check_model(req.model)
+        return req
+
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> Response:
-        server.check_loaded()
-        req = await parse(request, TokenizeRequest, limit)
-        server.check_model(req.model)
+        req = await tokenizer_request(request, TokenizeRequest)
         tok = server.llm.tokenizer
         try:
             if req.messages is not None:
@@ -68,9 +72,7 @@ def create_app(server: EngineServer) -> FastAPI:
 
     @app.post("/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> Response:
-        server.check_loaded()
-        req = await parse(request, DetokenizeRequest, limit)
-        server.check_model(req.model)
+        req = await tokenizer_request(request, DetokenizeRequest)
         tok = server.llm.tokenizer
         if any(t < 0 or t >= tok.vocab_size for t in req.tokens):
             raise ApiError(400, f"token ids must be in [0, {tok.vocab_size})", "invalid_value", "tokens")
