@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from generated import write_or_check  # this folder's (scripts run by path)
+
 from ragserve import metric_names as m
 from ragserve.metric_names import total
 
@@ -249,13 +251,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if files/dashboard.json is stale")
     text = json.dumps(dashboard(), indent=2) + "\n"
-    if parser.parse_args().check:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return write_or_check(OUT, text, parser.parse_args().check, f"run python {Path(__file__).name}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from generated import write_or_check  # this folder's (scripts run by path)
 
 START, END = "<!-- values-table:start -->", "<!-- values-table:end -->"
 HEADER = "| Key | Type | Default | Description |\n|---|---|---|---|"
@@ -87,14 +88,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if README.md's table is stale")
     parser.add_argument("--chart", type=Path, default=Path(__file__).resolve().parent.parent, help="chart directory")
     args = parser.parse_args()
-    readme, text = args.chart / "README.md", updated_readme(args.chart)
-    if args.check:
-        if readme.read_text() != text:
-            print(f"{readme} is stale: values.schema.json or values.yaml changed; run {Path(__file__).name}")
-            return 1
-        return 0
-    readme.write_text(text)
-    return 0
+    fix = f"values.schema.json or values.yaml changed; run {Path(__file__).name}"
+    return write_or_check(args.chart / "README.md", updated_readme(args.chart), args.check, fix)
 
 
 if __name__ == "__main__":
