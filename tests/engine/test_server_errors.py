@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.engine_server import MODEL_NAME, start_engine
+from tests.helpers.engine_server import MODEL_NAME, running_engine
 
 KEY = "sk-engine-test"
 LIMIT = 64 * 1024
@@ -18,12 +18,8 @@ CHAT = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     args = ["--num-gpu-blocks", "128", "--max-model-len", "512", "--api-key", KEY, "--max-body-bytes", "64KiB"]
-    proc = start_engine(tmp_path_factory.mktemp("engine"), *args)
-    try:
-        proc.wait_ready()
+    with running_engine(tmp_path_factory.mktemp("engine"), *args) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
     assert "internal error" not in proc.output() and "Traceback" not in proc.output()
 
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, scrape, start_engine
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, running_engine, scrape
 from tests.helpers.process import until
 
 BLOCKS = 256
@@ -14,19 +14,14 @@ BLOCKS = 256
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    proc = start_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS))
-    try:
-        proc.wait_ready()
+    with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS)) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def sdk(engine):
-    client = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield client
-    client.close()
+    with openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
 
 
 def idle(engine) -> bool:

@@ -6,26 +6,21 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, running_engine
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    proc = start_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", "256")
-    try:
-        proc.wait_ready()
+    with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", "256") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def sdk(engine):
-    client = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    yield client
-    client.close()
+    with openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
 
 
 def tokenize(sdk: openai.OpenAI, **body) -> dict:

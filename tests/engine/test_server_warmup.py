@@ -12,7 +12,7 @@ import pytest
 
 from ragserve.keys import block_hashes, root_hash
 from ragserve.model_source import model_fingerprint, resolve_model
-from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
+from tests.helpers.engine_server import MODEL_NAME, metric, running_engine, scrape
 from tests.helpers.process import until
 from tests.helpers.tiny_models import tiny_model
 
@@ -23,12 +23,8 @@ DOC_B = "Beta handbook: evicted blocks are recomputed, offloaded blocks are fetc
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    proc = start_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS))
-    try:
-        proc.wait_ready()
+    with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS)) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 def warm(engine, status: int = 200, **body) -> dict:

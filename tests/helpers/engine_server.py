@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,17 @@ def start_engine(tmp: Path, *args: str, port: int | None = None, env: dict | Non
     argv += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), *args]
     proc = start("engine", argv, tmp / f"engine-{port}.log", env={**os.environ, **(env or {})})
     return EngineProc(proc.name, proc.popen, proc.log, port)
+
+
+@contextmanager
+def running_engine(tmp: Path, *args: str) -> Iterator[EngineProc]:
+    """A ready engine for a module's tests; afterwards it must drain and exit 0 (else the log's tail is shown)."""
+    proc = start_engine(tmp, *args)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
 
 
 def scrape(url: str) -> dict[str, float]:
