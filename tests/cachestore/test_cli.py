@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 
-import grpc
 import httpx
 import pytest
 
@@ -13,6 +12,7 @@ from ragserve.cli import build_parser
 from ragserve_cachestore.client import CacheStoreClient, TLSConfig
 from tests.helpers.cachestore import LAYOUT, kv_blocks
 from tests.helpers.net import free_port
+from tests.helpers.pki import client_credentials
 
 FLAGS = (
     "--host --port --memory --disk-dir --disk --redis --tls-cert --tls-key --tls-client-ca --auth-token-file",
@@ -67,9 +67,7 @@ def test_process_with_mutual_tls_token_and_metrics(cachestore_process, certs, tm
         wait=False,
     )
     tls = TLSConfig(str(certs["ca"]), str(certs["client_cert"]), str(certs["client_key"]))
-    proc.wait_serving(
-        grpc.ssl_channel_credentials(*(certs[n].read_bytes() for n in ("ca", "client_key", "client_cert")))
-    )
+    proc.wait_serving(client_credentials(certs, client="client"))
     blocks = kv_blocks(32, 8192)
     with CacheStoreClient([proc.address], LAYOUT, tls=tls, token="process-token") as client:
         assert client.put(blocks) == 32

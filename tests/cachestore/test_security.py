@@ -8,15 +8,9 @@ from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.client import CacheStoreClient, TLSConfig
 from tests.helpers.cachestore import LAYOUT, chain, kv_blocks
+from tests.helpers.pki import client_credentials
 
 TOKEN = "s3cret-token-for-tests"
-
-
-def creds(certs, client: str | None = None, ca: str = "ca") -> grpc.ChannelCredentials:
-    read = lambda name: certs[name].read_bytes() if name else None  # noqa: E731
-    return grpc.ssl_channel_credentials(
-        read(ca), read(f"{client}_key" if client else None), read(f"{client}_cert" if client else None)
-    )
 
 
 def lookup(channel: grpc.Channel, metadata=None) -> int:
@@ -44,11 +38,11 @@ def mtls_server(make_server, certs):
 
 
 def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(tls_server, certs):
-    with grpc.secure_channel(tls_server, creds(certs)) as channel:
+    with grpc.secure_channel(tls_server, client_credentials(certs)) as channel:
         assert lookup(channel) == 0
     with grpc.insecure_channel(tls_server) as channel:
         assert refused(channel).code() == grpc.StatusCode.UNAVAILABLE
-    with grpc.secure_channel(tls_server, creds(certs, ca="rogue_ca")) as channel:
+    with grpc.secure_channel(tls_server, client_credentials(certs, ca="rogue_ca")) as channel:
         assert refused(channel).code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -60,9 +54,9 @@ def test_client_over_tls_round_trip(tls_server, certs):
 
 
 def test_mutual_tls_requires_a_client_certificate_from_the_ca(mtls_server, certs):
-    with grpc.secure_channel(mtls_server, creds(certs, client="client")) as channel:
+    with grpc.secure_channel(mtls_server, client_credentials(certs, client="client")) as channel:
         assert lookup(channel) == 0
-    for bad in (creds(certs), creds(certs, client="rogue_client")):
+    for bad in (client_credentials(certs), client_credentials(certs, client="rogue_client")):
         with grpc.secure_channel(mtls_server, bad) as channel:
             assert refused(channel).code() == grpc.StatusCode.UNAVAILABLE
     with grpc.insecure_channel(mtls_server) as channel:

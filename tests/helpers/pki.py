@@ -6,10 +6,13 @@ import datetime
 import ipaddress
 from pathlib import Path
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ragserve.tls import channel_credentials
 
 
 def _name(common_name: str) -> x509.Name:
@@ -62,3 +65,9 @@ def write_test_pki(root: Path) -> dict[str, Path]:
         cert = _cert(name, key, f"test {issuer}", cas[issuer], usage=usage, sans=alt)
         out[f"{name}_cert"], out[f"{name}_key"] = _write(root / name, cert, key)
     return out
+
+
+def client_credentials(certs: dict[str, Path], client: str | None = None, ca: str = "ca") -> grpc.ChannelCredentials:
+    """Channel credentials from write_test_pki's files: trust `ca`; present `client`'s certificate if given."""
+    pair = (str(certs[f"{client}_cert"]), str(certs[f"{client}_key"])) if client else (None, None)
+    return channel_credentials(str(certs[ca]), *pair)
