@@ -1,8 +1,9 @@
 """Processes started by tests: output to a log file, readiness waits that fail with the log's tail, stop and reap.
+Probes are ragserve.stack.health's (the ones `ragserve up` and the images' HEALTHCHECK use). For example:
 
-proc = start("router", [sys.executable, "-m", "ragserve.cli", "router", ...], tmp / "router.log")
-wait_http("http://127.0.0.1:8000/health", proc=proc)  # fails with the log's tail if the router exits
-proc.stop()  # SIGTERM, SIGKILL after the timeout; always reaped
+    proc = start("router", [sys.executable, "-m", "ragserve.cli", "router", ...], tmp / "router.log")
+    wait_http("http://127.0.0.1:8000/health", proc=proc)  # fails with the log's tail if the router exits
+    proc.stop()  # SIGTERM, SIGKILL after the timeout; always reaped
 """
 
 from __future__ import annotations
