@@ -1,5 +1,5 @@
 """`ragserve engine` settings, written once: the engine's and the server's dataclasses, whose fields are
-also the CLI flags (vLLM's names; ragserve.config.option), the RAGServe CRD's engine properties and the
+also the CLI flags (vLLM's names; ragserve.flags.option), the RAGServe CRD's engine properties and the
 chart's engine values. Torch-free, so `ragserve --help`, the operator and the chart tests use it cheaply.
 """
 
@@ -11,7 +11,7 @@ import socket
 import time
 from dataclasses import Field, dataclass
 
-from ragserve.config import FromArgs, add_options, fraction, option, options, parse_bytes, positive_int
+from ragserve.flags import FromArgs, add_options, fraction, option, options, parse_bytes, positive_int
 from ragserve.model_source import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)

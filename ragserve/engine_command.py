@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragserve.config import flag_of
 from ragserve.engine_args import ENGINE_PORT, spec_options
+from ragserve.flags import flag_of
 
 # The kubelet expands $(POD_IP) from the container's POD_IP env var (the downward API's status.podIP).
 ADVERTISE_URL = "http://$(POD_IP):{port}"

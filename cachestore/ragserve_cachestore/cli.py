@@ -6,7 +6,7 @@ import argparse
 import signal
 import threading
 
-from ragserve.config import add_flag, parse_bytes, positive_int
+from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve.logs import setup_logging
 
 DEFAULT_PORT = 50061

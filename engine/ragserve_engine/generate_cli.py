@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from ragserve.config import add_flag
+from ragserve.flags import add_flag
 
 DEFAULT_PROMPT = "In two sentences: what is a KV cache, and why does reusing it speed up RAG?"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ragserve.config import parse_bytes
+from ragserve.flags import parse_bytes
 from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
 from ragserve_operator.pods import container, pod_template, redis_args, redis_url_env
 from ragserve_operator.spec import RAGServeSpec

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from ragserve.config import add_flag
+from ragserve.flags import add_flag
 from ragserve.logs import setup_logging
 
 

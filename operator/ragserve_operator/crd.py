@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from ragserve.config import SIZE_PATTERN, flag_of, fraction, parse_bytes, positive_int
 from ragserve.engine_args import spec_options
+from ragserve.flags import SIZE_PATTERN, flag_of, fraction, parse_bytes, positive_int
 
 HEADER = """\
 # The RAGServe custom resource: one object describes a whole ragserve stack.

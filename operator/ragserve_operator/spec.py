@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 
-from ragserve.config import parse_bytes
+from ragserve.flags import parse_bytes
 from ragserve_operator.crd import crd
 
 GROUP = "ragserve.dev"

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from ragserve.config import add_flag, positive_int
+from ragserve.flags import add_flag, positive_int
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 

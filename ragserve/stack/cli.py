@@ -9,8 +9,8 @@ import signal
 import threading
 from pathlib import Path
 
-from ragserve.config import add_flag, parse_bytes, positive_int
 from ragserve.engine_args import add_engine_arguments
+from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve.stack.spec import LOG_LEVELS, POLICIES
 
 

@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field, fields
 
-from ragserve.config import add_flag, parse_bytes, positive_int
+from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve_router.policies import POLICIES
 
 

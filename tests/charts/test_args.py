@@ -8,8 +8,8 @@ import contextlib
 import io
 
 from ragserve.cli import SUBCOMMANDS, build_parser
-from ragserve.config import env_name
 from ragserve.engine_args import EngineConfig, add_engine_arguments
+from ragserve.flags import env_name
 
 # Read by ragserve.model_source.cache_dir(), not a flag.
 NON_FLAG_ENV = {"RAGSERVE_CACHE_DIR"}

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from ragserve.cli import build_parser
-from ragserve.config import SIZE_PATTERN
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
+from ragserve.flags import SIZE_PATTERN
 from ragserve_operator.crd import crd, crd_yaml
 from ragserve_operator.kube import KINDS
 from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, apply_defaults, spec_schema

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ragserve import metric_names as m
+
 if TYPE_CHECKING:
     from ragserve_engine.engine_client import EngineStats
 
@@ -35,31 +37,31 @@ class EngineStateCollector:
             return
         label = [self.model_name]
         gauges = [
-            ("vllm:num_requests_running", "Requests in model execution batches", stats.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting (or swapped out)", stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent", stats.kv_usage),
+            (m.NUM_REQUESTS_RUNNING, "Requests in model execution batches", stats.num_running),
+            (m.NUM_REQUESTS_WAITING, "Requests waiting (or swapped out)", stats.num_waiting),
+            (m.KV_CACHE_USAGE, "KV-cache usage; 1 means 100 percent", stats.kv_usage),
         ]
         for name, doc, value in gauges:
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family = GaugeMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
             family.add_metric(label, value)
             yield family
         counters = [
-            ("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens", stats.prefix_cache_queries),
-            ("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens", stats.prefix_cache_hits),
-            ("vllm:num_preemptions", "Cumulative preemptions", stats.num_preemptions),
+            (m.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens", stats.prefix_cache_queries),
+            (m.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens", stats.prefix_cache_hits),
+            (m.NUM_PREEMPTIONS, "Cumulative preemptions", stats.num_preemptions),
             (
-                "vllm:external_prefix_cache_queries",
+                m.EXTERNAL_PREFIX_CACHE_QUERIES,
                 "External (cachestore) prefix-cache queries, in tokens",
                 stats.external_prefix_cache_queries,
             ),
             (
-                "vllm:external_prefix_cache_hits",
+                m.EXTERNAL_PREFIX_CACHE_HITS,
                 "External (cachestore) prefix-cache hits, in tokens",
                 stats.external_prefix_cache_hits,
             ),
         ]
         for name, doc, value in counters:
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family = CounterMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
             family.add_metric(label, value)
             yield family
 
@@ -68,7 +70,7 @@ class EngineMetrics:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         r = self.registry = CollectorRegistry()
-        labels = ["model_name"]
+        labels = [m.MODEL_NAME_LABEL]
 
         def counter(name: str, doc: str, extra: list[str] = ()) -> Counter:
             return Counter(name, doc, labels + list(extra), registry=r)
@@ -76,15 +78,15 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed")
-        self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed")
-        self.request_success = counter("vllm:request_success", "Successfully finished requests", ["finished_reason"])
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Inter-token latency", ITL_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time spent waiting", LATENCY_BUCKETS)
+        self.prompt_tokens = counter(m.PROMPT_TOKENS, "Prefill tokens processed")
+        self.generation_tokens = counter(m.GENERATION_TOKENS, "Generation tokens processed")
+        self.request_success = counter(m.REQUEST_SUCCESS, "Successfully finished requests", ["finished_reason"])
+        self.ttft = histogram(m.TIME_TO_FIRST_TOKEN, "Time to first token", TTFT_BUCKETS)
+        self.itl = histogram(m.INTER_TOKEN_LATENCY, "Inter-token latency", ITL_BUCKETS)
+        self.e2e = histogram(m.E2E_REQUEST_LATENCY, "End-to-end request latency", LATENCY_BUCKETS)
+        self.queue_time = histogram(m.REQUEST_QUEUE_TIME, "Time spent waiting", LATENCY_BUCKETS)
         self.cache_config = Gauge(
-            "vllm:cache_config_info", "Information of the KV cache config", ["block_size", "num_gpu_blocks"], registry=r
+            m.CACHE_CONFIG_INFO, "Information of the KV cache config", ["block_size", "num_gpu_blocks"], registry=r
         )
         for family in (self.prompt_tokens, self.generation_tokens):
             family.labels(model_name)  # export zeros before the first request
