@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
 
-.PHONY: install run run-once generate test lint proto bench operator-install clean
+.PHONY: install run run-once generate test lint proto crd bench operator-install clean
 
 COMPONENTS := engine router cachestore operator
 
@@ -41,6 +41,13 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) operator/scripts/gen_crd.py --check
+	$(PY) charts/ragserve/scripts/gen_dashboard.py --check
+	$(PY) charts/ragserve/scripts/gen_readme.py --check
+
+# Regenerate the CRD copies (chart crds/, operator/deploy/) from operator/ragserve_operator/crd.py.
+crd: install
+	$(PY) operator/scripts/gen_crd.py
 
 proto: install
 	PYTHON=$(PY) scripts/gen_proto.sh
