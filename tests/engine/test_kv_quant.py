@@ -21,6 +21,7 @@ from ragserve_engine.attention.torch_ref import TorchAttentionBackend
 from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.parity import TEXTS
 from tests.helpers.tiny_models import tiny_model
 
 MIXED = [(1, 37), (5, 18), (17, 129)]
@@ -118,16 +119,6 @@ def test_swap_round_trip_keeps_int8_scales():
     assert torch.equal(k_src, k_dst) and (k_src - b.key[:20]).abs().max() < 0.05
 
 
-PROMPTS = [
-    "The capital of France is",
-    "Retrieval-augmented generation retrieves documents and puts them in the prompt, so the model can",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "PagedAttention splits the KV cache into fixed-size blocks, like pages of virtual memory. " * 3,
-    "Q: What is 17 + 25?\nA:",
-    "Once upon a time, in a data center far away, a GPU ran out of memory because",
-    "Context: ragserve stores each document's KV cache once per cluster and reuses it.\n" * 6 + "Question: why?",
-    "Hi",
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 # lower bounds: free-running greedy (a divergence changes every later token) and teacher-forced top-1
 FREE_MIN = {"int8": 0.75, "fp8": 0.3, "fp8_e5m2": 0.1}
@@ -138,7 +129,7 @@ FORCED_MIN = {"int8": 0.95, "fp8": 0.85, "fp8_e5m2": 0.65}
 def llama_reference():
     path = str(tiny_model("llama"))
     base = LLM(path, num_gpu_blocks=256)
-    prompts = [base.tokenizer.encode(t) for t in PROMPTS]
+    prompts = [base.tokenizer.encode(t) for t in TEXTS]
     outs = [o.outputs[0].token_ids for o in base.generate(prompts, GREEDY)]
     return path, base, prompts, outs
 
