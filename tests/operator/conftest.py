@@ -24,12 +24,10 @@ import pytest_asyncio
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import parsing as kmock_parsing
 
-from ragserve_operator.spec import GROUP, PLURAL, VERSION
 from tests.helpers.net import free_ports as _free_ports
 from tests.helpers.process import Proc, start, until_async
+from tests.helpers.ragserve_cr import NS, RAGSERVES
 
-NS = "rs-test"
-RAGSERVES = f"{GROUP}/{VERSION}/{PLURAL}"
 _parse_path = kmock_parsing.parse_path
 
 

@@ -14,10 +14,10 @@ import pytest
 from ragserve.stack import health
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
 from tests.helpers.process import Proc, start, until_async
+from tests.helpers.ragserve_cr import BASE, NS, operator_autoscaled, ragserve
 from tests.helpers.tiny_models import tiny_model
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
-NS = "rs-test"  # conftest's
 DEPLOYMENT = "scale-engine-a"
 
 
@@ -48,15 +48,7 @@ async def keep_busy(port: int, stop: asyncio.Event) -> int:
     return done
 
 
-SPEC = {
-    "engines": [{"name": "a", "model": "tiny", "minReplicas": 1, "maxReplicas": 3}],
-    "autoscaling": {
-        "mode": "operator",
-        "intervalSeconds": 1,
-        "targetWaitingRequests": 2,
-        "scaleDownStabilizationSeconds": 8,
-    },
-}
+SPEC = operator_autoscaled("tiny", scale_down_stabilization_s=8)
 
 
 async def test_scales_real_engines(kube, operator, eventually, free_ports, engine_pod, tmp_path):
@@ -65,8 +57,7 @@ async def test_scales_real_engines(kube, operator, eventually, free_ports, engin
     stop = asyncio.Event()
     try:
         await asyncio.gather(*(wait_healthy(e, p) for e, p in zip(engines, ports, strict=True)))
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "scale"}, "spec": SPEC}
-        await kube.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
+        await kube.call("POST", BASE, ragserve("scale", SPEC))
         for i, port in enumerate(ports):
             await kube.call("POST", f"/api/v1/namespaces/{NS}/pods", engine_pod(f"scale-a-{i}", "a", "scale", port))
 

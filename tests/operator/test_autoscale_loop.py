@@ -10,11 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, operator_autoscaled, ragserve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
-NS = "rs-test"  # conftest's
-BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
-DEPLOYMENTS = "apps/v1/deployments"
 
 
 class Engine:
@@ -53,20 +51,11 @@ def decision(kube, name: str) -> dict:
     return records[0] if records else {}
 
 
-AUTOSCALED = {
-    "engines": [{"name": "a", "model": "m", "minReplicas": 1, "maxReplicas": 3}],
-    "autoscaling": {
-        "mode": "operator",
-        "intervalSeconds": 1,
-        "targetWaitingRequests": 2,
-        "scaleDownStabilizationSeconds": 4,
-    },
-}
+AUTOSCALED = operator_autoscaled("m", scale_down_stabilization_s=4)
 
 
 async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator, eventually, free_ports, engine_pod):
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "auto"}, "spec": AUTOSCALED}
-    await kube.call("POST", BASE, body)
+    await kube.call("POST", BASE, ragserve("auto", AUTOSCALED))
     await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="pool created at minReplicas")
     with engines(free_ports(2)) as running:
         for i, engine in enumerate(running):
@@ -102,7 +91,7 @@ async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator
 
 
 async def test_hpa_and_keda_modes_take_over_and_hand_back(kube, operator, eventually):
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": "ext"}, "spec": AUTOSCALED}
+    body = ragserve("ext", AUTOSCALED)
     await kube.call("POST", BASE, body)
     await eventually(lambda: replicas(kube, "ext-engine-a") == 1, what="pool")
     await kube.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/ext-engine-a", {"spec": {"replicas": 2}})

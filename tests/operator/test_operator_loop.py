@@ -5,17 +5,10 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from ragserve_operator.spec import GROUP, VERSION
+from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, RAGSERVES, ragserve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
-NS = "rs-test"  # conftest's
-RAGSERVES = f"{GROUP}/{VERSION}/{PLURAL}"
-BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
-DEPLOYMENTS = "apps/v1/deployments"
-
-
-def ragserve(name: str, spec: dict) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RAGServe", "metadata": {"name": name}, "spec": spec}
 
 
 def status_of(kube, name: str) -> dict:
