@@ -5,18 +5,16 @@ Tests that take a `scenario` argument run once per value set below.
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import helm_python as helm
-import httpx
 import pytest
 import yaml
+
+from tests.helpers import process
+from tests.helpers.net import free_port
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "ragserve"
 RELEASE, NAMESPACE = "rs", "ai"
@@ -209,62 +207,31 @@ def manifests(render, values) -> list[dict]:
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    url: str
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+class Server(process.Proc):
+    url: str = ""
 
     def wait_http(self, path: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"{self.name} not ready after {timeout}s:\n{self.output()}")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
+        process.wait_http(self.url + path, proc=self, timeout=timeout)
 
 
 class Stack:
     """`ragserve` processes on loopback free ports, stopped at teardown."""
 
+    port = staticmethod(free_port)
+
     def __init__(self, tmp: Path) -> None:
         self.tmp, self.procs = tmp, []
 
-    @staticmethod
-    def port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-
-    def start(self, name: str, args: list[str], url: str) -> Proc:
-        log = self.tmp / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "ragserve.cli", *args], stdout=out, stderr=subprocess.STDOUT, cwd=self.tmp
-            )
-        self.procs.append(Proc(name, popen, log, url))
+    def start(self, name: str, args: list[str], url: str) -> Server:
+        proc = process.start(
+            name, [sys.executable, "-m", "ragserve.cli", *args], self.tmp / f"{name}.log", cwd=self.tmp
+        )
+        self.procs.append(Server(proc.name, proc.popen, proc.log, url))
         return self.procs[-1]
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            proc.stop()
+            proc.stop(timeout=20)
 
 
 @pytest.fixture(scope="module")
