@@ -5,17 +5,15 @@ Everything binds 127.0.0.1 on free ports and is stopped by the test that started
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
 
-import grpc
 import pytest
 
 from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
+from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
-from tests.helpers.process import start, start_redis, wait_grpc
+from tests.helpers.process import start_redis
 
 
 @pytest.fixture
@@ -33,24 +31,6 @@ def make_server():
     yield make
     for server in started:
         server.stop(grace=0)
-
-
-class CacheStoreProcess:
-    """A real `ragserve cachestore` subprocess on 127.0.0.1:port, its output in `log`."""
-
-    def __init__(self, log: Path, port: int, *args: str, env: dict | None = None) -> None:
-        self.port, self.address = port, f"127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port), *args]
-        if "--metrics-port" not in args:
-            cmd += ["--metrics-port", "0"]
-        self.process = start("cachestore", cmd, log, env=env)
-
-    def wait_serving(self, credentials: grpc.ChannelCredentials | None = None) -> CacheStoreProcess:
-        wait_grpc(self.address, credentials=credentials, proc=self.process)
-        return self
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        return self.process.stop(sig)
 
 
 @pytest.fixture

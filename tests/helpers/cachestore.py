@@ -1,14 +1,19 @@
-"""Helpers shared by the cachestore tests (fixtures live in conftest.py)."""
+"""Helpers shared by the cachestore tests (fixtures live in conftest.py) and the engine tests that need a store."""
 
 from __future__ import annotations
 
 import hashlib
+import signal
+import sys
 from pathlib import Path
+
+import grpc
 
 from ragserve.keys import KVLayout, store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve_cachestore.client import KVBlock
 from ragserve_cachestore.record import HEADER_SIZE, StoredBlock, checksum
+from tests.helpers.process import start, wait_grpc
 
 LAYOUT = KVLayout("model-a", "bfloat16", 16, 2, 2, 16).fingerprint()
 OTHER_LAYOUT = KVLayout("model-b", "bfloat16", 16, 2, 2, 16).fingerprint()
@@ -45,3 +50,21 @@ def items(n: int, seed: str = "doc", size: int = SIZE) -> list[tuple[bytes, Stor
         (store_key(LAYOUT, b.key), StoredBlock(b.data, b.dtype, b.shape, checksum(b.data)))
         for b in kv_blocks(n, size, seed)
     ]
+
+
+class CacheStoreProcess:
+    """A real `ragserve cachestore` subprocess on 127.0.0.1:port, its output in `log`."""
+
+    def __init__(self, log: Path, port: int, *args: str, env: dict | None = None) -> None:
+        self.port, self.address = port, f"127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port), *args]
+        if "--metrics-port" not in args:
+            cmd += ["--metrics-port", "0"]
+        self.process = start("cachestore", cmd, log, env=env)
+
+    def wait_serving(self, credentials: grpc.ChannelCredentials | None = None) -> CacheStoreProcess:
+        wait_grpc(self.address, credentials=credentials, proc=self.process)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        return self.process.stop(sig)
