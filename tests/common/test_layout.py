@@ -8,9 +8,11 @@ the router. Each package's modules are all imported in one clean interpreter (`p
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -30,7 +32,7 @@ TORCH_FREE = ("ragserve", "ragserve_router", "ragserve_cachestore", "ragserve_op
 IMPORT_ALL = ROOT / "tests" / "helpers" / "import_all.py"
 # what each image leaves out (Dockerfile.engine: core + engine; Dockerfile: core + router, cachestore, operator)
 IMAGES = {
-    "engine": ("ragserve_router", "ragserve_cachestore", "ragserve_operator"),
+    "engine": ("ragserve_router", "ragserve_operator"),
     "torch-free": ("ragserve_engine",),
 }
 HIDE = """
@@ -103,3 +105,63 @@ def test_the_cli_parses_where_only_some_components_are_installed(image):
     code = HIDE.format(absent=absent) + "from ragserve.cli import build_parser; build_parser().parse_args(['info'])"
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def distribution(package: str) -> str:
+    return tomllib.loads((SOURCE_ROOTS[package] / "pyproject.toml").read_text())["project"]["name"]
+
+
+def first_party_dependencies(package: str) -> set[str]:
+    """The packages of `package`'s distribution and of every first-party distribution it depends on."""
+    packages = {distribution(p): p for p in SOURCE_ROOTS}
+    seen, todo = set(), [package]
+    while todo:
+        current = todo.pop()
+        seen.add(current)
+        project = tomllib.loads((SOURCE_ROOTS[current] / "pyproject.toml").read_text())["project"]
+        for requirement in project.get("dependencies", []):
+            name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+            if name in packages and packages[name] not in seen:
+                todo.append(packages[name])
+    return seen
+
+
+def _optional(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """An import inside `try: ... except ImportError/ModuleNotFoundError` (a component that may be absent)."""
+    while node in parents:
+        node, child = parents[node], node
+        if isinstance(node, ast.Try) and child in node.body:
+            names = {ast.unparse(h.type) for h in node.handlers if h.type is not None}
+            if names & {"ImportError", "ModuleNotFoundError"}:
+                return True
+    return False
+
+
+def first_party_imports(package: str) -> dict[str, str]:
+    """{first-party package: the module importing it} for every required import in `package`'s files,
+    including those inside functions."""
+    found = {}
+    for module, path in module_files(package).items():
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in SOURCE_ROOTS and not _optional(node, parents):
+                    found.setdefault(top, module)
+    return found
+
+
+@pytest.mark.parametrize("package", list(SOURCE_ROOTS))
+def test_a_component_imports_only_what_its_distribution_depends_on(package):
+    """An image installs a component with its declared dependencies only: an undeclared first-party import
+    (even one inside a function) would fail there at run time."""
+    allowed = first_party_dependencies(package)
+    used = first_party_imports(package)
+    assert set(used) <= allowed, {p: used[p] for p in set(used) - allowed}

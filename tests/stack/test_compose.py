@@ -90,4 +90,4 @@ def test_only_engine_images_install_torch():
     assert "assert 'torch' not in sys.modules" in router  # checked while building
     for name, index in (("Dockerfile.engine", "whl/cpu"), ("Dockerfile.engine-cuda", "whl/cu128")):
         text = (ROOT / name).read_text()
-        assert index in text and pip_installs(text) == ["", "engine"], name
+        assert index in text and pip_installs(text) == ["", "cachestore", "engine"], name
