@@ -68,6 +68,8 @@ async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator
         for engine in running:
             engine.waiting.set(10)  # ceil(2 pods x 10 / 2) = 10 -> maxReplicas 3
         await eventually(lambda: replicas(kube, "auto-engine-a") == 3, what="scale up to maxReplicas")
+        # the decision reaches status in a patch of its own, after the Deployment's
+        await eventually(lambda: decision(kube, "auto").get("lastScaleTime"), what="the scale-up recorded")
         record = decision(kube, "auto")
         assert record["metrics"]["waiting"] == 10 and record["recommendedReplicas"] == 10
         assert "maxReplicas 3" in record["reason"] and record["lastScaleTime"]
