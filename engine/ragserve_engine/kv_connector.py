@@ -47,14 +47,13 @@ class CacheStoreConnector:
     def from_config(
         cls, config, layout: str, kv_cache: KVCacheTensors, kv_manager: KVCacheManager
     ) -> CacheStoreConnector:
-        from pathlib import Path
-
+        from ragserve_cachestore.auth import read_token
         from ragserve_cachestore.client import CacheStoreClient, TLSConfig
 
         tls = None
         if config.cachestore_tls_ca or config.cachestore_tls_cert:
             tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
-        token = Path(config.cachestore_token_file).read_text().strip() if config.cachestore_token_file else None
+        token = read_token(config.cachestore_token_file) if config.cachestore_token_file else None
         client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
         return cls(client, kv_cache, kv_manager)
 

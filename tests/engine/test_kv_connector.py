@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from ragserve.tls import channel_credentials
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
-from tests.helpers.process import wait_grpc
+from tests.helpers.pki import client_credentials, write_test_pki
 from tests.helpers.tiny_models import tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -21,19 +18,10 @@ CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks of "retrieved docu
 
 
 @pytest.fixture
-def cachestore():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
-         "--memory", "256MiB", "--metrics-port", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    wait_grpc(address)
-    yield address, proc
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+def cachestore(tmp_path):
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB").wait_serving()
+    yield store.address, store
+    store.stop()
 
 
 def engine(address: str, **kwargs) -> LLM:
@@ -70,14 +58,13 @@ def test_other_layout_never_served(cachestore):
 
 
 def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
-    address, proc = cachestore
+    address, store = cachestore
     a = engine(address)
     ref = LLM(str(tiny_model("llama")), num_gpu_blocks=128, loaded_model=a.engine.runner.model)
     prompts = [CONTEXT + [i, i + 1] for i in range(3)]
     expected = [o.outputs[0].token_ids for o in ref.generate(prompts, GREEDY)]
     assert a.generate(prompts[:1], GREEDY)[0].outputs[0].token_ids == expected[0]
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    store.stop(signal.SIGKILL)
     b = engine(address, loaded_model=a.engine.runner.model)
     outs = b.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == expected
@@ -86,21 +73,15 @@ def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
 
 
 def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
-    from tests.helpers.pki import write_test_pki
-
     certs = write_test_pki(tmp_path)
     token = tmp_path / "token"
     token.write_text("engine-shared-token\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
-         "--memory", "64MiB", "--metrics-port", "0", "--tls-cert", str(certs["server_cert"]),
-         "--tls-key", str(certs["server_key"]), "--tls-client-ca", str(certs["ca"]), "--auth-token-file", str(token)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    tls = ["--tls-cert", str(certs["server_cert"]), "--tls-key", str(certs["server_key"])]
+    tls += ["--tls-client-ca", str(certs["ca"]), "--auth-token-file", str(token)]
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "64MiB", *tls)
+    port = store.port
     try:
-        creds = channel_credentials(str(certs["ca"]), str(certs["client_cert"]), str(certs["client_key"]))
-        wait_grpc(f"localhost:{port}", credentials=creds)
+        store.wait_serving(client_credentials(certs, client="client"))
         secure = dict(cachestore_tls_ca=str(certs["ca"]), cachestore_tls_cert=str(certs["client_cert"]),
                       cachestore_tls_key=str(certs["client_key"]), cachestore_token_file=str(token))  # fmt: skip
         a = engine(f"localhost:{port}", **secure)
@@ -113,5 +94,4 @@ def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
         plain.generate([CONTEXT + [3]], GREEDY)
         assert plain.engine.connector.stats.hits == 0
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        store.stop()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import signal
 
-import grpc
 import httpx
 import pytest
 
 from ragserve import __version__
 from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.model_source import model_fingerprint, resolve_model
+from ragserve.tls import server_credentials
 from ragserve.tokenizer import PromptTokenizer
 from tests.helpers.engine_server import MODEL_NAME, start_engine
 from tests.helpers.net import free_port
@@ -181,11 +181,7 @@ def test_sigterm_deregisters_drains_and_exits(cluster):
 def test_mutual_tls_registration(cluster, tmp_path):
     recorder, engine, _ = cluster
     pki = write_test_pki(tmp_path)
-    credentials = grpc.ssl_server_credentials(
-        [(pki["server_key"].read_bytes(), pki["server_cert"].read_bytes())],
-        root_certificates=pki["ca"].read_bytes(),
-        require_client_auth=True,
-    )
+    credentials = server_credentials(str(pki["server_cert"]), str(pki["server_key"]), client_ca=str(pki["ca"]))
     rec = recorder(credentials=credentials)
     tls = ["--router-tls-ca", str(pki["ca"]), "--router-tls-cert", str(pki["client_cert"])]
     proc = engine("eng-tls", *tls, "--router-tls-key", str(pki["client_key"]))

@@ -3,34 +3,25 @@ vLLM external prefix-cache metrics and `cached_tokens` show it."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.engine_server import metric, scrape, start_engine
 from tests.helpers.net import free_port
-from tests.helpers.process import until, wait_grpc
+from tests.helpers.process import until
 
 CONTEXT = list(range(5000, 5000 + 16 * 20))  # 20 full blocks
 
 
 @pytest.fixture
-def cachestore():
-    port, metrics_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", str(port),
-         "--memory", "256MiB", "--metrics-port", str(metrics_port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    wait_grpc(f"127.0.0.1:{port}")
-    yield f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+def cachestore(tmp_path):
+    metrics_port = free_port()
+    args = ["--memory", "256MiB", "--metrics-port", str(metrics_port)]
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), *args).wait_serving()
+    yield store.address, f"http://127.0.0.1:{metrics_port}"
+    store.stop()
 
 
 def puts(metrics_url: str) -> float:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
+from tests.helpers.pki import client_credentials, write_test_pki
 
 HEARTBEAT_MS = 300
 
@@ -160,38 +161,14 @@ def test_grpc_message_size_limit(cluster, make_register):
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def _openssl(*args: str, cwd) -> None:
-    import subprocess
-
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _make_pki(d) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with the openssl CLI."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        sign = f"x509 -req -in {name}.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out {name}.crt -days 1"
-        _openssl(*sign.split(), "-extfile", "san.ext", cwd=d)
-
-
 def test_mutual_tls_registry(cluster, make_register, tmp_path):
-    import shutil
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI is not installed")
-    _make_pki(tmp_path)
-    pki = {name: str(tmp_path / name) for name in ("server.crt", "server.key", "ca.crt")}
+    pki = write_test_pki(tmp_path)
     router = cluster.router(
-        "--tls-cert", pki["server.crt"], "--tls-key", pki["server.key"], "--tls-client-ca", pki["ca.crt"]
+        "--tls-cert", str(pki["server_cert"]), "--tls-key", str(pki["server_key"]), "--tls-client-ca", str(pki["ca"])
     )
-    ca = (tmp_path / "ca.crt").read_bytes()
-    key, cert = (tmp_path / "client.key").read_bytes(), (tmp_path / "client.crt").read_bytes()
-    with grpc.secure_channel(router.grpc, grpc.ssl_channel_credentials(ca, key, cert)) as channel:
+    with grpc.secure_channel(router.grpc, client_credentials(pki, client="client")) as channel:
         assert registry_pb2_grpc.RegistryStub(channel).Register(make_register("tls-1")).heartbeat_interval_ms
-    for creds in (grpc.ssl_channel_credentials(ca), None):  # no client certificate; plaintext
+    for creds in (client_credentials(pki), None):  # no client certificate; plaintext
         channel = grpc.secure_channel(router.grpc, creds) if creds else grpc.insecure_channel(router.grpc)
         with channel, pytest.raises(grpc.RpcError) as info:
             registry_pb2_grpc.RegistryStub(channel).Heartbeat(registry_pb2.HeartbeatRequest(engine_id="x"), timeout=5)
