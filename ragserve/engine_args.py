@@ -12,6 +12,7 @@ import time
 from dataclasses import Field, dataclass
 
 from ragserve.flags import FromArgs, add_options, fraction, option, options, parse_bytes, positive_int
+from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -20,7 +21,6 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 ENGINE_PORT = 8000
 ENGINE_GROUPS = ("model", "KV cache", "scheduler")

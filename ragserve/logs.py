@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")  # every command's --log-level choices
 
 
 def setup_logging(level: str) -> None:

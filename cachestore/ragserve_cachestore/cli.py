@@ -7,7 +7,7 @@ import signal
 import threading
 
 from ragserve.flags import add_flag, parse_bytes, positive_int
-from ragserve.logs import setup_logging
+from ragserve.logs import LOG_LEVELS, setup_logging
 
 DEFAULT_PORT = 50061
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--auth-token-file", default=None, help="file with the shared token clients send as Bearer")
     add_flag(g, "--max-message-bytes", type=parse_bytes, default="64MiB", help="largest gRPC message")
     add_flag(g, "--max-blocks-per-call", type=positive_int, default=8192, help="most blocks in one call")
-    add_flag(g, "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level")
+    add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, type=str.lower, help="log level")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ import socket
 import sys
 from dataclasses import dataclass, field, fields
 
-from ragserve.engine_args import LOG_LEVELS, EngineConfig
+from ragserve.engine_args import EngineConfig
+from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
 

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field, fields
 
 from ragserve.flags import add_flag, parse_bytes, positive_int
+from ragserve.logs import LOG_LEVELS
 from ragserve_router.policies import POLICIES
 
 
@@ -97,7 +98,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--port", type=int, default=8080, help="OpenAI-compatible HTTP port")
     add_flag(g, "--grpc-port", type=int, default=50051, help="gRPC registry port engines register on")
     add_flag(g, "--router-id", default="", help="this replica's name (default: hostname-pid)")
-    add_flag(g, "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
+    add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, type=str.lower, help="log level")
     add_flag(g, "--drain-delay", type=float, default=0.0, help="seconds /ready reports 503 before stopping")
     add_flag(g, "--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests")
     g = parser.add_argument_group("engines")

@@ -9,7 +9,8 @@ import json
 import pytest
 import yaml
 
-from ragserve.engine_args import BLOCK_SIZES, LOG_LEVELS, EngineConfig, spec_options
+from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
+from ragserve.logs import LOG_LEVELS
 
 
 def engine_schema(chart_dir) -> dict:
