@@ -8,12 +8,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from ragserve.prom_text import metric_types, samples
+from tests.helpers import process
 
 OWNERS = {"vllm:": "engine", "ragserve_router_": "router", "ragserve_cachestore_": "cachestore"}
 NOT_OURS = {"up", "DCGM_FI_DEV_GPU_UTIL"}  # Prometheus' own series; the NVIDIA DCGM exporter's
@@ -141,10 +141,12 @@ def scrapes(stack, tmp_path_factory) -> dict[str, str]:
         f"http://127.0.0.1:{e_port}",
     )
     engine.wait_http("/ready", 300)
-    deadline = time.monotonic() + 60  # until the engine's registration reached the router
-    while "tiny" not in {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=5).json()["data"]}:
-        assert time.monotonic() < deadline, f"engine never registered:\n{engine.output()}\n{router.output()}"
-        time.sleep(0.2)
+
+    def registered() -> bool:  # the engine's registration reached the router
+        return "tiny" in {m["id"] for m in httpx.get(router.url + "/v1/models", timeout=5).json()["data"]}
+
+    process.until(registered, timeout=60, interval=0.2, fail=False)
+    assert registered(), f"engine never registered:\n{engine.output()}\n{router.output()}"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 4}
     reply = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers import process
+
 pytestmark = pytest.mark.slow  # many processes, each loading a model
 
 DOCS = [" ".join(f"passage{d} sentence{i} states fact {i * 7 % 13}." for i in range(60)) for d in range(4)]
@@ -32,9 +34,7 @@ def engines(router) -> int:
 def stack(module_cluster):
     router = module_cluster.router("--heartbeat-interval-ms", "500", "--guard-abs", "3", "--allow-policy-header")
     fleet = module_cluster.real_engines(router, 3, "--num-gpu-blocks", "1024", "--max-model-len", "4096")
-    deadline = time.monotonic() + 60
-    while engines(router) < 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    process.until(lambda: engines(router) >= 3, timeout=60, interval=0.2, fail=False)
     assert engines(router) == 3, router.output()
     return module_cluster, router, fleet
 
