@@ -13,8 +13,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from ragserve.http.auth import ApiKeys, require_api_key
-from ragserve.http.body import parse_json_object
-from ragserve.http.body import read_body as _read_body
+from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.config import RouterConfig
@@ -50,12 +49,8 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    return await _read_body(request, limit, ApiError)
-
-
 def parse_body(raw: bytes) -> tuple[dict, str]:
-    body = parse_json_object(raw, ApiError)
+    body = parse_json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required and must be a string", "missing_model", param="model")

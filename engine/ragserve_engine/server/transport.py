@@ -8,9 +8,8 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ragserve.http.body import parse_json_object
-from ragserve.http.body import read_body as _read_body
-from ragserve.http.errors import ApiError, validation_error
+from ragserve.http.body import parse_json_object, read_body
+from ragserve.http.errors import validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -19,12 +18,8 @@ class ClientDisconnected(Exception):
     pass
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    return await _read_body(request, limit, ApiError)
-
-
 async def parse(request: Request, model: type[M], limit: int) -> M:
-    body = parse_json_object(await read_body(request, limit), ApiError)
+    body = parse_json_object(await read_body(request, limit))
     try:
         return model.model_validate(body)
     except ValidationError as exc:
