@@ -1,7 +1,7 @@
 """Client side of proto/ragserve/v1/registry.proto: register, heartbeat, stream KV events, deregister.
 
 Runs as one asyncio task on the server's event loop (grpc.aio); it never touches the engine's
-step thread except through AsyncLLM.call (snapshots). A refused or unreachable router never
+step thread except through EngineClient.with_kv_snapshot. A refused or unreachable router never
 stops the engine from serving: it keeps retrying with backoff.
 """
 
