@@ -22,41 +22,52 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available() -> dict[str, tuple[str, str]]:
-    out = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if found:
-            out[name] = (module, help_text)
-    return out
+def _unavailable(module: str) -> str | None:
+    """Why `module` cannot serve its subcommand (not installed, fails to import, no add_arguments), or None."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(module)
+    except ModuleNotFoundError:
+        return f"not installed (pip install {module.split('.')[0].replace('_', '-')})"
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:  # a component with a broken dependency must not hide the others
+        return f"{module} fails to import: {exc}"
+    if not hasattr(mod, "add_arguments"):
+        return f"{module} has no add_arguments()"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand is listed; one whose component cannot load says why and fails when run."""
     parser = argparse.ArgumentParser(
         prog="ragserve",
         description="ragserve: compute each document's KV cache once per cluster, reuse it everywhere.",
     )
     parser.add_argument("--version", action="version", version=f"ragserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in _available().items():
-        mod = importlib.import_module(module)
-        if not hasattr(mod, "add_arguments"):  # a component mid-development must not break the others
-            print(f"ragserve: warning: {module} has no add_arguments(); `{name}` is unavailable", file=sys.stderr)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        reason = _unavailable(module)
+        if reason:
+            p = sub.add_parser(name, help=f"{help_text} [unavailable: {reason}]", add_help=False)
+            p.set_defaults(_unavailable=reason)
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod.add_arguments(p)
+        importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)  # an unavailable subcommand's flags are unknown here
+    if unknown and not getattr(args, "_unavailable", None):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
+        return 2
+    if getattr(args, "_unavailable", None):
+        print(f"ragserve {args.command}: error: unavailable: {args._unavailable}", file=sys.stderr)
         return 2
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

@@ -1,5 +1,6 @@
 """The `ragserve` command as users run it: a real subprocess."""
 
+import re
 import subprocess
 import sys
 
@@ -10,10 +11,27 @@ def ragserve(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ragserve.cli", *args], capture_output=True, text=True)
 
 
-def test_help_lists_subcommands():
+def test_help_lists_every_subcommand_and_all_are_available_here():
+    from ragserve.cli import SUBCOMMANDS
+
     out = ragserve("--help")
     assert out.returncode == 0
-    assert "info" in out.stdout
+    assert re.findall(r"^    (\S+)", out.stdout, re.M) == list(SUBCOMMANDS)
+    assert "unavailable" not in out.stdout  # every component is installed in the dev tree
+
+
+def test_a_subcommand_that_cannot_load_is_listed_and_fails_clearly(monkeypatch, tmp_path, capsys):
+    from ragserve import cli
+
+    (tmp_path / "ragserve_broken_cli.py").write_text("import no_such_dependency_15\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "ghost", ("ragserve_ghost.cli", "a component not installed"))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", ("ragserve_broken_cli", "a component whose import fails"))
+    help_text = " ".join(cli.build_parser().format_help().split())
+    assert "ghost a component not installed [unavailable: not installed (pip install ragserve-ghost)]" in help_text
+    assert "broken a component whose import fails [unavailable: ragserve_broken_cli fails to import" in help_text
+    assert cli.main(["broken", "--port", "1"]) == 2
+    assert "no_such_dependency_15" in capsys.readouterr().err
 
 
 def test_version():
