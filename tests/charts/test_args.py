@@ -124,8 +124,12 @@ def test_redis_urls_per_component(render, scenarios):
 
 def test_an_unknown_flag_is_caught(render):
     docs = render({"router": {"extraArgs": ["--no-such-flag"]}, "cachestore": {"extraArgs": ["--memory", "lots"]}})
+    checked = {
+        c["args"][0]: where for where, c in ragserve_containers(docs) if c["args"][0] in ("router", "cachestore")
+    }
+    assert set(checked) == {"router", "cachestore"}  # else the loop below would check nothing
     for where, c in ragserve_containers(docs):
-        if c["args"][0] in ("router", "cachestore"):
+        if c["args"][0] in checked:
             error = parse(c["args"])
             assert isinstance(error, str) and ("--no-such-flag" in error or "lots" in error), where
 

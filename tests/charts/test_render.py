@@ -103,7 +103,26 @@ def test_pods_are_locked_down(manifests):
             assert pod["automountServiceAccountToken"] is False, w["metadata"]["name"]
 
 
-def test_scaling_objects_target_rendered_deployments(manifests):
+# The scenario that must render each kind the loops below check: without it they would pass on nothing.
+RENDERED_BY = {
+    "HorizontalPodAutoscaler": ("hpa", 2),
+    "ScaledObject": ("keda", 1),
+    "ServiceMonitor": ("monitoring", 2),
+    "PodMonitor": ("monitoring", 1),
+    "PrometheusRule": ("monitoring", 1),
+    "HTTPRoute": ("ingress", 1),
+}
+
+
+def assert_checked_kinds_rendered(manifests: list[dict], scenario: str, *kinds: str) -> None:
+    for kind in kinds:
+        where, count = RENDERED_BY[kind]
+        if scenario == where:
+            assert len(of_kind(manifests, kind)) == count, (scenario, kind)
+
+
+def test_scaling_objects_target_rendered_deployments(manifests, scenario):
+    assert_checked_kinds_rendered(manifests, scenario, "HorizontalPodAutoscaler", "ScaledObject")
     deployments = {d["metadata"]["name"] for d in of_kind(manifests, "Deployment")}
     for hpa in of_kind(manifests, "HorizontalPodAutoscaler"):
         assert hpa["spec"]["scaleTargetRef"]["name"] in deployments
@@ -123,7 +142,8 @@ def test_scaling_objects_target_rendered_deployments(manifests):
             assert f'pod=~"{spec["scaleTargetRef"]["name"]}-' in meta["query"], meta["query"]
 
 
-def test_monitors_and_routes_point_at_rendered_objects(manifests):
+def test_monitors_and_routes_point_at_rendered_objects(manifests, scenario):
+    assert_checked_kinds_rendered(manifests, scenario, "ServiceMonitor", "PodMonitor", "PrometheusRule", "HTTPRoute")
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
     pods = [w["spec"]["template"] for w in workloads(manifests)]
     for sm in of_kind(manifests, "ServiceMonitor"):
