@@ -17,6 +17,7 @@ from ragserve.model_source import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -33,6 +34,8 @@ class EngineConfig(FromArgs):
     served_model_name: str | None = option(None, "name clients use (default: the model name)", "model")
     dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
+    quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
+                               choices=QUANTIZATIONS)  # fmt: skip
     seed: int = option(0, "global seed", "model", type=int)
     block_size: int = option(
         16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}
@@ -67,6 +70,7 @@ class EngineConfig(FromArgs):
         sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
         checks = [
             (self.block_size in BLOCK_SIZES, f"block_size must be {sizes}, got {self.block_size}"),
+            (self.quantization in QUANTIZATIONS, f"quantization must be one of {QUANTIZATIONS}"),
             (self.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}"),
             (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {ATTENTION_BACKENDS}"),
             (self.preemption_mode in PREEMPTION_MODES, f"preemption_mode must be one of {PREEMPTION_MODES}"),

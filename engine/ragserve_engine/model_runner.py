@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ragserve.engine_args import EngineConfig
@@ -12,6 +13,7 @@ from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.selector import get_attention_backend
 from ragserve_engine.layers.attention import ForwardContext
+from ragserve_engine.layers.quant_linear import quantize_weights
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.models.loader import load_model
 from ragserve_engine.scheduler import SchedulerOutput
@@ -49,6 +51,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         self.model = model or load_model(source, self.dtype, self.device)
+        if config.quantization != "none" and model is None:
+            quantize_weights(self.model, config.quantization)
         self.model_config = self.model.config
         self.backend = get_attention_backend(config.attention_backend, self.device, config.kv_cache_dtype)
         self.block_size = config.block_size
@@ -105,34 +109,41 @@ class ModelRunner:
         return ModelOutput(logits, prompt_logits)
 
     def _prepare(self, out: SchedulerOutput):
-        bs = self.block_size
-        ids, pos, slots, q_starts, seq_lens, sample_idx, prompt_spans = [], [], [], [0], [], [], {}
-        for s in out.scheduled:
-            seq, start = s.seq, s.seq.num_computed_tokens
-            end = start + s.num_new_tokens
-            table = seq.block_table
+        """Inputs of one step in one pass: Python gathers per-sequence scalars, numpy does the per-token work."""
+        bs, sched = self.block_size, out.scheduled
+        n = len(sched)
+        starts = np.fromiter((s.seq.num_computed_tokens for s in sched), np.int64, n)
+        q_lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)
+        ends = starts + q_lens
+        q_starts = np.zeros(n + 1, np.int64)
+        np.cumsum(q_lens, out=q_starts[1:])
+        width = int(-(-ends.max() // bs))
+        tables = np.zeros((n, width), np.int64)
+        ids: list[int] = []
+        sample_idx, prompt_spans = [], {}
+        for i, s in enumerate(sched):
+            seq, start, end = s.seq, int(starts[i]), int(ends[i])
+            table = seq.block_table[:width]
+            tables[i, : len(table)] = table
             ids += seq.token_ids[start:end]
-            pos += range(start, end)
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             if s.request.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
-                prompt_spans[seq.seq_id] = (start, len(ids) - (end - start), len(ids))
-            q_starts.append(len(ids))
-            seq_lens.append(end)
+                prompt_spans[seq.seq_id] = (start, int(q_starts[i]), int(q_starts[i + 1]))
             if s.sample:
-                sample_idx.append(len(ids) - 1)
-        width = max(-(-n // bs) for n in seq_lens)
-        tables = [s.seq.block_table[:width] + [0] * (width - len(s.seq.block_table[:width])) for s in out.scheduled]
+                sample_idx.append(int(q_starts[i + 1]) - 1)
+        row = np.repeat(np.arange(n), q_lens)
+        pos = np.arange(q_starts[-1]) - q_starts[row] + starts[row]
+        slots = tables[row, pos // bs] * bs + pos % bs
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_start_loc=torch.tensor(q_starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            max_query_len=max(b - a for a, b in zip(q_starts, q_starts[1:], strict=False)),
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=q_starts,
-            seq_lens_cpu=seq_lens,
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            query_start_loc=torch.from_numpy(q_starts.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
+            block_tables=torch.from_numpy(tables.astype(np.int32)).to(dev),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(ends.max()),
+            query_start_loc_cpu=q_starts.tolist(),
+            seq_lens_cpu=ends.tolist(),
         )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        positions = torch.from_numpy(pos).to(dev)
         return input_ids, positions, meta, torch.tensor(sample_idx, dtype=torch.int64, device=dev), prompt_spans

@@ -68,16 +68,22 @@ def top_logprobs(logprobs: torch.Tensor, k: int, token_id: int) -> dict[int, flo
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampleResult]:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        results = []
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = [0] * len(rows)
+        plain = [i for i, row in enumerate(rows) if _plain_greedy(row)]
+        if plain:  # one batched argmax for every greedy row without penalties or blocked tokens
+            idx = torch.tensor(plain, device=logits.device)
+            for i, token in zip(plain, torch.argmax(logits[idx], dim=-1).tolist(), strict=True):
+                tokens[i] = token
         for i, row in enumerate(rows):
-            token = self._sample_row(logits[i].float().clone(), row)
+            if not _plain_greedy(row):
+                tokens[i] = self._sample_row(logits[i].clone(), row)
+        chosen = logprobs[torch.arange(len(rows), device=logits.device), torch.tensor(tokens, device=logits.device)]
+        results = []
+        for i, (row, token, lp) in enumerate(zip(rows, tokens, chosen.tolist(), strict=True)):
             k = row.params.logprobs
-            results.append(
-                SampleResult(
-                    token, float(logprobs[i, token]), None if k is None else top_logprobs(logprobs[i], k, token)
-                )
-            )
+            results.append(SampleResult(token, lp, None if k is None else top_logprobs(logprobs[i], k, token)))
         return results
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
@@ -91,3 +97,7 @@ class Sampler:
         probs = filter_logits(logits, p).softmax(-1)
         q = torch.empty_like(probs).exponential_(generator=row.generator)
         return int(torch.argmax(probs / q))
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    return row.params.greedy and not row.params.needs_penalties and not row.blocked_ids

@@ -37,6 +37,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """Follow the model's device, but keep float32 tables whatever its dtype (as HF does)."""
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        return self
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, KVH, D]."""
         cos = self.cos[positions].unsqueeze(1)
