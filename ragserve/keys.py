@@ -5,6 +5,9 @@ h_i   = SHA-256(h_{i-1} | lp(u32le(tokens of block i)) | lp(extra_i))
 
 lp(x) is x prefixed with its length as u32le, so no two inputs frame alike.
 Only full blocks are hashed; a request's cache_salt is block 0's extra.
+
+Chunks (retrieved documents reused at any position, docs/blend.md) are keyed by content alone:
+chunk = SHA-256(b"ragserve-chunk-v1" | root | lp(salt) | lp(u32le(canonical prefix)) | lp(u32le(tokens)))
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 KEY_SCHEME = "ragserve-kv-v1"
+CHUNK_SCHEME = "ragserve-chunk-v1"
 HASH_BYTES = 32
 
 
@@ -71,6 +75,22 @@ def block_hashes(
         prev = hash_block(prev, block, salt if i == 0 else b"")
         out.append(prev)
     return out
+
+
+def chunk_key(
+    root: bytes, token_ids: Sequence[int], canonical_prefix: Sequence[int] = (), cache_salt: str | None = None
+) -> bytes:
+    """Content key of a chunk's KV, computed after `canonical_prefix` (not part of the chunk) at position 0.
+
+    Independent of where the chunk appears in a prompt; `root` (root_hash) binds the weights and namespace.
+    """
+    if len(root) != HASH_BYTES:
+        raise ValueError(f"root must be {HASH_BYTES} bytes, got {len(root)}")
+    if not token_ids:
+        raise ValueError("a chunk must have at least one token")
+    salt = cache_salt.encode() if cache_salt else b""
+    data = CHUNK_SCHEME.encode() + root + _lp(salt) + _lp(_pack_tokens(canonical_prefix)) + _lp(_pack_tokens(token_ids))
+    return hashlib.sha256(data).digest()
 
 
 @dataclass(frozen=True)

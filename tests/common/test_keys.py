@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from ragserve.keys import KEY_SCHEME, KVLayout, block_hashes, hash_block, root_hash, store_key
+from ragserve.keys import CHUNK_SCHEME, KEY_SCHEME, KVLayout, block_hashes, chunk_key, hash_block, root_hash, store_key
 
 ROOT = "b47c8b0d332603626220dbda1b6809e57e06d6560dffb1e8b234d038f73f24d4"
 BLOCKS = [
@@ -16,6 +16,10 @@ SALTED = [
     "9219e720b5f930117de1113654fab75cb83a6527182e27da3a70b6dbde806808",
     "07e2463781f8b73ecef18ca48fa7e427cb168b315ac567ff400fa859f4c033a4",
 ]
+
+CHUNK = "3a917696f9c7785382f8d637d3e97a1baaa5db526c45bea451a4568b6aad39cb"
+CHUNK_AFTER_PREFIX = "a838e58967ba969bbc934501ceff3b06463d47bd6a68cc958a8f8d88387469ba"
+CHUNK_SALTED = "0a432e36896168106a620cc53871bcb5fc1c62f0c3422e18ff73f1bd37f6d458"
 
 
 def test_scheme_name_is_versioned():
@@ -104,3 +108,28 @@ def test_layout_fingerprint_vector_and_sensitivity():
     assert len({v.fingerprint() for v in variants} | {layout.fingerprint()}) == 6
     key = store_key(layout.fingerprint(), root_hash("x"))
     assert len(key) == 16 + 32 and key.startswith(bytes.fromhex(layout.fingerprint()))
+
+
+def test_chunk_key_vectors_and_definition():
+    assert CHUNK_SCHEME == "ragserve-chunk-v1"
+    root = root_hash("tiny-llama@abc")
+    assert chunk_key(root, list(range(40))).hex() == CHUNK
+    assert chunk_key(root, list(range(40)), [1, 2]).hex() == CHUNK_AFTER_PREFIX
+    assert chunk_key(root, list(range(40)), cache_salt="tenant-a").hex() == CHUNK_SALTED
+    lp = lambda b: struct.pack("<I", len(b)) + b  # noqa: E731
+    manual = b"ragserve-chunk-v1" + root + lp(b"") + lp(b"") + lp(struct.pack("<40I", *range(40)))
+    assert chunk_key(root, list(range(40))) == hashlib.sha256(manual).digest()
+
+
+def test_chunk_key_is_content_only_and_framed():
+    root = root_hash("m")
+    assert chunk_key(root, [5, 6, 7]) == chunk_key(root, [5, 6, 7])
+    assert chunk_key(root, [5, 6, 7]) != chunk_key(root_hash("other"), [5, 6, 7])
+    # the canonical prefix and the chunk are framed apart
+    assert chunk_key(root, [6, 7], [5]) != chunk_key(root, [7], [5, 6])
+    # never equal to a block hash of the same tokens
+    assert chunk_key(root, list(range(16))) != block_hashes(list(range(16)), 16, root)[0]
+    with pytest.raises(ValueError):
+        chunk_key(root, [])
+    with pytest.raises(ValueError):
+        chunk_key(b"short", [1])

@@ -1,0 +1,131 @@
+"""Blender: runs the blended prefill of requests that mark chunks, and the rest of a step through ModelRunner.
+
+A blend request is scheduled whole (scheduler) and without prefix hits; its prefill loads each
+chunk's K/V from the ChunkStore (computing and storing missing ones at the canonical position),
+re-rotates the keys to the chunk's real position, runs blend_forward and writes every row's K/V
+into the sequence's paged blocks, so decoding continues like any other request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ragserve.keys import chunk_key
+from ragserve_engine.blend.forward import ReusePlan, blend_forward
+from ragserve_engine.blend.rope import rerotate
+from ragserve_engine.blend.spec import DEFAULT_CHECK_LAYER, BlendSpec
+from ragserve_engine.blend.store import ChunkStore
+from ragserve_engine.model_runner import ModelOutput, ModelRunner
+from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+
+
+@dataclasses.dataclass
+class BlendCounters:
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+
+
+class Blender:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        root: bytes,
+        recompute_fraction: float,
+        store_bytes: int,
+        canonical_prefix: list[int] = (),
+        check_layer: int = DEFAULT_CHECK_LAYER,
+    ) -> None:
+        self.runner = runner
+        self.model = runner.model
+        self.root = root
+        self.recompute_fraction = recompute_fraction
+        self.store = ChunkStore(store_bytes)
+        self.canonical_prefix = list(canonical_prefix)
+        self.check_layer = check_layer
+        self.counters = BlendCounters()
+
+    # ---- a step -------------------------------------------------------------------------------
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
+        blended = [s for s in out.scheduled if _is_blend_prefill(s)]
+        if not blended:
+            return self.runner.execute(out)
+        ids = {id(s) for s in blended}
+        rest = dataclasses.replace(out, scheduled=[s for s in out.scheduled if id(s) not in ids])
+        base = self.runner.execute(rest) if rest.scheduled else None
+        if base is None:
+            self.runner.copy_blocks(rest)
+        mine = {id(s): self.prefill(s.seq.token_ids, s.seq.block_table, s.request.blend) for s in blended}
+        rows, i = [], 0
+        for s in out.scheduled:
+            if id(s) in mine:
+                rows.append(mine[id(s)])
+            elif s.sample:
+                rows.append(base.logits[i])
+                i += 1
+        return ModelOutput(torch.stack(rows), base.prompt_logits if base else {})
+
+    # ---- one blended prefill ------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int], block_table: list[int], spec: BlendSpec) -> torch.Tensor:
+        """Blend the prompt into its paged blocks; returns the last token's logits."""
+        dev, n, bs = self.runner.device, len(token_ids), self.runner.block_size
+        slots = torch.tensor([block_table[p // bs] * bs + p % bs for p in range(n)], dtype=torch.int64, device=dev)
+        plan = self.plan(token_ids, spec)
+
+        def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            self.runner.backend.write_kv(k, v, self.runner.kv_layers[layer], slots)
+
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
+        hidden, rows = blend_forward(self.model, ids, torch.arange(n, device=dev), plan, write)
+        assert int(rows[-1]) == n - 1, "the last token is always computed"
+        spec.recomputed_tokens = len(rows)
+        spec.reused_tokens = n - len(rows)
+        self.counters.reused_tokens += spec.reused_tokens
+        self.counters.recomputed_tokens += spec.recomputed_tokens
+        return self.model.compute_logits(hidden[-1:])[0]
+
+    def plan(self, token_ids: list[int], spec: BlendSpec) -> ReusePlan:
+        """Stored chunk K/V laid out at the chunks' real positions, and which rows they cover."""
+        n, cfg = len(token_ids), self.model.config
+        dev, dtype = self.runner.device, self.runner.dtype
+        old = torch.zeros((cfg.num_layers, 2, n, cfg.num_kv_heads, cfg.head_dim), dtype=dtype, device=dev)
+        reusable = torch.zeros(n, dtype=torch.bool, device=dev)
+        rotary = self.model.layers[0].self_attn.rotary
+        for start, stop in spec.spans:
+            kv = self.chunk_kv(token_ids[start:stop], spec.cache_salt)
+            old[:, 0, start:stop] = rerotate(kv[:, 0], start - len(self.canonical_prefix), rotary)
+            old[:, 1, start:stop] = kv[:, 1]
+            reusable[start:stop] = True
+        reusable[n - 1] = False  # the last token's logits are sampled: always computed
+        num = spec.num_recompute(int(reusable.sum()), self.recompute_fraction)
+        return ReusePlan(old, reusable, num, min(self.check_layer, cfg.num_layers - 1))
+
+    # ---- chunks -------------------------------------------------------------------------------
+    def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> torch.Tensor:
+        """[num_layers, 2, n, kvh, d] of a chunk at the canonical position: from the store or computed now."""
+        key = chunk_key(self.root, token_ids, self.canonical_prefix, cache_salt)
+        kv = self.store.get(key)
+        if kv is None:
+            kv = self.compute_chunk(token_ids)
+            self.store.put(key, kv)
+        return kv
+
+    @torch.inference_mode()
+    def compute_chunk(self, token_ids: list[int]) -> torch.Tensor:
+        """The chunk's K/V prefilled alone after the canonical prefix, keys rotated at positions P.."""
+        dev, skip = self.runner.device, len(self.canonical_prefix)
+        tokens = self.canonical_prefix + list(token_ids)
+        layers: list[torch.Tensor] = []
+
+        def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            layers.append(torch.stack((k[skip:], v[skip:])))
+
+        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
+        blend_forward(self.model, ids, torch.arange(len(tokens), device=dev), None, keep)
+        return torch.stack(layers).to(self.runner.dtype)
+
+
+def _is_blend_prefill(s: ScheduledSeq) -> bool:
+    return getattr(s.request, "blend", None) is not None and s.seq.num_computed_tokens == 0 and s.sample

@@ -1,0 +1,37 @@
+"""What a request asks of blending: where its chunks are, how much of them to recompute; what it got."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DEFAULT_RECOMPUTE_FRACTION = 0.15
+DEFAULT_CHECK_LAYER = 1
+
+
+@dataclass
+class BlendSpec:
+    spans: list[tuple[int, int]]  # [start, end) token ranges of the prompt that are chunks
+    recompute_fraction: float | None = None  # None: the engine's default
+    cache_salt: str | None = None  # the request's own salt: chunks are keyed under it
+    reused_tokens: int = field(default=0, init=False)  # chunk tokens whose stored K/V were kept
+    recomputed_tokens: int = field(default=0, init=False)  # prompt tokens computed (non-chunk + selected)
+
+    def validate(self, num_prompt_tokens: int) -> None:
+        """Raises ValueError naming what is wrong."""
+        if self.recompute_fraction is not None and not 0.0 <= self.recompute_fraction <= 1.0:
+            raise ValueError("blend recompute fraction must be in [0, 1]")
+        end = 0
+        for start, stop in self.spans:
+            if not end <= start < stop <= num_prompt_tokens:
+                raise ValueError(f"chunk span {(start, stop)} is empty, overlaps or lies outside the prompt")
+            end = stop
+
+    def num_recompute(self, num_chunk_tokens: int, default_fraction: float) -> int:
+        fraction = default_fraction if self.recompute_fraction is None else self.recompute_fraction
+        return min(num_chunk_tokens, math.ceil(fraction * num_chunk_tokens))
+
+
+def prefix_cache_salt(cache_salt: str | None) -> str:
+    """A blended prompt's blocks are approximate: they are cached apart from exactly computed ones."""
+    return f"ragserve-blend:{cache_salt or ''}"

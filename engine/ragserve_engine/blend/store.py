@@ -1,0 +1,57 @@
+"""The engine's chunk KV store: content key -> K/V computed at the canonical position, LRU within a byte budget."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class ChunkStore:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity = capacity_bytes
+        self.used = 0
+        self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.stats = StoreStats()
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        kv = self.entries.get(key)
+        if kv is None:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        self.entries.move_to_end(key)
+        return kv
+
+    def put(self, key: bytes, kv: torch.Tensor) -> bool:
+        """Store kv ([num_layers, 2, n, kvh, d]); False if it alone exceeds the budget."""
+        size = _nbytes(kv)
+        if size > self.capacity:
+            return False
+        if key in self.entries:
+            self.used -= _nbytes(self.entries.pop(key))
+        while self.used + size > self.capacity:
+            _, old = self.entries.popitem(last=False)
+            self.used -= _nbytes(old)
+            self.stats.evictions += 1
+        self.entries[key] = kv
+        self.used += size
+        return True
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
