@@ -17,6 +17,13 @@ NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0..1
 KV_CACHE_USAGE_V0 = "vllm:gpu_cache_usage_perc"  # vLLM v0's name for the same gauge (other engines)
 
+# Engine speeds and queued work, measured by the engine for the router's cost model (ragserve's own names;
+# the same values travel in the registry heartbeat, proto/ragserve/v1/registry.proto Load).
+PREFILL_TOKENS_PER_SECOND = "ragserve:prefill_tokens_per_second"
+DECODE_STEP_SECONDS = "ragserve:decode_step_seconds"
+QUEUED_PREFILL_TOKENS = "ragserve:num_queued_prefill_tokens"
+CACHESTORE_FETCH_SECONDS_PER_BLOCK = "ragserve:cachestore_fetch_seconds_per_block"
+
 # Engine counters.
 PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
@@ -26,6 +33,8 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
 EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
 NUM_PREEMPTIONS = "vllm:num_preemptions"
+# Swap preemptions that recomputed instead (host swap space full); also counted in NUM_PREEMPTIONS.
+NUM_SWAP_FALLBACKS = "ragserve:num_preemption_swap_fallbacks"
 
 # Engine histograms and info.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
@@ -33,6 +42,17 @@ INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
 REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+# Every HTTP answer an engine sent, by final status and error code (ragserve.http.outcomes); not a vLLM series.
+ENGINE_REQUESTS = "ragserve_engine_requests"
+
+# Latency buckets (seconds) of TTFT, end-to-end and queue time, engine and router alike: 5 ms to 10 minutes
+# (CPU engines and long RAG prompts), neighbours at most 2x apart (1.5x from 40 ms up), so a quantile read
+# from them is off by at most one bucket. Inter-token latency: 1 ms to 80 s.
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+LATENCY_BUCKETS += (4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0, 450.0, 600.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+ITL_BUCKETS += (5.0, 10.0, 20.0, 40.0, 80.0)
 
 
 def total(counter: str) -> str:

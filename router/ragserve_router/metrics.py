@@ -1,19 +1,31 @@
-"""Prometheus metrics of the router (prefix ragserve_router_), in a registry of their own."""
+"""Prometheus metrics of the router (prefix ragserve_router_), in a registry of their own.
+
+Every answer is counted once by `count` (ragserve.http.outcomes), with the labels the request left in its
+state: `model` (only a served model, so clients cannot mint series), `engine` and `policy` once routed.
+Series with a known label set start at zero, so "no data" never stands for zero.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+from ragserve.http.outcomes import Outcome
+from ragserve.metric_names import LATENCY_BUCKETS
+
+REGISTRATION_REFUSALS = ("invalid", "tokenizer", "key_scheme", "tokenizer_fingerprint", "block_size")
+REGISTRATION_REFUSALS += ("model_conflict", "probe_hashes")  # ragserve_router.admission.Refused reasons
+DROP_REASONS = ("heartbeat_timeout", "deregister")
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         p = "ragserve_router_"
-        self.requests = Counter(p + "requests", "Requests answered", ["model", "engine", "policy", "code"], registry=r)
-        self.request_errors = Counter(
-            p + "request_errors", "Client-visible errors by kind", ["model", "kind"], registry=r
+        self.requests = Counter(
+            p + "requests",
+            "HTTP answers by final status (499: the client left first) and error code",
+            ["model", "engine", "policy", "code", "reason"],
+            registry=r,
         )
         self.engine_errors = Counter(p + "engine_errors", "Engine failures seen", ["engine", "kind"], registry=r)
         self.retries = Counter(p + "retries", "Requests retried on another engine", ["reason"], registry=r)
@@ -51,6 +63,31 @@ class RouterMetrics:
         self.kv_events = Counter(p + "kv_events", "KV events applied", ["kind"], registry=r)
         self.rate_limited = Counter(p + "rate_limited", "Requests refused by the rate limiter", registry=r)
         self.inflight = Gauge(p + "requests_in_flight", "Requests being proxied", registry=r)
+        self.migrations = Counter(
+            p + "migrations", "Broken engine answers resumed or resent elsewhere, or why not", ["outcome"], registry=r
+        )
+        self._zero()
+
+    def _zero(self) -> None:
+        from ragserve_router.engines import GRPC, K8S, STATIC
+        from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT
+        from ragserve_router.state import CLEARED, REMOVED, STORED
+
+        for family, values in (
+            (self.retries, (CONNECT, TIMEOUT, SERVER_ERROR)),
+            (self.registrations_refused, REGISTRATION_REFUSALS),
+            (self.engines_dropped, DROP_REASONS),
+            (self.kv_events, (STORED, REMOVED, CLEARED)),
+            (self.engines_registered, (GRPC, STATIC, K8S)),
+            (self.migrations, ("resumed", "resent", "no_engine", "limit")),
+        ):
+            for value in values:
+                family.labels(value)
+
+    def count(self, outcome: Outcome) -> None:
+        """One answer (ragserve.http.outcomes.CountResponses)."""
+        labels = (outcome.state.get(k, "") for k in ("model", "engine", "policy"))
+        self.requests.labels(*labels, str(outcome.status), outcome.reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,9 @@
 
 Engine state (queue lengths, KV usage, local and external prefix-cache counters,
 preemptions) is read from `EngineClient.stats()` at scrape time, so it is never stale;
-per-request metrics are observed by the server as requests finish.
+per-request metrics are observed by the server as requests finish, and every HTTP answer is
+counted once by its final status (ragserve.http.outcomes). Series with a known label set start at zero.
+Buckets: ragserve.metric_names (5 ms to 10 minutes).
 """
 
 from __future__ import annotations
@@ -14,13 +16,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ragserve import metric_names as m
+from ragserve.http.outcomes import Outcome
 
 if TYPE_CHECKING:
     from ragserve_engine.engine_client import EngineStats
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -40,6 +40,10 @@ class EngineStateCollector:
             (m.NUM_REQUESTS_RUNNING, "Requests in model execution batches", stats.num_running),
             (m.NUM_REQUESTS_WAITING, "Requests waiting (or swapped out)", stats.num_waiting),
             (m.KV_CACHE_USAGE, "KV-cache usage; 1 means 100 percent", stats.kv_usage),
+            (m.PREFILL_TOKENS_PER_SECOND, "Measured prefill throughput (0: not yet)", stats.prefill_tokens_per_s),
+            (m.DECODE_STEP_SECONDS, "Measured step time at the current decode batch", stats.decode_step_s),
+            (m.QUEUED_PREFILL_TOKENS, "Prompt tokens waiting or partially prefilled", stats.queued_prefill_tokens),
+            (m.CACHESTORE_FETCH_SECONDS_PER_BLOCK, "Measured cachestore fetch cost per block", stats.fetch_s_per_block),
         ]
         for name, doc, value in gauges:
             family = GaugeMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
@@ -59,6 +63,7 @@ class EngineStateCollector:
                 "External (cachestore) prefix-cache hits, in tokens",
                 stats.external_prefix_cache_hits,
             ),
+            (m.NUM_SWAP_FALLBACKS, "Swap preemptions that found the host swap space full", stats.num_swap_fallbacks),
         ]
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
@@ -81,10 +86,11 @@ class EngineMetrics:
         self.prompt_tokens = counter(m.PROMPT_TOKENS, "Prefill tokens processed")
         self.generation_tokens = counter(m.GENERATION_TOKENS, "Generation tokens processed")
         self.request_success = counter(m.REQUEST_SUCCESS, "Successfully finished requests", ["finished_reason"])
-        self.ttft = histogram(m.TIME_TO_FIRST_TOKEN, "Time to first token", TTFT_BUCKETS)
-        self.itl = histogram(m.INTER_TOKEN_LATENCY, "Inter-token latency", ITL_BUCKETS)
-        self.e2e = histogram(m.E2E_REQUEST_LATENCY, "End-to-end request latency", LATENCY_BUCKETS)
-        self.queue_time = histogram(m.REQUEST_QUEUE_TIME, "Time spent waiting", LATENCY_BUCKETS)
+        self.requests = counter(m.ENGINE_REQUESTS, "HTTP answers by final status and error code", ["code", "reason"])
+        self.ttft = histogram(m.TIME_TO_FIRST_TOKEN, "Time to first token", m.LATENCY_BUCKETS)
+        self.itl = histogram(m.INTER_TOKEN_LATENCY, "Inter-token latency", m.ITL_BUCKETS)
+        self.e2e = histogram(m.E2E_REQUEST_LATENCY, "End-to-end request latency", m.LATENCY_BUCKETS)
+        self.queue_time = histogram(m.REQUEST_QUEUE_TIME, "Time spent waiting", m.LATENCY_BUCKETS)
         self.cache_config = Gauge(
             m.CACHE_CONFIG_INFO, "Information of the KV cache config", ["block_size", "num_gpu_blocks"], registry=r
         )
@@ -94,6 +100,11 @@ class EngineMetrics:
             family.labels(model_name)
         for reason in FINISH_REASONS[:2]:
             self.request_success.labels(model_name, reason)
+        self.requests.labels(model_name, "200", "")
+
+    def count(self, outcome: Outcome) -> None:
+        """One HTTP answer (ragserve.http.outcomes.CountResponses)."""
+        self.requests.labels(self.model_name, str(outcome.status), outcome.reason).inc()
 
     def attach_engine(self, stats: Callable[[], EngineStats | None], block_size: int, num_blocks: int) -> None:
         self.registry.register(EngineStateCollector(self.model_name, stats))
