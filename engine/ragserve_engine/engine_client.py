@@ -44,6 +44,7 @@ class EngineStats:
     num_preemptions: int
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
+    num_swap_fallbacks: int = 0  # swap preemptions recomputed instead: the host swap space was full
 
     @property
     def used_blocks(self) -> int:

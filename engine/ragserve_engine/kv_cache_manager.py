@@ -34,10 +34,14 @@ class CacheStats:
 
 @dataclass
 class SwapPool:
-    """Host-memory block slots for swap preemption (ids index the host KV tensor)."""
+    """Host-memory block slots for swap preemption (ids index the host KV tensor), with counters:
+    groups swapped out and in, and swap-outs that found too few free slots (the scheduler then recomputes)."""
 
     num_blocks: int
     free: list[int] = field(default_factory=list)
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+    num_fallbacks: int = 0
 
     def __post_init__(self) -> None:
         self.free = list(range(self.num_blocks - 1, -1, -1))
@@ -197,7 +201,9 @@ class KVCacheManager:
         """Move the blocks of a group to host slots; returns (device, host) pairs or None if full."""
         unique = list({b.block_id: b for s in seqs for b in s.blocks}.values())
         if len(unique) > len(self.swap.free):
+            self.swap.num_fallbacks += 1
             return None
+        self.swap.num_swap_outs += 1
         mapping = dict(zip((b.block_id for b in unique), self.swap.allocate(len(unique)), strict=True))
         for seq in seqs:
             seq.swapped_table = [mapping[b.block_id] for b in seq.blocks]
@@ -215,6 +221,7 @@ class KVCacheManager:
 
     def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         host_ids = list(dict.fromkeys(h for s in seqs for h in s.swapped_table))
+        self.swap.num_swap_ins += 1
         new = dict(zip(host_ids, self.pool.get_new_blocks(len(host_ids)), strict=True))
         for seq in seqs:
             seq.blocks = [new[h] for h in seq.swapped_table]

@@ -248,4 +248,5 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
             external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
+            num_swap_fallbacks=self.kv.swap.num_fallbacks,
         )

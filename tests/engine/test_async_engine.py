@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from ragserve.engine_args import EngineConfig
+from ragserve.keys import block_hashes
 from ragserve_engine.async_engine import AsyncLLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
@@ -73,8 +74,10 @@ def test_kv_events_reach_listeners(engine):
     engine.add_kv_event_listener(seen.extend)
 
     async def main():
-        await collect(engine, "ev", list(range(3000, 3040)), SamplingParams(max_tokens=1))
+        await collect(engine, "ev", prompt, SamplingParams(max_tokens=1))
 
+    prompt = list(range(3000, 3040))  # two full blocks
     asyncio.run(main())
     stored = [h for e in seen if e.kind == "stored" for h in e.block_hashes]
-    assert len(stored) >= 2 and set(stored) <= set(engine.engine.pool.cached) | set(stored)
+    assert stored == block_hashes(prompt, 16, engine.engine.kv.root)[:2]
+    assert set(stored) <= set(engine.engine.pool.cached)  # announced blocks are the ones the cache holds
