@@ -93,7 +93,7 @@ class CountResponses:
 
         async def receive_() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect":
+            if message["type"] == "http.disconnect" and not seen.complete:  # servers say so after the end too
                 seen.gone = True
             return message
 

@@ -10,6 +10,7 @@ from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, runnin
 from tests.helpers.process import until
 
 BLOCKS = 256
+ANSWERS = "ragserve_engine_requests_total"  # every HTTP answer by final status (ragserve.http.outcomes)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,9 @@ def test_cache_config_and_zeroed_counters(engine):
         assert metric(s, name) == 0
     for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
         assert metric(s, name) == 0
+    assert metric(s, ANSWERS, code="200", reason="") == 0  # zero before the first answer, not absent
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "inter_token_latency"):
+        assert metric(s, f"vllm:{name}_seconds_count") == 0
 
 
 def test_counters_and_histograms_move_with_requests(sdk, engine):
@@ -58,6 +62,7 @@ def test_counters_and_histograms_move_with_requests(sdk, engine):
         assert delta(f"vllm:{name}_seconds_count") == 2
     assert delta("vllm:inter_token_latency_seconds_count") == 8  # 4 gaps per 5-token request
     assert delta("vllm:time_to_first_token_seconds_sum") > 0
+    assert delta(ANSWERS, code="200", reason="") == 2
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
 
 
@@ -85,6 +90,8 @@ def test_stream_disconnect_aborts_and_frees_blocks(sdk, engine):
     success = "vllm:request_success_total"
     assert metric(after, success, finished_reason="length") == metric(before, success, finished_reason="length")
     assert "finish=abort" in engine.output()
+    left = f"{ANSWERS}{{code=499,model_name={MODEL_NAME},reason=client_closed}}"
+    until(lambda: scrape(engine.url).get(left, 0) - before.get(left, 0) == 1, what="the 499 counted")
 
 
 def test_non_stream_disconnect_aborts(engine):
@@ -96,6 +103,8 @@ def test_non_stream_disconnect_aborts(engine):
     after = scrape(engine.url)
     generated = metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
     assert generated < 3000
+    left = f"{ANSWERS}{{code=499,model_name={MODEL_NAME},reason=client_closed}}"
+    until(lambda: scrape(engine.url).get(left, 0) - before.get(left, 0) == 1, what="the 499 counted")
     ok = sdk_free_request(engine)
     assert ok["usage"]["completion_tokens"] == 2
 
