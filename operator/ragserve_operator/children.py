@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from ragserve_operator.cachestore import cachestore_service, cachestore_statefulset
-from ragserve_operator.engines import cachestore_addresses, engine_deployment, engine_service, pool_replicas
+from ragserve_operator.engines import cachestore_addresses, engine_deployment, engine_service
 from ragserve_operator.names import Owner
+from ragserve_operator.pools import pool_object
 from ragserve_operator.redis import redis_configmap, redis_deployment, redis_service
 from ragserve_operator.router import registry_service, router_deployment, router_service
 from ragserve_operator.scaling.hpa_keda import engine_hpa, engine_scaledobject
-from ragserve_operator.spec import RAGServeSpec
+from ragserve_operator.spec import POOL_KIND, RAGServeSpec
 
 # kinds the operator creates, and so may prune
-OWNED_KINDS = ("Deployment", "StatefulSet", "Service", "ConfigMap", "HorizontalPodAutoscaler", "ScaledObject")
+OWNED_KINDS = (
+    POOL_KIND,
+    "Deployment",
+    "StatefulSet",
+    "Service",
+    "ConfigMap",
+    "HorizontalPodAutoscaler",
+    "ScaledObject",
+)
 
 
 def endpoints_configmap(owner: Owner, spec: RAGServeSpec) -> dict:
@@ -32,13 +41,13 @@ def endpoints_configmap(owner: Owner, spec: RAGServeSpec) -> dict:
     }
 
 
-def desired_children(owner: Owner, spec: RAGServeSpec, live_replicas: dict[str, int | None]) -> list[dict]:
-    """live_replicas: engine Deployment name -> its current spec.replicas (None when it does not exist)."""
+def desired_children(owner: Owner, spec: RAGServeSpec, replicas: dict[str, int]) -> list[dict]:
+    """replicas: pool name -> the pool's replicas (its RAGServeEnginePool's spec.replicas)."""
     out = [endpoints_configmap(owner, spec), router_deployment(owner, spec), router_service(owner, spec)]
     out.append(registry_service(owner, spec))
     for pool in spec.pools:
-        replicas = pool_replicas(spec, pool, live_replicas.get(owner.child("engine", pool.name)))
-        out += [engine_deployment(owner, spec, pool, replicas), engine_service(owner, pool)]
+        out.append(pool_object(owner, spec, pool))
+        out += [engine_deployment(owner, spec, pool, replicas[pool.name]), engine_service(owner, pool)]
         if spec.autoscaling["mode"] == "hpa":
             out.append(engine_hpa(owner, spec, pool))
         elif spec.autoscaling["mode"] == "keda":

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     add_flag(parser, "--peering", default=None, help="kopf peering name to run several replicas (default: standalone)")
     add_flag(parser, "--verbose", action="store_true", help="debug logging")
-    add_flag(parser, "--print-crd", action="store_true", help="print the RAGServe CRD (YAML) and exit")
+    add_flag(
+        parser, "--print-crd", action="store_true", help="print the CRDs (RAGServe, RAGServeEnginePool; YAML) and exit"
+    )
 
 
 def namespaces_of(args: argparse.Namespace) -> list[str]:
@@ -37,9 +39,9 @@ def namespaces_of(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.print_crd:
-        from ragserve_operator.crd import crd_yaml
+        from ragserve_operator.crd import crds_yaml
 
-        sys.stdout.write(crd_yaml())
+        sys.stdout.write(crds_yaml())
         return 0
     namespaces = namespaces_of(args)
     if args.kubeconfig:

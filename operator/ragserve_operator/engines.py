@@ -43,20 +43,8 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
     )
 
 
-def pool_replicas(spec: RAGServeSpec, pool: Pool, current: int | None) -> int | None:
-    """Replicas to write: the spec's without autoscaling; with it, the live value kept within min/max
-    (the autoscaler owns it), or None (leave it to the HPA) once the HPA / KEDA manages the pool."""
-    raw, mode = pool.raw, spec.autoscaling["mode"]
-    if mode == "none":
-        return raw["replicas"]
-    if current is None:
-        return raw["minReplicas"]
-    if mode == "operator":
-        return min(max(current, raw["minReplicas"]), raw["maxReplicas"])
-    return None
-
-
-def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int | None) -> dict:
+def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int) -> dict:
+    """replicas: the pool's (its RAGServeEnginePool's spec.replicas)."""
     name, raw = owner.child("engine", pool.name), pool.raw
     gpus = raw["gpus"]
     volumes, mounts = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}], []
@@ -97,12 +85,11 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
     # a GPU pool cannot surge (no spare GPUs): replace one pod at a time instead
     rolling = {"maxSurge": 0, "maxUnavailable": 1} if gpus else {"maxSurge": 1, "maxUnavailable": 0}
     body = {
+        "replicas": replicas,
         "selector": {"matchLabels": owner.selector("engine", pool.name)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         "template": pod_template(owner, spec, "engine", pool.name, pod),
     }
-    if replicas is not None:
-        body = {"replicas": replicas, **body}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

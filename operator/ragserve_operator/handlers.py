@@ -15,9 +15,10 @@ from ragserve_operator.names import MANAGED_BY, MANAGED_BY_LABEL, owner_of
 from ragserve_operator.reconcile import reconcile
 from ragserve_operator.scaling.autoscale_pass import autoscale_once, interval_of
 from ragserve_operator.scaling.decision import Stabilizer
-from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from ragserve_operator.spec import GROUP, PLURAL, POOL_PLURAL, VERSION
 
 CHILD_RESOURCES = [
+    (GROUP, VERSION, POOL_PLURAL),
     ("apps", "v1", "deployments"),
     ("apps", "v1", "statefulsets"),
     ("", "v1", "services"),

@@ -1,4 +1,5 @@
-"""A small generic client for the few kinds the operator manages: get, list, create, merge-patch, delete.
+"""A small generic client for the few kinds the operator manages: get, list, server-side apply,
+merge-patch (status, /scale), delete.
 
 Built on the `kubernetes` package's ApiClient (auth, TLS, kubeconfig / in-cluster config)."""
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from ragserve_operator.spec import GROUP, PLURAL, POOL_KIND, POOL_PLURAL, VERSION
 
 TIMEOUT_S = 30.0
 
@@ -34,13 +35,18 @@ KINDS: dict[str, Kind] = {
     "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": Kind("keda.sh/v1alpha1", "scaledobjects"),
     "RAGServe": Kind(f"{GROUP}/{VERSION}", PLURAL),
+    POOL_KIND: Kind(f"{GROUP}/{VERSION}", POOL_PLURAL),
 }
+FIELD_MANAGER = "ragserve-operator"  # owns every field of the children it applies
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, causes: list[dict] | None = None) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.causes = causes or []  # the Status' details.causes (an apply conflict: field + manager)
 
 
 def load_config(kubeconfig: str | None = None) -> client.ApiClient:
@@ -56,17 +62,17 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
 
-    def _call(self, method: str, path: str, body: Any = None, query: list | None = None, patch: bool = False) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, query: list | None = None, content: str = "") -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json" if patch else "application/json"
+            headers["Content-Type"] = content or "application/json"  # an apply patch is sent as JSON (JSON is YAML)
         request = self.api.param_serialize(
             method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
         )
         response = self.api.call_api(*request, _request_timeout=TIMEOUT_S)
         response.read()
         if not 200 <= response.status < 300:
-            raise KubeError(response.status, _message(response.data))
+            raise KubeError(response.status, *_message(response.data))
         return json.loads(response.data) if response.data else None
 
     @staticmethod
@@ -88,11 +94,20 @@ class Kube:
         # filter here too, so a server that ignores labelSelector gives the same answer
         return [i for i in items if labels.items() <= (i.get("metadata", {}).get("labels") or {}).items()]
 
-    def create(self, obj: dict) -> dict:
-        return self._call("POST", self.path(obj["kind"], obj["metadata"]["namespace"]), body=obj)
+    def apply(self, obj: dict, force: bool, manager: str = FIELD_MANAGER) -> dict:
+        """Server-side apply: `obj` is everything `manager` wants set; fields it set before and leaves out
+        now are removed, other managers' fields stay. Without force, a field another manager set to another
+        value is a 409 whose causes name it."""
+        path = self.path(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        query = [("fieldManager", manager), ("force", "true" if force else "false")]
+        return self._call("PATCH", path, body=obj, query=query, content=APPLY)
 
-    def patch(self, kind: str, namespace: str, name: str, body: dict, sub: str | None = None) -> dict:
-        return self._call("PATCH", self.path(kind, namespace, name, sub), body=body, patch=True)
+    def patch(
+        self, kind: str, namespace: str, name: str, body: dict, sub: str | None = None, manager: str = FIELD_MANAGER
+    ) -> dict:
+        """A merge patch (status, a /scale write): an Update by `manager`."""
+        path = self.path(kind, namespace, name, sub)
+        return self._call("PATCH", path, body=body, query=[("fieldManager", manager)], content=MERGE)
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
@@ -102,8 +117,9 @@ class Kube:
                 raise
 
 
-def _message(data: bytes | None) -> str:
+def _message(data: bytes | None) -> tuple[str, list[dict]]:
     try:
-        return json.loads(data or b"{}").get("message") or "no message"
-    except ValueError:
-        return (data or b"")[:200].decode(errors="replace")
+        status = json.loads(data or b"{}")
+        return status.get("message") or "no message", (status.get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        return (data or b"")[:200].decode(errors="replace"), []

@@ -1,4 +1,4 @@
-"""One reconcile pass for a RAGServe: validate, apply the children, prune, write the status."""
+"""One reconcile pass for a RAGServe: validate, size the pools, apply the children, prune, write the status."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ragserve_operator.apply import Emit, NotOwnedError, apply_all, contains, prune
+from ragserve_operator.apply import Applied, Emit, NotOwnedError, apply_all, contains, prune
 from ragserve_operator.children import OWNED_KINDS, desired_children
 from ragserve_operator.kube import Kube, KubeError
 from ragserve_operator.names import Owner
-from ragserve_operator.spec import RAGServeSpec, SpecError, parse_spec
+from ragserve_operator.pools import pool_status, replicas_of, scale, scale_to
+from ragserve_operator.spec import POOL_KIND, RAGServeSpec, SpecError, parse_spec
 from ragserve_operator.status import WORKLOADS, component, degraded_status, healthy_status
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,30 @@ def write_status(kube: Kube, owner: Owner, previous: dict, status: dict) -> None
         kube.patch("RAGServe", owner.namespace, owner.name, {"status": status}, sub="status")
 
 
-def apply_spec(kube: Kube, owner: Owner, spec: RAGServeSpec, emit: Emit) -> list:
-    names = [owner.child("engine", pool.name) for pool in spec.pools]
-    fetched = {("Deployment", name): kube.get("Deployment", owner.namespace, name) for name in names}
-    live_replicas = {name: (obj or {}).get("spec", {}).get("replicas") for (_, name), obj in fetched.items()}
-    desired = desired_children(owner, spec, live_replicas)
+def apply_spec(kube: Kube, owner: Owner, spec: RAGServeSpec, emit: Emit) -> Applied:
+    """Pools first: a /scale write the spec asks for goes before the apply that records it (the declared
+    annotation), to a new pool right after its creation; every Deployment gets its pool's replicas."""
+    names = {pool.name: owner.child("engine", pool.name) for pool in spec.pools}
+    fetched = {(POOL_KIND, name): kube.get(POOL_KIND, owner.namespace, name) for name in names.values()}
+    replicas = {}
+    for pool in spec.pools:
+        key = (POOL_KIND, names[pool.name])
+        write = scale_to(spec, pool, fetched[key])  # never None for a pool without replicas yet
+        if write is not None and fetched[key] is not None and owner.owns(fetched[key]):
+            fetched[key] = scale(kube, owner, names[pool.name], write)
+        replicas[pool.name] = replicas_of(fetched[key]) if write is None else write
+    desired = desired_children(owner, spec, replicas)
     applied = apply_all(kube, owner, desired, emit, fetched)
+    for pool in spec.pools:
+        name = names[pool.name]
+        live = applied.live[(POOL_KIND, name)]
+        if replicas_of(live) is None:
+            live = scale(kube, owner, name, replicas[pool.name])
+        status = pool_status(owner, pool, applied.live[("Deployment", name)])
+        if not contains(live.get("status") or {}, status):
+            kube.patch(POOL_KIND, owner.namespace, name, {"status": status}, sub="status")
     prune(kube, owner, desired, OWNED_KINDS, emit)
-    return [component(obj) for (kind, _), obj in applied.live.items() if kind in WORKLOADS]
+    return applied
 
 
 def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], Emit]) -> dict | None:
@@ -76,7 +93,9 @@ def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], E
         previous = body.get("status") or {}
         try:
             spec = parse_spec(body.get("spec"), owner.name)
-            status = healthy_status(previous, generation, apply_spec(kube, owner, spec, emit))
+            applied = apply_spec(kube, owner, spec, emit)
+            components = [component(obj) for (kind, _), obj in applied.live.items() if kind in WORKLOADS]
+            status = healthy_status(previous, generation, components, applied.conflicts)
         except SpecError as exc:
             status = degraded_status(previous, generation, "InvalidSpec", f"invalid spec: {exc}")
         except (KubeError, NotOwnedError) as exc:

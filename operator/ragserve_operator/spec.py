@@ -18,6 +18,8 @@ GROUP = "ragserve.dev"
 VERSION = "v1alpha1"
 PLURAL = "ragserves"
 KIND = "RAGServe"
+POOL_KIND = "RAGServeEnginePool"  # one per engine pool, owned by its RAGServe: what scaling tools target
+POOL_PLURAL = "ragserveenginepools"
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 31  # children are named <name>-engine-<pool> (pool <= 24): DNS labels stay <= 63
 

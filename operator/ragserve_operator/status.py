@@ -60,7 +60,11 @@ def condition(previous: list[dict], type_: str, ok: bool, reason: str, message: 
     return out
 
 
-def healthy_status(previous: dict, generation: int | None, components: list[Component]) -> dict:
+def healthy_status(
+    previous: dict, generation: int | None, components: list[Component], conflicts: list[str] | None = None
+) -> dict:
+    """conflicts: apply conflicts of this pass (fields another manager had changed, taken back); the last
+    ones stay in status (a merge patch without the key keeps it) until a pass has new ones."""
     waiting = [c for c in components if not c.done]
     unready = [c for c in components if c.ready < c.desired]
     engines = [c for c in components if c.component == "engine"]
@@ -72,7 +76,7 @@ def healthy_status(previous: dict, generation: int | None, components: list[Comp
         condition(old, "Progressing", bool(waiting), "RollingOut" if waiting else "Complete", progress_msg, generation),
         condition(old, "Degraded", False, "SpecValid", "the spec is valid and applied", generation),
     ]
-    return {
+    out = {
         "observedGeneration": generation,
         "phase": "Ready" if not waiting else "Progressing",
         "message": ready_msg if unready else progress_msg,
@@ -83,6 +87,9 @@ def healthy_status(previous: dict, generation: int | None, components: list[Comp
             {k: v for k, v in asdict(c).items() if k not in ("current", "component") and v != ""} for c in components
         ],
     }
+    if conflicts:
+        out["lastApplyConflicts"] = {"time": now(), "conflicts": conflicts}
+    return out
 
 
 def degraded_status(previous: dict, generation: int | None, reason: str, message: str) -> dict:

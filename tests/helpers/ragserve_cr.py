@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from ragserve_operator.spec import GROUP, PLURAL, VERSION
+from ragserve_operator.spec import GROUP, PLURAL, POOL_PLURAL, VERSION
 
 NS = "rs-test"  # the namespace tests/operator/conftest.py declares
 RAGSERVES = f"{GROUP}/{VERSION}/{PLURAL}"
+POOLS = f"{GROUP}/{VERSION}/{POOL_PLURAL}"
 BASE = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
+POOLS_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{POOL_PLURAL}"
 DEPLOYMENTS = "apps/v1/deployments"
 
 

@@ -1,9 +1,10 @@
 """An in-memory Kubernetes API (kmock) on loopback, and the operator as a real subprocess against it.
 
-kmock's emulator stores objects and streams watch events but is no API server; KubeSim adds the few
+kmock's emulator stores objects and streams watch events but is no API server; KubeSim adds the
 server behaviours the operator relies on: uid / creationTimestamp / generation / resourceVersion,
-generation bumps on spec changes, generateName, the namespace from the URL, and listing the
-cluster-scoped namespaces.
+generation bumps on spec changes, generateName, the namespace from the URL, listing the cluster-scoped
+namespaces, server-side apply with field ownership (server_side_apply.py: managedFields on every write,
+apply patches, conflicts) and the `scale` subresource of custom resources that declare one.
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import aiohttp.web
 import kmock
 import pytest
 import pytest_asyncio
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import parsing as kmock_parsing
 
+from ragserve_operator.crd import pool_crd
+from ragserve_operator.spec import POOL_KIND
 from tests.helpers.net import free_ports as _free_ports
 from tests.helpers.process import Proc, start, until_async
-from tests.helpers.ragserve_cr import NS, RAGSERVES
+from tests.helpers.ragserve_cr import NS, POOLS, RAGSERVES
+from tests.operator import server_side_apply as ssa
 
 _parse_path = kmock_parsing.parse_path
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
@@ -41,6 +47,7 @@ def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
 class KubeSim(kmock.KubernetesEmulator):
     namespace = NS
     _version = 0
+    scale_paths: dict = {}  # resource -> the CRD's scale subresource (specReplicasPath, ...)
 
     def obj(self, resource: str | kmock.resource, name: str, namespace: str = NS) -> dict | None:
         """The stored object (e.g. obj("apps/v1/deployments", "x")), None if absent or deleted."""
@@ -57,6 +64,10 @@ class KubeSim(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request):
         data = request.data
+        if request.resource is not None and request.subresource == "scale":
+            return await self._serve_scale(request)
+        if request.resource is not None and request.action == kmock.action.UPDATE and _is_apply(request):
+            return await self._serve_apply(request)
         if request.resource is not None and request.action == kmock.action.UPDATE and isinstance(data, list):
             # a JSON patch (kopf's, guarded by a "test" of resourceVersion): 422 on a stale version, as the
             # API server answers, else apply it and bump the version
@@ -76,7 +87,89 @@ class KubeSim(kmock.KubernetesEmulator):
                 meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).isoformat())
             elif request.action == kmock.action.UPDATE and request.subresource is None and "spec" in data:
                 self._bump_generation(request, data)
+        if request.resource is not None and request.subresource is None:
+            self._record_update(request)
         return await super()._handle(request)
+
+    def _record_update(self, request: kmock.Request) -> None:
+        """managedFields after a create, merge patch or JSON patch: its manager owns what it changed."""
+        data, manager = request.data, _manager(request)
+        if request.action == kmock.action.CREATE and isinstance(data, dict):
+            data["metadata"]["managedFields"] = ssa.update(None, copy.deepcopy(data), manager)["metadata"][
+                "managedFields"
+            ]
+            return
+        live = self.obj(request.resource, request.name, request.namespace) if request.name else None
+        if request.action != kmock.action.UPDATE or live is None or not isinstance(data, dict | list):
+            return
+        new = kmock_dicts.patch_dict(copy.deepcopy(live), data)
+        fields = ssa.update(live, copy.deepcopy(dict(new)), manager)["metadata"]["managedFields"]
+        if isinstance(data, dict):
+            data.setdefault("metadata", {})["managedFields"] = fields
+        else:
+            data.append({"op": "add", "path": "/metadata/managedFields", "value": fields})
+
+    async def _serve_apply(self, request: kmock.Request) -> aiohttp.web.Response:
+        """PATCH with application/apply-patch+yaml: create or merge, as the manager's whole intent."""
+        manager = request.params.get("fieldManager")
+        if not manager or not isinstance(request.data, dict):
+            return _status(422, "Invalid", "fieldManager is required for apply patches")
+        live = self.obj(request.resource, request.name, request.namespace)
+        try:
+            new = ssa.apply(live, request.data, manager, force=request.params.get("force") == "true")
+        except ssa.Conflict as exc:
+            return aiohttp.web.json_response(exc.status(), status=409)
+        return aiohttp.web.json_response(await self._store(request, live, new))
+
+    async def _serve_scale(self, request: kmock.Request) -> aiohttp.web.Response:
+        """The `scale` subresource: an autoscaling/v1 Scale view of the paths the CRD declares."""
+        paths = self.scale_paths.get(request.resource)
+        live = self.obj(request.resource, request.name, request.namespace)
+        if paths is None or live is None:
+            return _status(404, "NotFound", f"{request.resource} {request.name} has no scale subresource")
+        if request.action == kmock.action.UPDATE or request.method.upper() == "PUT":
+            replicas = ((request.data or {}).get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                return _status(422, "Invalid", "spec.replicas: must be a non-negative integer")
+            new = copy.deepcopy(live)
+            _set(new, paths["specReplicasPath"], replicas)
+            live = await self._store(request, live, ssa.update(live, new, _manager(request)))
+        return aiohttp.web.json_response(
+            {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {k: live["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")},
+                "spec": {"replicas": _get(live, paths["specReplicasPath"])},
+                "status": {
+                    "replicas": _get(live, paths["statusReplicasPath"]) or 0,
+                    "selector": _get(live, paths.get("labelSelectorPath", "")) or "",
+                },
+            }
+        )
+
+    async def _store(self, request: kmock.Request, live: dict | None, new: dict) -> dict:
+        """Write `new` (created when `live` is None) and stream the event; a write that changes nothing
+        is no write (same resourceVersion, no event), as on the API server."""
+        if live is not None and new == live:
+            return live
+        meta = new.setdefault("metadata", {})
+        meta["resourceVersion"] = self._next_version()
+        if live is None:
+            meta.update(name=request.name, namespace=request.namespace, uid=str(uuid.uuid4()), generation=1)
+            meta["creationTimestamp"] = datetime.datetime.now(datetime.UTC).isoformat()
+        elif new.get("spec") != live.get("spec"):
+            meta["generation"] = live["metadata"].get("generation", 1) + 1
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self.objects:
+                self.objects[key] = new
+            elif live is None:
+                self.objects[key].create(new)
+            else:
+                self.objects[key].patch([{"op": "replace", "path": "", "value": new}])
+            raw = self.objects[key].raw
+            await self._buses[request.resource].put({"type": "ADDED" if live is None else "MODIFIED", "object": raw})
+        return raw
 
     def _check_version(self, request: kmock.Request, ops: list) -> None:
         live = self.obj(request.resource, request.name, request.namespace) or {}
@@ -97,6 +190,35 @@ class KubeSim(kmock.KubernetesEmulator):
         merged = kmock_dicts.patch_dict(copy.deepcopy(live), data)
         if merged.get("spec") != live.get("spec"):
             data.setdefault("metadata", {})["generation"] = live.get("metadata", {}).get("generation", 1) + 1
+
+
+def _is_apply(request: kmock.Request) -> bool:
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    return headers.get("content-type", "").split(";")[0].strip() == APPLY_PATCH
+
+
+def _manager(request: kmock.Request) -> str:
+    """?fieldManager=, else the client's name from its User-Agent (the API server's default)."""
+    agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "unknown")
+    return request.params.get("fieldManager") or agent.split("/")[0]
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message}
+    return aiohttp.web.json_response({**body, "code": code}, status=code)
+
+
+def _get(obj: dict, path: str) -> object:
+    for key in path.strip(".").split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _set(obj: dict, path: str, value: object) -> None:
+    *parents, last = path.strip(".").split(".")
+    for key in parents:
+        obj = obj.setdefault(key, {})
+    obj[last] = value
 
 
 def kubeconfig(url: str, path: Path) -> Path:
@@ -121,6 +243,10 @@ async def kube(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeSim]:
         sim.resources[RAGSERVES] = kmock.ResourceInfo(
             kind="RAGServe", singular="ragserve", namespaced=True, subresources={"status"}, verbs=verbs
         )
+        sim.resources[POOLS] = kmock.ResourceInfo(
+            kind=POOL_KIND, singular=POOL_KIND.lower(), namespaced=True, subresources={"status", "scale"}, verbs=verbs
+        )
+        sim.scale_paths = {kmock.resource(POOLS): pool_crd()["spec"]["versions"][0]["subresources"]["scale"]}
         sim.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
             kind="ScaledObject", singular="scaledobject", namespaced=True, verbs=verbs
         )
@@ -174,7 +300,7 @@ async def operator(run_operator: Callable) -> subprocess.Popen:
     return await run_operator()
 
 
-WATCHED = ("ragserves", "deployments", "statefulsets", "services", "configmaps")
+WATCHED = ("ragserves", "ragserveenginepools", "deployments", "statefulsets", "services", "configmaps")
 
 
 def _watching(sim: KubeSim) -> bool:

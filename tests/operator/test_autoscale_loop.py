@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
-from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, operator_autoscaled, ragserve
+from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, POOLS_PATH, operator_autoscaled, ragserve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 
@@ -96,13 +96,15 @@ async def test_hpa_and_keda_modes_take_over_and_hand_back(kube, operator, eventu
     body = ragserve("ext", AUTOSCALED)
     await kube.call("POST", BASE, body)
     await eventually(lambda: replicas(kube, "ext-engine-a") == 1, what="pool")
-    await kube.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/ext-engine-a", {"spec": {"replicas": 2}})
+    await kube.call("PATCH", f"{POOLS_PATH}/ext-engine-a/scale?fieldManager=kubectl", {"spec": {"replicas": 2}})
+    await eventually(lambda: replicas(kube, "ext-engine-a") == 2, what="kubectl scale")
 
     hpas = "autoscaling/v2/horizontalpodautoscalers"
     await kube.call("PATCH", f"{BASE}/ext", {"spec": {"autoscaling": {"mode": "hpa"}}})
     await eventually(lambda: kube.obj(hpas, "ext-engine-a"), what="HPA")
-    assert kube.obj(hpas, "ext-engine-a")["spec"]["maxReplicas"] == 3
-    assert replicas(kube, "ext-engine-a") == 2  # the HPA owns replicas now: left as they are
+    hpa = kube.obj(hpas, "ext-engine-a")["spec"]
+    assert hpa["maxReplicas"] == 3 and hpa["scaleTargetRef"]["kind"] == "RAGServeEnginePool"
+    assert replicas(kube, "ext-engine-a") == 2  # the HPA's to change now: left as they are
 
     await kube.call("PATCH", f"{BASE}/ext", {"spec": {"autoscaling": {"mode": "keda"}}})
     await eventually(lambda: kube.obj("keda.sh/v1alpha1/scaledobjects", "ext-engine-a"), what="ScaledObject")

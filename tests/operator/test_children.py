@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 
+import jsonschema
 import kubernetes_validate
 import pytest
 
 from ragserve.cli import build_parser
 from ragserve_operator.children import desired_children
-from ragserve_operator.engines import pool_replicas
+from ragserve_operator.crd import pool_crd
 from ragserve_operator.names import Owner
-from ragserve_operator.spec import parse_spec
+from ragserve_operator.pools import DECLARED, scale_to
+from ragserve_operator.spec import POOL_KIND, parse_spec
 
 OWNER = Owner("demo", "ns1", "4b1c2a0e-0000-4000-8000-000000000001")
 FULL = {
@@ -42,7 +44,8 @@ SPECS = {
 
 
 def children(name: str) -> list[dict]:
-    return desired_children(OWNER, parse_spec(SPECS[name], OWNER.name), {})
+    spec = parse_spec(SPECS[name], OWNER.name)
+    return desired_children(OWNER, spec, {pool.name: 1 for pool in spec.pools})
 
 
 def by_name(objs: list[dict], kind: str, name: str) -> dict:
@@ -63,10 +66,8 @@ def parse(container: dict) -> argparse.Namespace:
     args = [
         a.replace("$(POD_IP)", values["POD_IP"]).replace("$(POD_NAME)", values["POD_NAME"]) for a in container["args"]
     ]
-    subcommand = args[0]
     parser = build_parser()
-    if subcommand not in parser._subparsers._group_actions[0].choices:
-        pytest.skip(f"`ragserve {subcommand}` is not in this tree yet")
+    assert args[0] in parser._subparsers._group_actions[0].choices, f"`ragserve {args[0]}` is not a CLI subcommand"
     return parser.parse_args(args)
 
 
@@ -78,6 +79,10 @@ def test_children_are_valid_kubernetes_objects(name: str):
     for obj in objs:
         assert obj["metadata"]["ownerReferences"] == [OWNER.reference()]
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ragserve-operator"
+        if obj["kind"] == POOL_KIND:  # ours: the CRD's schema
+            schema = pool_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            jsonschema.Draft4Validator(schema).validate(obj)
+            continue
         if obj["kind"] == "ScaledObject":  # a KEDA CRD: not in the Kubernetes schemas
             continue
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
@@ -173,10 +178,30 @@ def test_secret_redis_url_goes_through_env():
     assert not [o for o in objs if o["metadata"]["name"] == "demo-redis"]
 
 
+POOL_REF = {"apiVersion": "ragserve.dev/v1alpha1", "kind": "RAGServeEnginePool"}
+
+
+def test_pools():
+    """One RAGServeEnginePool per pool, the pool's Deployment sized by it; replicas is never applied."""
+    spec = parse_spec(FULL, OWNER.name)
+    objs = desired_children(OWNER, spec, {"small": 3, "big": 2})
+    small = by_name(objs, POOL_KIND, "demo-engine-small")
+    assert small["spec"] == {
+        "model": "smollm2-135m",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "deployment": "demo-engine-small",
+    }
+    assert small["metadata"]["annotations"] == {DECLARED: "1"}
+    assert small["metadata"]["labels"]["ragserve.dev/pool"] == "small"
+    assert by_name(objs, "Deployment", "demo-engine-small")["spec"]["replicas"] == 3
+    assert by_name(objs, "Deployment", "demo-engine-big")["spec"]["replicas"] == 2
+
+
 def test_hpa_mode():
     objs = children("hpa")
     hpa = by_name(objs, "HorizontalPodAutoscaler", "demo-engine-small")["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "demo-engine-small"}
+    assert hpa["scaleTargetRef"] == POOL_REF | {"name": "demo-engine-small"}
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 4)
     targets = {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"] for m in hpa["metrics"]}
     assert targets == {
@@ -189,7 +214,7 @@ def test_hpa_mode():
 
 def test_keda_mode():
     scaled = by_name(children("keda"), "ScaledObject", "demo-engine-big")["spec"]
-    assert scaled["scaleTargetRef"] == {"name": "demo-engine-big"}
+    assert scaled["scaleTargetRef"] == POOL_REF | {"name": "demo-engine-big"}
     queries = {t["name"]: (t["metricType"], t["metadata"]["query"]) for t in scaled["triggers"]}
     pods = 'namespace="ns1",pod=~"demo-engine-big-[a-z0-9]+-[a-z0-9]{5}"'
     assert queries["vllm-num-requests-waiting"] == ("AverageValue", f"sum(vllm:num_requests_waiting{{{pods}}})")
@@ -204,19 +229,24 @@ def test_no_cachestore():
 
 
 @pytest.mark.parametrize(
-    "mode,current,expected",
+    "mode,current,noted,expected",
     [
-        ("none", None, 1),
-        ("none", 5, 1),  # the spec's replicas rule
-        ("operator", None, 2),  # created at minReplicas
-        ("operator", 3, 3),  # the autoscaler's choice is kept
-        ("operator", 9, 4),  # ... within min/max
-        ("operator", 1, 2),
-        ("hpa", None, 2),
-        ("hpa", 3, None),  # the HPA owns replicas once it exists
-        ("keda", 7, None),
+        ("none", None, None, 3),  # a new pool: the spec's replicas
+        ("none", 5, "3", None),  # scaled by someone else since: theirs stands
+        ("none", 5, "2", 3),  # the spec's replicas changed: applied
+        ("none", 5, "autoscaled", 3),  # autoscaling switched off: the spec's replicas again
+        ("none", 3, "2", None),  # changed, but already there
+        ("operator", None, None, 2),  # created at minReplicas
+        ("operator", 3, "autoscaled", None),  # the autoscaler's choice is kept
+        ("operator", 9, "autoscaled", 4),  # ... within min/max
+        ("operator", 1, "autoscaled", 2),
+        ("hpa", None, None, 2),
+        ("hpa", 3, "3", None),  # the HPA's from then on
+        ("keda", 7, "autoscaled", None),
     ],
 )
-def test_pool_replicas(mode: str, current: int | None, expected: int | None):
-    spec = parse_spec({"engines": [{"name": "a", "model": "m", "minReplicas": 2}], "autoscaling": {"mode": mode}})
-    assert pool_replicas(spec, spec.pools[0], current) == expected
+def test_scale_writes_of_the_reconcile(mode: str, current: int | None, noted: str | None, expected: int | None):
+    raw = {"engines": [{"name": "a", "model": "m", "replicas": 3, "minReplicas": 2}], "autoscaling": {"mode": mode}}
+    spec = parse_spec(raw)
+    live = None if noted is None else {"metadata": {"annotations": {DECLARED: noted}}, "spec": {"replicas": current}}
+    assert scale_to(spec, spec.pools[0], live) == expected

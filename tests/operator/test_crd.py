@@ -1,6 +1,7 @@
-"""The RAGServe CRD: a valid apiextensions object, one source (crd_template.yaml + the engine's settings)
-with generated copies that are not stale, a schema that rejects what it can express, CEL rules mirrored by
-the operator, and the kubectl install manifests."""
+"""The CRDs (RAGServe, RAGServeEnginePool): valid apiextensions objects, one source each (the templates +
+the engine's settings) with generated copies that are not stale, a description on every field, a schema
+that rejects what it can express, CEL rules mirrored by the operator, the pool's scale subresource and
+printer columns, and the kubectl install manifests."""
 
 from __future__ import annotations
 
@@ -17,26 +18,52 @@ import yaml
 from ragserve.cli import build_parser
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.flags import SIZE_PATTERN
-from ragserve_operator.crd import crd, crd_yaml
+from ragserve_operator.crd import crd, crd_yaml, crds, crds_yaml, pool_crd
 from ragserve_operator.kube import KINDS
 from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, apply_defaults, spec_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "operator/scripts/gen_crd.py"
-COPIES = [ROOT / "charts/ragserve/crds/ragserve.dev_ragserves.yaml", ROOT / "operator/deploy/01-crd.yaml"]
+COPIES = {
+    ROOT / "charts/ragserve/crds/ragserve.dev_ragserves.yaml": lambda: crd_yaml(crd()),
+    ROOT / "charts/ragserve/crds/ragserve.dev_ragserveenginepools.yaml": lambda: crd_yaml(pool_crd()),
+    ROOT / "operator/deploy/01-crd.yaml": crds_yaml,
+}
 K8S = "1.30.0"
 
 
-def test_crd_is_a_valid_custom_resource_definition():
-    assert kubernetes_validate.validate(crd(), K8S, strict=True)
+def test_crds_are_valid_custom_resource_definitions():
+    for obj in crds():
+        assert kubernetes_validate.validate(obj, K8S, strict=True)
     version = crd()["spec"]["versions"][0]
     assert (crd()["metadata"]["name"], version["name"]) == ("ragserves.ragserve.dev", "v1alpha1")
     assert version["subresources"] == {"status": {}}
+    assert pool_crd()["metadata"]["name"] == "ragserveenginepools.ragserve.dev"
+
+
+def test_pool_scale_subresource_points_at_its_fields():
+    """What kubectl scale / an HPA read and write: spec.replicas, status.replicas, status.selector (a string)."""
+    pool = pool_crd()["spec"]["versions"][0]
+    scale = pool["subresources"]["scale"]
+    assert scale == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    schema = pool["schema"]["openAPIV3Schema"]["properties"]
+    assert schema["spec"]["properties"]["replicas"]["type"] == "integer"
+    assert schema["status"]["properties"]["replicas"]["type"] == "integer"
+    assert schema["status"]["properties"]["selector"]["type"] == "string"
+    columns = {c["name"]: c["jsonPath"] for c in pool["additionalPrinterColumns"]}
+    assert columns["Desired"] == ".spec.replicas" and columns["Ready"] == ".status.readyReplicas"
+    for path in columns.values():
+        section, _, field = path.removeprefix(".").partition(".")
+        assert section == "metadata" or field in schema[section]["properties"], path
 
 
 @pytest.mark.parametrize("copy_path", COPIES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_copies_are_generated(copy_path: Path):
-    assert copy_path.read_text() == crd_yaml(), f"stale: run python {GENERATOR.relative_to(ROOT)}"
+    assert copy_path.read_text() == COPIES[copy_path](), f"stale: run python {GENERATOR.relative_to(ROOT)}"
 
 
 def test_generator_check_mode():
@@ -133,7 +160,7 @@ def test_print_crd_cli():
     out = subprocess.run(
         [sys.executable, "-m", "ragserve.cli", "operator", "--print-crd"], capture_output=True, text=True, check=True
     )
-    assert yaml.safe_load(out.stdout) == crd()
+    assert list(yaml.safe_load_all(out.stdout)) == crds()
 
 
 def _deploy_objects() -> list[dict]:
@@ -170,4 +197,6 @@ def test_cluster_role_covers_every_kind_the_operator_touches():
         needed = {"get", "list", "watch"} if read_only else {"get", "list", "create", "patch", "delete"}
         assert needed <= granted[(group, kind.plural)], kind
     assert {"patch"} <= granted[("ragserve.dev", "ragserves/status")]
+    assert {"patch"} <= granted[("ragserve.dev", "ragserveenginepools/status")]
+    assert {"get", "patch"} <= granted[("ragserve.dev", "ragserveenginepools/scale")]
     assert {"create"} <= granted[("", "events")]

@@ -1,5 +1,7 @@
 """One autoscaling pass over a RAGServe (autoscaling.mode: operator): read every engine pod's
-/metrics, decide per pool, scale the pool's Deployment, record the decision in status and events."""
+/metrics, decide per pool, scale the pool through its RAGServeEnginePool's scale subresource (the field
+`kubectl scale` and an HPA write; the reconcile then sizes the Deployment), record the decision in status
+and events."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from collections.abc import Callable
 from ragserve_operator.apply import Emit, contains
 from ragserve_operator.kube import Kube
 from ragserve_operator.names import Owner
+from ragserve_operator.pools import AUTOSCALER, replicas_of, scale
 from ragserve_operator.reconcile import lock_for
 from ragserve_operator.scaling.decision import Decision, Policy, Stabilizer
 from ragserve_operator.scaling.pod_metrics import scrape_pods
-from ragserve_operator.spec import Pool, RAGServeSpec, SpecError, parse_spec
+from ragserve_operator.spec import POOL_KIND, Pool, RAGServeSpec, SpecError, parse_spec
 from ragserve_operator.status import now as utc_now
 
 
@@ -28,13 +31,13 @@ def _scale(kube: Kube, owner: Owner, pool: Pool, stabilizer: Stabilizer, samples
     """Under the RAGServe's lock, so reconcile never writes back a replica count read before this change."""
     name = owner.child("engine", pool.name)
     with lock_for(owner):
-        deployment = kube.get("Deployment", owner.namespace, name)
-        if deployment is None or not owner.owns(deployment):
+        pool_object = kube.get(POOL_KIND, owner.namespace, name)
+        if pool_object is None or not owner.owns(pool_object) or replicas_of(pool_object) is None:
             return None, None
-        current = int(deployment["spec"].get("replicas", 1))
+        current = replicas_of(pool_object)
         decision = stabilizer.decide(clock(), current, samples, policy)
         if decision.desired != current:
-            kube.patch("Deployment", owner.namespace, name, {"spec": {"replicas": decision.desired}})
+            scale(kube, owner, name, decision.desired, manager=AUTOSCALER)
         return decision, len(samples)
 
 

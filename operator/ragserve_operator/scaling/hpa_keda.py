@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ragserve.metric_names import LOAD_METRICS, adapter_name
 from ragserve_operator.names import Owner
-from ragserve_operator.spec import Pool, RAGServeSpec
+from ragserve_operator.spec import GROUP, POOL_KIND, VERSION, Pool, RAGServeSpec
 
 # Per LOAD_METRICS entry: HPA Pods metrics by their prometheus-adapter name; KEDA triggers aggregate over the
 # pool's pods, request counts summed (AverageValue: desired = sum / target), KV usage averaged
@@ -25,7 +25,8 @@ def behavior(a: dict) -> dict:
 
 
 def _target_ref(owner: Owner, pool: Pool) -> dict:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.child("engine", pool.name)}
+    """The pool's RAGServeEnginePool: scaled through its scale subresource, like `kubectl scale` does."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": POOL_KIND, "name": owner.child("engine", pool.name)}
 
 
 def engine_hpa(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
@@ -79,7 +80,7 @@ def engine_scaledobject(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
         "kind": "ScaledObject",
         "metadata": owner.metadata(deployment, "engine", pool.name),
         "spec": {
-            "scaleTargetRef": {"name": deployment},
+            "scaleTargetRef": _target_ref(owner, pool),
             "pollingInterval": a["intervalSeconds"],
             "minReplicaCount": pool.raw["minReplicas"],
             "maxReplicaCount": pool.raw["maxReplicas"],
