@@ -35,9 +35,11 @@ def _run(blender, plan):
     return hidden, rows, kv
 
 
-def test_fraction_one_is_a_full_prefill(blender):
+@pytest.mark.parametrize("check_layer", [0, 1])
+def test_fraction_one_is_a_full_prefill(blender, check_layer):
     full_hidden, full_rows, full_kv = _run(blender, None)
     plan = blender.plan(PROMPT, BlendSpec(SPANS, 1.0))
+    plan.check_layer = check_layer  # 0: layer 1 merges fresh rows into the stored K/V
     hidden, rows, kv = _run(blender, plan)
     assert rows.tolist() == full_rows.tolist() == list(range(len(PROMPT)))
     torch.testing.assert_close(hidden, full_hidden)
