@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build by default. On a GPU host: make install TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cu128
+# Empty TORCH_INDEX: whatever build pip's indexes/find-links offer. CPU-only build:
+# make install TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cpu (cu128 likewise for a GPU host)
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
