@@ -66,18 +66,36 @@ class RegisterResponse(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., resume_from_seq: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "cachestore", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    CACHESTORE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SEQ_S_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
     free_blocks: int
     total_blocks: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    queued_prefill_tokens: int
+    step_token_budget: int
+    fetch_s_per_block: float
+    cachestore: str
+    computed_prompt_tokens: int
+    fetched_prompt_tokens: int
+    decode_seq_s: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., cachestore: _Optional[str] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("engine_id", "load", "last_event_seq")

@@ -36,10 +36,12 @@ class RouterConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     heartbeat_interval_ms: int = 1000
-    kv_weight: float = 1.0
-    load_weight: float = 2.0
-    guard_abs: float = 16.0
-    guard_rel: float = 1.5
+    work_weight: float = 0.5
+    store_lookup_ttl: float = 1.0
+    cachestore_token_file: str | None = None
+    cachestore_tls_ca: str | None = None
+    cachestore_tls_cert: str | None = None
+    cachestore_tls_key: str | None = None
     bounded_load: float = 1.25
     prefix_key_blocks: int = 8
     session_header: str = "X-Session-Id"
@@ -52,6 +54,7 @@ class RouterConfig:
     connect_timeout: float = 5.0
     upstream_timeout: float = 600.0
     breaker_failures: int = 3
+    migration_limit: int = 3
     probe_interval: float = 2.0
     drain_delay: float = 0.0
     drain_timeout: float = 30.0
@@ -65,17 +68,17 @@ class RouterConfig:
             (bool(self.tls_cert) == bool(self.tls_key), "--tls-cert and --tls-key must be given together"),
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.bounded_load >= 1.0, "--bounded-load must be >= 1.0"),
-            (self.guard_rel >= 1.0, "--guard-rel must be >= 1.0"),
             (self.max_attempts >= 1, "--max-attempts must be >= 1"),
+            (self.migration_limit >= 0, "--migration-limit must be >= 0"),
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
             (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
-            (self.kv_weight >= 0 and self.load_weight >= 0, "--kv-weight and --load-weight must be >= 0"),
+            (self.work_weight >= 0, "--work-weight must be >= 0"),
             (not self.redis or self.redis.startswith(("redis://", "rediss://", "unix://")), "--redis must be a URL"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        for path in (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file):
+        for path in (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"no such file: {path}")
 
@@ -111,10 +114,12 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("routing")
     add_flag(g, "--policy", default="kv_aware", choices=POLICIES, help="routing policy")
     add_flag(g, "--allow-policy-header", action="store_true", help="let clients pick via X-Ragserve-Policy")
-    add_flag(g, "--kv-weight", type=float, default=1.0, help="kv_aware cost per uncached prefill block")
-    add_flag(g, "--load-weight", type=float, default=2.0, help="kv_aware cost per active request")
-    add_flag(g, "--guard-abs", type=float, default=16.0, help="imbalance guard: max-min load above this")
-    add_flag(g, "--guard-rel", type=float, default=1.5, help="imbalance guard: and max > this x min")
+    add_flag(g, "--work-weight", type=float, default=0.5, help="kv_aware: weight of the request's own prefill time")
+    add_flag(g, "--store-lookup-ttl", type=float, default=1.0, help="kv_aware: seconds to trust a cachestore lookup")
+    add_flag(g, "--cachestore-token-file", default=None, help="the cachestore's shared token (for lookups)")
+    add_flag(g, "--cachestore-tls-ca", default=None, help="CA bundle to verify the cachestore (enables TLS)")
+    add_flag(g, "--cachestore-tls-cert", default=None, help="client certificate for mutual TLS with the cachestore")
+    add_flag(g, "--cachestore-tls-key", default=None, help="client key for mutual TLS with the cachestore")
     add_flag(g, "--bounded-load", type=float, default=1.25, help="prefix/session: no engine above c x average")
     add_flag(g, "--prefix-key-blocks", type=positive_int, default=8, help="prefix policy: leading blocks hashed")
     add_flag(g, "--session-header", default="X-Session-Id", help="session policy header (else body 'user')")
@@ -130,7 +135,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--retry-backoff", type=float, default=0.05, help="seconds before the 1st retry, doubling")
     add_flag(g, "--connect-timeout", type=float, default=5.0, help="engine connect timeout, seconds")
     add_flag(g, "--upstream-timeout", type=float, default=600.0, help="engine read timeout, seconds")
-    add_flag(g, "--breaker-failures", type=positive_int, default=3, help="consecutive 5xx that open the breaker")
+    add_flag(g, "--breaker-failures", type=positive_int, default=3, help="consecutive engine 5xx before a probe")
+    add_flag(g, "--migration-limit", type=int, default=3, help="times a stream may move to another engine (0: off)")
     add_flag(g, "--probe-interval", type=float, default=2.0, help="health probe interval, seconds")
     g = parser.add_argument_group("security and limits")
     add_flag(g, "--api-keys-file", default=None, help="one key per line, optional 'rps=N burst=M'")

@@ -10,11 +10,23 @@ GRPC, STATIC, K8S = "grpc", "static", "k8s"
 
 @dataclass
 class Load:
+    """An engine's last heartbeat (proto Load): queues, KV usage, measured speeds (0: not measured)."""
+
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
     free_blocks: int = 0
     total_blocks: int = 0
+    prefill_tokens_per_s: float = 0.0
+    decode_step_s: float = 0.0
+    decode_seq_s: float = 0.0
+    queued_prefill_tokens: int = 0
+    step_token_budget: int = 0
+    fetch_s_per_block: float = 0.0
+    cachestore: str = ""
+    computed_prompt_tokens: int = 0
+    fetched_prompt_tokens: int = 0
+    reported_at: float = 0.0  # wall-clock time the router received it (0: never)
 
     @property
     def active(self) -> int:

@@ -13,15 +13,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from ragserve_router.cost_model import PendingWork, Prediction, calibrate, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
-from ragserve_router.prompt import RoutingKey, prompt_bytes
+from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
 from ragserve_router.state import RouterState
+from ragserve_router.store_index import StoreIndex
 
 if TYPE_CHECKING:  # config imports POLICIES from here
     from ragserve_router.config import RouterConfig
 
 log = logging.getLogger(__name__)
+TEXT_CHUNK_TOKENS = TEXT_CHUNK_BYTES // 4  # about, for prompts hashed as text chunks
 
 
 @dataclass
@@ -39,11 +42,15 @@ class Decision:
     policy: str
     reason: str
     cached_blocks: dict[str, int] = field(default_factory=dict)
+    predictions: dict[str, Prediction] = field(default_factory=dict)  # kv_aware's cost model, per engine
 
     def predicted_cached_tokens(self, engine_id: str, key: RoutingKey) -> int | None:
-        """Prompt tokens the engine should find cached (it always recomputes the last one)."""
+        """Prompt tokens the engine should report cached: local hits and fetched blocks (never the last token)."""
         if not key.exact or key.num_prompt_tokens is None:
             return None
+        if engine_id in self.predictions:
+            p = self.predictions[engine_id]
+            return p.local_tokens + p.fetched_tokens
         bs = key.block_tokens
         return min(self.cached_blocks.get(engine_id, 0) * bs, (key.num_prompt_tokens - 1) // bs * bs)
 
@@ -56,6 +63,7 @@ class Context:
     state: RouterState
     load: Callable[[EngineRecord], float]
     kv_usage: Callable[[EngineRecord], float]
+    store: StoreIndex
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -145,32 +153,48 @@ class Prefix(Policy):
 
 @register
 class KVAware(Policy):
-    """Lowest cost: uncached blocks (exact and approximate KV indexes) weighed against load, behind a guard."""
+    """Lowest predicted time to first token (cost_model): cached, fetchable and queued work per engine."""
 
     name = "kv_aware"
 
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.pending = PendingWork()
+
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
-        cached = await self._cached_blocks(req.key, cands)
-        if len(cands) > 1 and self._guard_tripped(cands):
-            return Decision(self.ctx.by_load(cands), self.name, "imbalance_guard", cached)
-        n = len(req.key.hashes)
-        # equal costs (a new document): ties follow the leading blocks, so one document's burst stays
-        # together while different documents spread, the same way on every replica
-        tie = req.key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
+        key = req.key
+        cached = await self._cached_blocks(key, cands)
+        stored = await self._stored_blocks(key, cands)
+        bs = key.block_tokens or TEXT_CHUNK_TOKENS
+        prompt = key.num_prompt_tokens if key.num_prompt_tokens is not None else (len(key.hashes) + 1) * bs
+        fleet, out = [r.load for r in cands], output_tokens(req.body)
 
-        def cost(r: EngineRecord) -> tuple[float, float, int]:
-            uncached = n - cached.get(r.engine_id, 0)
-            load = self.ctx.load(r)
-            return self.cfg.kv_weight * uncached + self.cfg.load_weight * load, load, rendezvous_score(tie, r.engine_id)
+        def prediction(r: EngineRecord) -> Prediction:
+            local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)
+            queued, speed = self.pending.queued(r), calibrate(r.load, fleet, bs)
+            return predict(prompt, bs, local, stored_blocks, queued, self.ctx.load(r), out, speed, self.cfg.work_weight)
 
-        order = sorted(cands, key=cost)
-        reason = "prefix_hit" if cached.get(order[0].engine_id, 0) > 0 else "cost"
-        return Decision(order, self.name, reason, cached)
+        predictions = {r.engine_id: prediction(r) for r in cands}
+        n = len(key.hashes)
+        # equal costs (a new document on an idle fleet): ties follow the leading blocks, so one document's
+        # burst stays together while different documents spread, the same way on every replica
+        tie = key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
 
-    def _guard_tripped(self, cands: list[EngineRecord]) -> bool:
-        loads = [self.ctx.load(r) for r in cands]
-        high, low = max(loads), min(loads)
-        return high - low > self.cfg.guard_abs and high > self.cfg.guard_rel * low
+        def rank(r: EngineRecord) -> tuple[float, float, int]:
+            return predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
+
+        order = sorted(cands, key=rank)
+        best = predictions[order[0].engine_id]
+        self.pending.add(order[0].engine_id, best.computed_tokens)
+        return Decision(order, self.name, self._reason(best, predictions), cached, predictions)
+
+    @staticmethod
+    def _reason(best: Prediction, predictions: dict[str, Prediction]) -> str:
+        if best.local_tokens < max(p.local_tokens for p in predictions.values()):
+            return "spread"  # an engine holding more of the prompt was predicted slower
+        if best.local_tokens:
+            return "prefix_hit"
+        return "store_hit" if best.fetched_tokens else "cost"
 
     async def _cached_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
         if not key.hashes:
@@ -189,6 +213,17 @@ class KVAware(Policy):
         approx = await state.match_approx(ttl, key.hashes)
         return {r.engine_id: max(exact.get(r.engine_id, 0), approx.get(r.engine_id, 0)) for r in cands}
 
+    async def _stored_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
+        """Leading blocks each engine could fetch from the cachestore it uses (one lookup per store)."""
+        if not key.exact or not key.hashes:
+            return {}
+        stores = {(r.load.cachestore, r.layout_fingerprint) for r in cands if r.load.cachestore}
+        found = {}
+        for address, layout in stores:
+            if layout:
+                found[(address, layout)] = await self.ctx.store.leading(address, layout, key.hashes)
+        return {r.engine_id: found.get((r.load.cachestore, r.layout_fingerprint), 0) for r in cands}
+
 
 POLICIES = tuple(POLICY_CLASSES)
 
@@ -203,7 +238,8 @@ class Policies:
         load: Callable[[EngineRecord], float],
         kv_usage: Callable[[EngineRecord], float],
     ) -> None:
-        ctx = Context(cfg, state, load, kv_usage)
+        self.store = StoreIndex(cfg)
+        ctx = Context(cfg, state, load, kv_usage, self.store)
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -81,13 +83,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
 
     @state_errors_unavailable
     async def Heartbeat(self, request: registry_pb2.HeartbeatRequest, context) -> registry_pb2.HeartbeatResponse:
-        load = Load(
-            num_running=request.load.num_running,
-            num_waiting=request.load.num_waiting,
-            kv_usage=request.load.kv_usage,
-            free_blocks=request.load.free_blocks,
-            total_blocks=request.load.total_blocks,
-        )
+        fields = {f.name: getattr(request.load, f.name) for f in dataclasses.fields(Load) if f.name != "reported_at"}
+        load = Load(**fields, reported_at=time.time())
         known = await self.state.heartbeat(request.engine_id, load, self.ttl_s)
         record = self.pool.registered.get(request.engine_id)
         if known and record is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
 
 import pytest
 
 from ragserve_router.config import RouterConfig
-from ragserve_router.engines import STATIC, EngineRecord
+from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, predict
+from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.policies import Policies, RouteRequest
@@ -53,28 +55,98 @@ def test_bounded_load_skips_engines_above_c_times_average():
     assert bounded_order(key, IDS, dict.fromkeys(IDS, 1).__getitem__, 1.25)[0] == "e0"
 
 
+def measured(**over) -> Load:
+    """A heartbeat of an engine that measured 1,000 prefill tokens/s and 50 ms steps."""
+    fields = dict(prefill_tokens_per_s=1000.0, decode_step_s=0.05, decode_seq_s=0.005, step_token_budget=2048)
+    fields["reported_at"] = time.time()
+    return Load(**{**fields, **over})
+
+
+def test_cost_model_ttft_is_work_over_measured_speed():
+    speed = calibrate(measured(fetch_s_per_block=0.004), [], 16)
+    # 1,000-token prompt, 40 blocks cached locally (640 tokens), 10 more in the store, 1,500 tokens queued
+    p = predict(1000, 16, 40, 50, 1500, 0, 0, speed, work_weight=0.5)
+    assert (p.local_tokens, p.fetched_tokens, p.computed_tokens) == (640, 160, 200)
+    # (1500 + 200) / 1000 + 1 step x 0.05 + 10 blocks x 0.004
+    assert p.ttft_s == pytest.approx(1.7 + 0.05 + 0.04)
+    assert p.cost == pytest.approx(p.ttft_s + 0.5 * 0.2)
+    # never predicts the last token cached, and a long queue takes several steps
+    p = predict(64, 16, 4, 4, 5000, 0, 0, speed, work_weight=0.0)
+    assert (p.local_tokens, p.computed_tokens) == (48, 16) and p.ttft_s == pytest.approx(5.016 + 3 * 0.05)
+    # 4 sequences decoding since the heartbeat (which saw none): each step takes 4 x 5 ms longer, and
+    # 10 output tokens cost 10 of those steps plus 5 ms for each of the 5 sequences then decoding
+    p = predict(1000, 16, 40, 50, 1500, 4, 10, speed, work_weight=0.0)
+    assert p.ttft_s == pytest.approx(1.7 + 0.07 + 0.04)
+    assert p.cost == pytest.approx(p.ttft_s + 10 * (0.07 + 0.005 * 5))
+
+
+def test_unmeasured_engines_borrow_the_fleets_median_speed():
+    fleet = [measured(prefill_tokens_per_s=500.0), measured(prefill_tokens_per_s=700.0), Load()]
+    speed = calibrate(Load(), fleet, 16)
+    assert speed.prefill_tokens_per_s == 600.0 and speed.step_s == 0.05
+    assert calibrate(Load(), [], 16).prefill_tokens_per_s == DEFAULT_PREFILL_TOKENS_PER_S
+
+
 @pytest.mark.asyncio
-async def test_kv_aware_prefers_cached_prefix_until_load_outweighs_it():
-    state, loads, records, policies = setup(kv_weight=1.0, load_weight=2.0, guard_abs=100)
-    await state.apply("e1", [KVOp(STORED, [h(i) for i in range(10)])], 1)
-    request = req([h(i) for i in range(12)])
+async def test_kv_aware_keeps_locality_until_queued_work_outweighs_it():
+    state, loads, records, policies = setup()
+    for r in records:
+        r.load = measured()
+    await state.apply("e1", [KVOp(STORED, [h(i) for i in range(40)])], 1)
+    request = req([h(i) for i in range(40)] + [h(1000)], tokens=16 * 41 + 5)  # 645 of 661 tokens on e1
     decision = await policies.decide("kv_aware", request, records)
     assert decision.order[0].engine_id == "e1" and decision.reason == "prefix_hit"
-    assert decision.predicted_cached_tokens("e1", request.key) == 160
-    loads["e1"] = 4  # cost 2 + 8 = 10 < 12 uncached blocks elsewhere: still e1
+    assert decision.predicted_cached_tokens("e1", request.key) == 640
+    records[1].load = measured(queued_prefill_tokens=400, reported_at=time.time())
+    # e1: (400 + 21) / 1000 = 0.42 s + a step; elsewhere 0.66 s + a step + half of it as work: still e1
     assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e1"
-    loads["e1"] = 6  # cost 2 + 12 = 14 > 12: recomputing elsewhere is cheaper
-    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id != "e1"
+    records[1].load = measured(queued_prefill_tokens=2000, reported_at=time.time())
+    decision = await policies.decide("kv_aware", request, records)
+    assert decision.order[0].engine_id != "e1" and decision.reason == "spread"
 
 
 @pytest.mark.asyncio
-async def test_kv_aware_imbalance_guard_falls_back_to_least_loaded():
-    state, loads, records, policies = setup(guard_abs=8, guard_rel=1.5, load_weight=0.0)
-    await state.apply("e0", [KVOp(STORED, [h(i) for i in range(50)])], 1)
-    loads.update(e0=9, e1=3, e2=0)
-    decision = await policies.decide("kv_aware", req([h(i) for i in range(50)]), records)
-    assert decision.reason == "imbalance_guard"
-    assert [r.engine_id for r in decision.order] == ["e2", "e1", "e0"]
+async def test_kv_aware_counts_work_it_routed_since_the_last_heartbeat():
+    """A burst of distinct cold prompts spreads although no heartbeat reported the first ones yet."""
+    state, loads, records, policies = setup()
+    for r in records:
+        r.load = measured()
+    firsts = [
+        (await policies.decide("kv_aware", req([h(1000 * d + i) for i in range(60)]), records)).order[0].engine_id
+        for d in range(9)
+    ]
+    assert Counter(firsts) == {"e0": 3, "e1": 3, "e2": 3}
+    for r in records:  # a heartbeat arrives: the engines now report that work themselves
+        r.load = measured(queued_prefill_tokens=3 * 965, reported_at=time.time() + 1)
+    assert all(policies.by_name["kv_aware"].pending.queued(r) == 3 * 965 for r in records)
+
+
+@pytest.mark.asyncio
+async def test_kv_aware_counts_the_cachestores_blocks_as_fetchable(monkeypatch):
+    """A hot prefix held by e0 and by the store: e1 and e2 can fetch it, so a busy e0 no longer pins it."""
+    state, loads, records, policies = setup()
+    hot = [h(i) for i in range(30)]
+    for r in records:
+        r.layout_fingerprint = "layout-1"
+        r.load = measured(cachestore="store:1", fetch_s_per_block=0.002)
+    stored = set(hot)
+
+    async def leading(address, layout, hashes):
+        assert (address, layout) == ("store:1", "layout-1")
+        return next((i for i, x in enumerate(hashes) if x not in stored), len(hashes))
+
+    monkeypatch.setattr(policies.store, "leading", leading)
+    await state.apply("e0", [KVOp(STORED, hot)], 1)
+    records[0].load = measured(cachestore="store:1", queued_prefill_tokens=600)
+    request = req(hot + [h(999)], tokens=16 * 31 + 3)
+    decision = await policies.decide("kv_aware", request, records)
+    assert decision.order[0].engine_id != "e0" and decision.reason == "spread"
+    chosen = decision.predictions[decision.order[0].engine_id]
+    assert (chosen.local_tokens, chosen.fetched_tokens, chosen.computed_tokens) == (0, 480, 19)
+    assert decision.predicted_cached_tokens(decision.order[0].engine_id, request.key) == 480
+    stored.clear()  # the store lost it: recomputing 480 tokens elsewhere is slower than waiting on e0
+    records[0].load = measured(cachestore="store:1", queued_prefill_tokens=300, reported_at=time.time() + 1)
+    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e0"
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,145 @@
+"""kv_aware's cost model: each engine's predicted time to first token, in units of work.
+
+For a prompt of P tokens and a candidate engine:
+
+    local    = tokens its own prefix cache holds (exact KV index, else routing history)
+    fetched  = further tokens the cachestore holds, if the engine uses that store
+    computed = P - local - fetched                  (the last token is always computed)
+    queued   = prefill tokens already waiting on it (its heartbeat, plus what this router
+               sent it since that heartbeat)
+    step     = step_time + seq_time x (decoding now - decoding at its heartbeat)
+    TTFT     = (queued + computed) / prefill_rate
+               + steps x step                        steps = ceil((queued + computed) / step budget)
+               + fetched / block_size x fetch_time
+
+prefill_rate, step_time (at the engine's decode batch when it reported), seq_time (what each
+further decoding sequence adds to a step) and fetch_time (per block) are measured by each engine
+and arrive with its heartbeat; what an engine has not measured yet comes from the fleet's median,
+else a default. "decoding now" is the router's view of the requests active on it.
+
+Engines are ranked by cost = TTFT + work_weight x computed / prefill_rate (the cluster capacity the
+request uses: what a cache hit saves) + decode, where decode = output tokens x (step + seq_time x
+(1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ragserve_router.engines import EngineRecord, Load
+
+DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
+DEFAULT_STEP_S = 0.04
+DEFAULT_SEQ_S = 0.006
+DEFAULT_OUTPUT_TOKENS = 128  # requests without max_tokens
+DEFAULT_STEP_TOKEN_BUDGET = 2048
+DEFAULT_FETCH_FRACTION = 0.5  # a block's fetch cost relative to prefilling it, until an engine measured one
+UNREPORTED_HORIZON_S = 5.0  # engines without heartbeats: work routed to them counts as queued this long
+
+
+@dataclass(frozen=True)
+class Speed:
+    prefill_tokens_per_s: float
+    step_s: float  # at `batch` decoding sequences
+    seq_s: float
+    batch: int
+    fetch_s_per_block: float
+    step_token_budget: int
+
+    def step_at(self, decoding: float) -> float:
+        return self.step_s + self.seq_s * max(0.0, decoding - self.batch)
+
+
+def _median(values: list[float], default: float) -> float:
+    measured = [v for v in values if v > 0]
+    return statistics.median(measured) if measured else default
+
+
+def calibrate(load: Load, fleet: Sequence[Load], block_size: int) -> Speed:
+    """The engine's own measurements; what it has not measured yet comes from the fleet, else defaults."""
+    rate = load.prefill_tokens_per_s or _median([f.prefill_tokens_per_s for f in fleet], DEFAULT_PREFILL_TOKENS_PER_S)
+    step = load.decode_step_s or _median([f.decode_step_s for f in fleet], DEFAULT_STEP_S)
+    seq = load.decode_seq_s or _median([f.decode_seq_s for f in fleet], DEFAULT_SEQ_S)
+    fetch = load.fetch_s_per_block or _median(
+        [f.fetch_s_per_block for f in fleet], DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
+    )
+    batch = load.num_running if load.decode_step_s else 0
+    return Speed(rate, step, seq, batch, fetch, load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    local_tokens: int
+    fetched_tokens: int
+    computed_tokens: int
+    queued_tokens: int
+    ttft_s: float
+    cost: float  # what engines are ranked by
+
+
+def predict(
+    num_prompt_tokens: int,
+    block_size: int,
+    local_blocks: int,
+    store_blocks: int,
+    queued_tokens: int,
+    decoding: float,
+    output_tokens: int,
+    speed: Speed,
+    work_weight: float,
+) -> Prediction:
+    cacheable = max(0, (num_prompt_tokens - 1) // block_size * block_size) if block_size else 0
+    local = min(local_blocks * block_size, cacheable)
+    fetched = max(0, min(store_blocks * block_size, cacheable) - local)
+    computed = num_prompt_tokens - local - fetched
+    work = queued_tokens + computed
+    steps = max(1, math.ceil(work / speed.step_token_budget))
+    step = speed.step_at(decoding)
+    fetch_s = fetched / block_size * speed.fetch_s_per_block if fetched else 0.0
+    ttft = work / speed.prefill_tokens_per_s + steps * step + fetch_s
+    decode = output_tokens * (step + speed.seq_s * (1 + decoding))
+    cost = ttft + work_weight * computed / speed.prefill_tokens_per_s + decode
+    return Prediction(local, fetched, computed, queued_tokens, ttft, cost)
+
+
+def output_tokens(body: dict) -> int:
+    """Tokens the request may generate: its max_tokens (or max_completion_tokens), else a default."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_OUTPUT_TOKENS
+
+
+@dataclass
+class _Sent:
+    at: float  # wall clock
+    tokens: int
+
+
+@dataclass
+class PendingWork:
+    """Prefill tokens this router sent each engine that its last heartbeat cannot know about yet."""
+
+    sent: dict[str, list[_Sent]] = field(default_factory=dict)
+    clock: object = time.time
+
+    def add(self, engine_id: str, tokens: int) -> None:
+        self.sent.setdefault(engine_id, []).append(_Sent(self.clock(), tokens))
+
+    def tokens(self, record: EngineRecord) -> int:
+        """Tokens sent after the engine's last heartbeat (or, without heartbeats, within a short horizon)."""
+        since = record.load.reported_at or self.clock() - UNREPORTED_HORIZON_S
+        kept = [s for s in self.sent.get(record.engine_id, ()) if s.at > since]
+        if kept:
+            self.sent[record.engine_id] = kept
+        else:
+            self.sent.pop(record.engine_id, None)
+        return sum(s.tokens for s in kept)
+
+    def queued(self, record: EngineRecord) -> int:
+        return record.load.queued_prefill_tokens + self.tokens(record)
