@@ -2,7 +2,8 @@
 
 Requests are tokenized and validated on the caller's thread (errors raise there); the step
 thread drains submitted requests and aborts before each step, so the event loop never waits
-on a model forward.
+on a model forward. A request whose own work fails in a step gets a RequestError and the rest
+carry on; only a failure that belongs to no single request fails them all (EngineError).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheBlocks
 from ragserve_engine.llm_engine import LLMEngine
-from ragserve_engine.outputs import RequestOutput
+from ragserve_engine.outputs import EngineError, RequestError, RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.sequence import Request
 
@@ -55,9 +56,10 @@ class AsyncLLM:
         request_id: str,
         priority: int = 0,
         cache_salt: str | None = None,
+        resume_token_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
-        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt)
+        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt, resume_token_ids)
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -144,6 +146,10 @@ class AsyncLLM:
             self.engine.submit(req)
         except ValueError as exc:
             self._deliver(req.request_id, exc)
+        except Exception as exc:  # noqa: BLE001 - this request's alone
+            log.exception("request %s could not be added", req.request_id)
+            self.engine.abort_request(req.request_id)
+            self._deliver(req.request_id, RequestError(f"request failed: {exc}"))
 
     def _run(self) -> None:
         while not self._stop:
@@ -158,6 +164,9 @@ class AsyncLLM:
                 log.exception("engine step failed; aborting in-flight requests")
                 self._fail_all(exc)
                 continue
+            finally:
+                for rid, exc in self.engine.take_failed().items():
+                    self._deliver(rid, RequestError(f"request failed: {exc}"))
             self._publish()  # KV events first: the router knows the blocks before the client sees the answer
             for out in outputs:
                 self._deliver(out.request_id, out)
@@ -170,7 +179,7 @@ class AsyncLLM:
     def _fail_all(self, exc: Exception) -> None:
         for rid in list(self.engine.requests):
             self.engine.abort_request(rid)
-            self._deliver(rid, RuntimeError(f"engine error: {exc}"))
+            self._deliver(rid, EngineError(f"engine error: {exc}"))
 
     def _deliver(self, request_id: str, item) -> None:
         entry = self._streams.get(request_id)

@@ -28,6 +28,7 @@ class EngineInfo:
     layout: KVLayout
     max_model_len: int
     num_blocks: int
+    cachestore: str = ""  # the --cachestore it fetches from and offloads to ("": none)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class EngineStats:
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
     num_swap_fallbacks: int = 0  # swap preemptions recomputed instead: the host swap space was full
+    # measured load (ragserve_engine.load_stats), for the router's cost model; 0 until measured
+    prefill_tokens_per_s: float = 0.0
+    decode_step_s: float = 0.0  # a step at the current decode batch
+    decode_seq_s: float = 0.0  # what each further decoding sequence adds to a step
+    queued_prefill_tokens: int = 0  # waiting (past local hits) and partially prefilled prompt tokens
+    step_token_budget: int = 0
+    fetch_s_per_block: float = 0.0
+    computed_prompt_tokens: int = 0  # cumulative prompt tokens prefilled (not cached or fetched)
 
     @property
     def used_blocks(self) -> int:
@@ -69,8 +78,12 @@ class EngineClient(Protocol):
         request_id: str,
         priority: int = 0,
         cache_salt: str | None = None,
+        resume_token_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
+        """Stream outputs; leaving the loop early (or cancellation) aborts the request.
+
+        `resume_token_ids` continues a generation as if these output tokens had been generated (migration).
+        Raises RequestError (this request failed alone) or EngineError (every in-flight request failed)."""
         ...
 
     def abort(self, request_id: str) -> None: ...

@@ -1,7 +1,12 @@
-"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time."""
+"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
+
+Per-request work in a step (sampling, stop checks, detokenizing, logprobs, beam search) is
+isolated: an exception there fails that request alone (see `take_failed`), never its batch mates.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -21,6 +26,8 @@ from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
 from ragserve_engine.stop import StopCriteria, check_stop
+
+log = logging.getLogger("ragserve_engine")
 
 
 class LLMEngine:
@@ -48,6 +55,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv, self.connector)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
+        self.failed: dict[str, Exception] = {}  # request id -> what failed it during the last steps
         eos_ids = frozenset(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
         self.stop_criteria = StopCriteria(self.tokenizer, eos_ids, self.max_model_len)
 
@@ -71,18 +79,36 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        resume_token_ids: list[int] | None = None,
     ) -> Request:
-        """Tokenize and validate without touching engine state (safe from any thread)."""
+        """Tokenize and validate without touching engine state (safe from any thread).
+
+        `resume_token_ids`: continue as if these output tokens had been generated already (migration);
+        they count for min_tokens, penalties and stop strings, not for max_tokens or the outputs.
+        """
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        params = self._validate(token_ids, params)
-        seq = Sequence(list(token_ids), len(token_ids))
+        resumed = list(resume_token_ids or [])
+        params = self._validate(token_ids, params, resumed)
+        self.kv.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
+        seq = Sequence(token_ids + resumed, len(token_ids))
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+            if not params.greedy:
+                self._fast_forward(seq.generator, len(resumed))
         req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
         req.needs_fork = params.n > 1 or params.use_beam_search
+        if resumed:
+            req.num_resumed_tokens = len(resumed)
+            req.resumed_text = self.tokenizer.decode(resumed, params.skip_special_tokens).rstrip("\ufffd")
         return req
+
+    def _fast_forward(self, generator: torch.Generator, num_tokens: int) -> None:
+        """Draw what sampling `num_tokens` tokens drew (the sampler takes one Exp(1) row per token)."""
+        row = torch.empty(self.runner.model_config.vocab_size, dtype=torch.float32, device=self.runner.device)
+        for _ in range(num_tokens):
+            row.exponential_(generator=generator)
 
     def submit(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -90,13 +116,16 @@ class LLMEngine:
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        n = len(token_ids)
-        if n == 0:
+    def _validate(self, token_ids: list[int], params: SamplingParams, resumed: list[int]) -> SamplingParams:
+        if not token_ids:
             raise ValueError("prompt must not be empty")
         vocab = self.runner.model_config.vocab_size
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        for name, ids in (("prompt", token_ids), ("resume_token_ids", resumed)):
+            if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
+                raise ValueError(f"{name} token ids must be integers in [0, {vocab})")
+        if resumed and (params.n > 1 or params.use_beam_search):
+            raise ValueError("resume_token_ids needs n=1 and no beam search")
+        n = len(token_ids) + len(resumed)
         if n >= self.max_model_len:
             raise ValueError(f"prompt has {n} tokens, but max_model_len is {self.max_model_len}")
         if params.max_tokens is None:
@@ -115,13 +144,17 @@ class LLMEngine:
         return params
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self._drop(request_id)
+        return None if req is None else self._output(req)
+
+    def _drop(self, request_id: str) -> Request | None:
+        """Forget a request and free what it holds; its live sequences end as "abort"."""
         req = self.requests.pop(request_id, None)
-        if req is None:
-            return None
-        for seq in req.live_seqs:
-            seq.finish_reason = "abort"
-        self.scheduler.finish(req)
-        return self._output(req)
+        if req is not None:
+            for seq in req.live_seqs:
+                seq.finish_reason = "abort"
+            self.scheduler.finish(req)
+        return req
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -146,36 +179,50 @@ class LLMEngine:
         row = 0
         for s in out.scheduled:
             if s.seq.seq_id in model_out.prompt_logits:
-                self._prompt_logprobs(s.request, *model_out.prompt_logits[s.seq.seq_id])
+                self._guard(s.request, self._prompt_logprobs, s.request, *model_out.prompt_logits[s.seq.seq_id])
             if s.sample:
                 by_request.setdefault(s.request.request_id, []).append((s.seq, model_out.logits[row]))
                 row += 1
         touched = {s.request.request_id: s.request for s in out.scheduled}
-        plain = []
         for rid, rows in by_request.items():
             req = touched[rid]
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.params.use_beam_search:
-                beam_step(req, rows, self.kv, self.stop_criteria)
+                self._guard(req, beam_step, req, rows, self.kv, self.stop_criteria)
             else:
-                plain += self._expand_forks(req, rows)
-        self._sample(plain)
+                self._guard(req, self._sample, req, rows)
         outputs = []
         for rid, req in touched.items():
-            if rid not in by_request and req.params.prompt_logprobs is None:
-                continue  # a prefill chunk with nothing new to report
+            if rid in self.failed or (rid not in by_request and req.params.prompt_logprobs is None):
+                continue  # failed, or a prefill chunk with nothing new to report
             if not req.live_seqs:
                 self.scheduler.finish(req)
                 self.requests.pop(rid, None)
             if not req.params.use_beam_search or req.finished:
-                outputs.append(self._output(req))
+                self._guard(req, lambda r: outputs.append(self._output(r)), req)
         return outputs
+
+    def _guard(self, req: Request, fn, *args) -> None:
+        """fn(*args) for one request: an exception fails that request alone (reported by take_failed)."""
+        if req.request_id in self.failed:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:
+            log.exception("request %s failed in a step; its batch mates carry on", req.request_id)
+            self.failed[req.request_id] = exc
+            self._drop(req.request_id)
+
+    def take_failed(self) -> dict[str, Exception]:
+        """Requests failed (and already aborted) by their own per-request work since the last call."""
+        failed, self.failed = self.failed, {}
+        return failed
 
     def _expand_forks(self, req: Request, rows: list[tuple[Sequence, torch.Tensor]]):
         """n > 1: once the prompt is prefilled, fork n - 1 children sharing its blocks."""
         if not req.needs_fork:
-            return [(req, seq, logits) for seq, logits in rows]
+            return rows
         (parent, logits), seed = rows[0], req.params.seed
         for i in range(1, req.params.n):
             child = self.kv.fork(parent)
@@ -184,18 +231,18 @@ class LLMEngine:
                 child.generator = torch.Generator(device=self.runner.device).manual_seed(seed + i)
             req.seqs.append(child)
         req.needs_fork = False
-        return [(req, seq, logits) for seq in req.seqs]
+        return [(seq, logits) for seq in req.seqs]
 
-    def _sample(self, plain: list[tuple[Request, Sequence, torch.Tensor]]) -> None:
-        if not plain:
-            return
-        rows = []
-        for req, seq, _ in plain:
+    def _sample(self, req: Request, rows: list[tuple[Sequence, torch.Tensor]]) -> None:
+        """Sample one token for each of a request's sequences (rows are independent: one request at a time)."""
+        rows = self._expand_forks(req, rows)
+        sampling = []
+        for seq, _ in rows:
             short = len(seq.output_token_ids) < req.params.min_tokens
             blocked = sorted(self.stop_criteria.eos_ids | set(req.params.stop_token_ids)) if short else []
-            rows.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
-        results = self.sampler(torch.stack([logits for _, _, logits in plain]), rows)
-        for (req, seq, _), res in zip(plain, results, strict=True):
+            sampling.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
+        results = self.sampler(torch.stack([logits for _, logits in rows]), sampling)
+        for (seq, _), res in zip(rows, results, strict=True):
             seq.token_ids.append(res.token_id)
             seq.cumulative_logprob += res.logprob
             if res.top_logprobs is not None:
@@ -219,7 +266,7 @@ class LLMEngine:
             CompletionOutput(
                 s.index,
                 s.output_text,
-                list(s.output_token_ids),
+                s.output_token_ids[req.num_resumed_tokens :],
                 s.cumulative_logprob,
                 list(s.logprobs) if req.params.logprobs is not None else None,
                 s.finish_reason,
@@ -233,7 +280,7 @@ class LLMEngine:
             metrics.finished_time = time.monotonic()
         return RequestOutput(
             req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
-            max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics,
+            max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics, resumed_text=req.resumed_text,
         )  # fmt: skip
 
     def stats(self) -> EngineStats:

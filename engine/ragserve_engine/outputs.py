@@ -40,3 +40,13 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     metrics: RequestMetrics | None = None
     error: str | None = field(default=None)
+    # migration: the text of the resume_token_ids; the outputs' text starts with it, their token_ids do not
+    resumed_text: str = ""
+
+
+class RequestError(RuntimeError):
+    """Processing one request failed; the engine and every other request carry on (scope `request`)."""
+
+
+class EngineError(RuntimeError):
+    """The engine failed as a whole and every in-flight request got this (scope `engine`)."""

@@ -21,6 +21,7 @@ class StopCriteria:
 
 
 def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
+    """Resumed tokens (migration) are output for min_tokens and stop strings, not for max_tokens."""
     p = req.params
     last = seq.token_ids[-1]
     num_out = len(seq.output_token_ids)
@@ -36,7 +37,7 @@ def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
             return
         if p.stop and _stop_string(seq, p.stop, p.include_stop_str_in_output):
             return
-    if num_out >= p.max_tokens or seq.num_tokens >= criteria.max_model_len:
+    if num_out - req.num_resumed_tokens >= p.max_tokens or seq.num_tokens >= criteria.max_model_len:
         seq.finish_reason = "length"
 
 

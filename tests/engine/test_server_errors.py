@@ -38,6 +38,7 @@ def post(engine, path: str, body, key: str | None = KEY, **kw) -> httpx.Response
 
 def assert_error(resp: httpx.Response, status: int, param: str | None = None, code: str | None = None) -> str:
     assert resp.status_code == status, resp.text
+    assert resp.headers["x-ragserve-error-scope"] == "request"  # the client's fault: the router must not retry
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["type"] == ("authentication_error" if status == 401 else "invalid_request_error")

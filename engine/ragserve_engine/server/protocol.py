@@ -66,6 +66,8 @@ class SamplingRequest(Lenient):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    return_token_ids: bool = False  # vLLM's: choices carry the token ids (of the chunk, when streaming)
+    resume_token_ids: list[int] | None = None  # migration: continue after these output tokens
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -75,7 +77,13 @@ class SamplingRequest(Lenient):
             raise ValueError("stream_options is only allowed with stream=true")
         if self.cache_salt is not None and not self.cache_salt:
             raise ValueError("cache_salt must be a non-empty string")
+        if self.resume_token_ids and (self.n != 1 or self.use_beam_search):
+            raise ValueError("resume_token_ids needs n=1 and no beam search")
         return self
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.resume_token_ids)
 
     @property
     def stop_strings(self) -> list[str]:

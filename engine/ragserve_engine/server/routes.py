@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from ragserve import __version__
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.errors import ApiError, install_error_handlers
+from ragserve.http.outcomes import CountResponses
 from ragserve_engine.server.engine_server import READY, EngineServer
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.protocol import (
@@ -28,7 +29,8 @@ log = logging.getLogger("ragserve_engine.server")
 def create_app(server: EngineServer) -> FastAPI:
     app = FastAPI(title="ragserve engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
-    install_error_handlers(app, "engine", log)
+    install_error_handlers(app, "engine", log, scoped=True)
+    app.add_middleware(CountResponses, count=server.metrics.count, broken=500)  # every answer once
     limit = server.config.max_body_bytes
     created = int(time.time())
     auth = [require_api_key(ApiKeys.single(server.config.api_key))]

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ragserve.http.errors import error_body
-from ragserve_engine.outputs import RequestOutput
-from ragserve_engine.server.errors import bad_request
+from ragserve_engine.outputs import EngineError, RequestError, RequestOutput
+from ragserve_engine.server.errors import bad_request, failure, failure_event
 from ragserve_engine.server.generation import Generation
 from ragserve_engine.server.protocol import SamplingRequest
 from ragserve_engine.server.streaming import EventStreamResponse, sse
 from ragserve_engine.server.transport import ClientDisconnected, until_disconnect
 
+log = logging.getLogger("ragserve_engine.server")
 CLIENT_CLOSED = 499
 
 
@@ -55,7 +56,8 @@ class OpenAIServing:
 
     async def run(self, request: Request, req: SamplingRequest, prompts: list, params) -> Response:
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        gen = Generation(self.server, prompts, params, request_id, priority=req.priority, cache_salt=req.cache_salt)
+        kw = {"priority": req.priority, "cache_salt": req.cache_salt, "resume_token_ids": req.resume_token_ids}
+        gen = Generation(self.server, prompts, params, request_id, **kw)
         created = int(time.time())
         try:
             await until_disconnect(request, gen.start())
@@ -64,6 +66,8 @@ class OpenAIServing:
             finals = await until_disconnect(request, _collect(gen))
         except ValueError as exc:
             raise bad_request(exc, self.prompt_param) from None
+        except (RequestError, EngineError) as exc:
+            raise failure(exc) from None
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
         body = self.response(req, prompts, finals, self.header(request_id, created))
@@ -77,8 +81,10 @@ class OpenAIServing:
                 yield sse({**header, **chunk, **({"usage": None} if req.include_usage else {})})
             if req.include_usage:
                 yield sse({**header, "choices": [], "usage": usage(last)})
-        except Exception as exc:  # an engine failure after the headers went out
-            yield sse(error_body(500, f"engine error: {exc}", "internal_error"))
+        except Exception as exc:  # a failure after the headers went out: an error event ends the stream
+            log.warning("request %s: stream failed: %s", request_id, exc)
+            yield sse(failure_event(exc))
+            return
         yield sse("[DONE]")
 
     async def chunks(self, gen: Generation, req: SamplingRequest, prompts: list, last: dict):

@@ -12,7 +12,7 @@ from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import ChatCompletionRequest
 from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
-from ragserve_engine.server.streaming import ChoiceCursor
+from ragserve_engine.server.streaming import ChoiceCursor, unsent_text
 
 OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop
 
@@ -42,21 +42,23 @@ class ChatServing(OpenAIServing):
         return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
 
     def response(self, req, prompts, finals: dict[int, RequestOutput], header: dict) -> dict:
-        fmt = self._logprobs(req)
+        fmt, out = self._logprobs(req), finals[0]
+        holdback = stop_holdback(req.stop_strings)
         choices = [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": {"role": "assistant", "content": unsent_text(out.resumed_text, c.text, holdback)},
                 "logprobs": fmt.chat(c.token_ids, c.logprobs or []) if fmt else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             }
-            for c in finals[0].outputs
+            | ({"token_ids": c.token_ids} if req.return_token_ids else {})
+            for c in out.outputs
         ]
         return {**header, "choices": choices, "usage": usage(finals)}
 
     async def chunks(self, gen, req: ChatCompletionRequest, prompts, last: dict):
-        fmt = self._logprobs(req)
+        fmt, ids = self._logprobs(req), req.return_token_ids
         cursors: dict[int, ChoiceCursor] = {}
         done: set[int] = set()
         holdback = stop_holdback(req.stop_strings)
@@ -66,17 +68,25 @@ class ChatServing(OpenAIServing):
                 if c.index in done:
                     continue
                 if c.index not in cursors:
-                    cursors[c.index] = ChoiceCursor(holdback)
-                    yield _chunk(c.index, {"role": "assistant", "content": ""})
+                    cursors[c.index] = ChoiceCursor(holdback, out.resumed_text)
+                    if not req.resumed:  # a resumed stream continues one that said this already
+                        yield _chunk(c.index, {"role": "assistant", "content": ""}, token_ids=[] if ids else None)
                 delta, tokens, entries = cursors[c.index].advance(c)
                 if c.finished:
                     done.add(c.index)
-                elif not delta and not (fmt and tokens):
+                elif not delta and not ((fmt or ids) and tokens):
                     continue
                 logprobs = fmt.chat(tokens, entries) if fmt else None
-                yield _chunk(c.index, {"content": delta} if delta else {}, logprobs, c.finish_reason)
+                delta = {"content": delta} if delta else {}
+                yield _chunk(c.index, delta, logprobs, c.finish_reason, tokens if ids else None)
 
 
-def _chunk(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+def _chunk(
+    index: int,
+    delta: dict,
+    logprobs: dict | None = None,
+    finish_reason: str | None = None,
+    token_ids: list[int] | None = None,
+) -> dict:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"choices": [choice]}
+    return {"choices": [choice | ({"token_ids": token_ids} if token_ids is not None else {})]}

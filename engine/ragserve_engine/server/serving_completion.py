@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
+from ragserve.http.errors import ApiError
 from ragserve_engine.outputs import CompletionOutput, RequestOutput
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import CompletionRequest
 from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
-from ragserve_engine.server.streaming import ChoiceCursor
+from ragserve_engine.server.streaming import ChoiceCursor, unsent_text
 
 
 class CompletionServing(OpenAIServing):
@@ -25,8 +26,11 @@ class CompletionServing(OpenAIServing):
             params = req.to_sampling_params()
         except ValueError as exc:
             raise bad_request(exc) from None
+        prompts = req.prompts()
+        if req.resumed and len(prompts) > 1:
+            raise ApiError(400, "resume_token_ids needs a single prompt", "invalid_value", "resume_token_ids")
         # strings go to the engine as they are: it encodes them exactly like the router does
-        return await self.run(request, req, req.prompts(), params)
+        return await self.run(request, req, prompts, params)
 
     def _logprobs(self, req: CompletionRequest) -> LogprobFormatter | None:
         return LogprobFormatter(self.tokenizer, req.logprobs) if req.logprobs is not None else None
@@ -54,6 +58,7 @@ class CompletionServing(OpenAIServing):
         echo: tuple[str, dict | None] | None = None,
         finished: bool = True,
         offset: int = 0,
+        token_ids: bool = False,
     ) -> dict:
         """One choice; `offset` is where this piece starts in the choice's whole text (streaming)."""
         prefix, prompt_lp = echo or ("", None)
@@ -62,26 +67,30 @@ class CompletionServing(OpenAIServing):
             logprobs, _ = fmt.completion(tokens, entries, offset + len(prefix))
             if prompt_lp:
                 logprobs = {k: prompt_lp[k] + logprobs[k] for k in logprobs}
-        return {
+        choice = {
             "index": index,
             "text": prefix + text,
             "logprobs": logprobs,
             "finish_reason": c.finish_reason if finished else None,
             "stop_reason": c.stop_reason if finished else None,
         }
+        return choice | ({"token_ids": list(tokens)} if token_ids else {})
 
     def response(self, req: CompletionRequest, prompts, finals: dict[int, RequestOutput], header: dict) -> dict:
-        fmt = self._logprobs(req)
+        fmt, ids = self._logprobs(req), req.return_token_ids
         choices = []
+        holdback = stop_holdback(req.stop_strings)
         for i, out in sorted(finals.items()):
-            echo = self._echo(fmt, out, self._prompt_text(prompts[i])) if req.echo else None
+            echo = self._echo(fmt, out, self._prompt_text(prompts[i])) if req.echo and not req.resumed else None
             for c in out.outputs:
                 index = i * req.n + c.index
-                choices.append(self._choice(index, c.text, fmt, c, c.token_ids, c.logprobs or [], echo))
+                text = unsent_text(out.resumed_text, c.text, holdback)
+                choice = self._choice(index, text, fmt, c, c.token_ids, c.logprobs or [], echo, True, 0, ids)
+                choices.append(choice)
         return {**header, "choices": choices, "usage": usage(finals)}
 
     async def chunks(self, gen, req: CompletionRequest, prompts, last: dict):
-        fmt = self._logprobs(req)
+        fmt, ids = self._logprobs(req), req.return_token_ids
         holdback = stop_holdback(req.stop_strings)
         cursors: dict[int, ChoiceCursor] = {}
         offsets: dict[int, int] = {}
@@ -94,14 +103,14 @@ class CompletionServing(OpenAIServing):
                     continue  # a prefill chunk: nothing to say yet
                 echo = None
                 if index not in cursors:
-                    cursors[index] = ChoiceCursor(holdback)
-                    echo = self._echo(fmt, out, self._prompt_text(prompts[i])) if req.echo else None
+                    cursors[index] = ChoiceCursor(holdback, out.resumed_text)
+                    echo = self._echo(fmt, out, self._prompt_text(prompts[i])) if req.echo and not req.resumed else None
                 delta, tokens, entries = cursors[index].advance(c)
                 if c.finished:
                     done.add(index)
-                elif not delta and not echo and not (fmt and tokens):
+                elif not delta and not echo and not ((fmt or ids) and tokens):
                     continue
                 offset = offsets.get(index, 0)
-                choice = self._choice(index, delta, fmt, c, tokens, entries, echo, c.finished, offset)
+                choice = self._choice(index, delta, fmt, c, tokens, entries, echo, c.finished, offset, ids)
                 offsets[index] = offset + len(choice["text"])
                 yield {"choices": [choice]}

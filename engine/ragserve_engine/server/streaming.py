@@ -22,24 +22,35 @@ class ChoiceCursor:
 
     The engine re-decodes the whole output each step: a trailing incomplete UTF-8 character
     or the start of a stop string may still change, so they are held back until final.
+
+    A resumed request (migration) starts where the interrupted stream stopped sending: the
+    text of its resumed tokens less what was still held back, which it sends first.
     """
 
-    def __init__(self, holdback: int) -> None:
+    def __init__(self, holdback: int, resumed_text: str = "") -> None:
         self.holdback = holdback
-        self.text = ""
+        self.text = self._visible(resumed_text, "")
         self.num_tokens = 0
+
+    def _visible(self, text: str, sent: str) -> str:
+        text = text.rstrip("\ufffd")
+        return text[: max(len(sent), len(text) - self.holdback)]
 
     def advance(self, out: CompletionOutput) -> tuple[str, list[int], list[dict[int, float]]]:
         text = out.text
         if not out.finished:
-            text = text.rstrip("\ufffd")
-            text = text[: max(len(self.text), len(text) - self.holdback)]
+            text = self._visible(text, self.text)
         delta = text[len(self.text) :] if text.startswith(self.text) else ""
         self.text += delta
         tokens = out.token_ids[self.num_tokens :]
         logprobs = (out.logprobs or [])[self.num_tokens :]
         self.num_tokens = len(out.token_ids)
         return delta, tokens, logprobs
+
+
+def unsent_text(resumed_text: str, text: str, holdback: int) -> str:
+    """A whole answer less what a stream cut after its resumed tokens had sent already (all of it if not resumed)."""
+    return text[len(ChoiceCursor(holdback, resumed_text).text) :]
 
 
 class EventStreamResponse(StreamingResponse):
