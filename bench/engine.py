@@ -1,183 +1,240 @@
-"""Engine benchmark (issue 3): ragserve vs Hugging Face transformers on the same weights, same run.
+"""Engine benchmark (issues 3, 15, 17): ragserve against Hugging Face transformers and llama.cpp on the same
+weights, in one run, with this machine's measured limits.
 
-    python bench/engine.py            # full run (~10+ minutes on 2 CPU cores)
-    python bench/engine.py --quick    # reduced, a couple of minutes
+    python bench/engine.py --part throughput   # batch 1/8/32 decode and overall, cold prefill 512/2,048
+    python bench/engine.py --part mixed        # 64 requests of mixed lengths, fair (length-bucketed) HF
+    python bench/engine.py --part precision    # bf16 / int8 weights: single-stream decode, token agreement
+    python bench/engine.py --part features     # prefix-cache TTFT, KV waste, forked sequences
+    python bench/engine.py --part profile      # torch.profiler top-10 of decode steps at batch 32
+    add --quick for a short run
 
-Prints a markdown table of ratios and writes it to bench/results/engine.md.
+Each configuration runs `--repeats` times (default 3), the three systems interleaved so they see the
+same background load; the table gives the median and the min-max spread. Limits come from an fp32
+square GEMM and a streaming read measured at the start of the same run (bench/engine_baselines.py).
+Writes bench/results/engine-<part>[-quick].md and .json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import statistics
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ragserve.model_source import resolve_model
-from ragserve_engine.llm import LLM
-from ragserve_engine.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_baselines import LlamaCpp, Machine, Roofline, hf_bucketed, hf_generate, hf_prefill, load_hf, measure_machine  # noqa: E402
+
+from ragserve.model_source import resolve_model  # noqa: E402
+from ragserve_engine.llm import LLM  # noqa: E402
+from ragserve_engine.sampling_params import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+PROMPT_LEN, NEW_TOKENS = 128, 64
 
 
-@dataclass
-class Workload:
-    prompts: list[list[int]]
-    outputs: list[int]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.outputs)
+def rand_prompts(rng: random.Random, n: int, length: int | tuple[int, int]) -> list[list[int]]:
+    lengths = [length if isinstance(length, int) else rng.randint(*length) for _ in range(n)]
+    return [[rng.randrange(100, 49000) for _ in range(k)] for k in lengths]
 
 
-def make_workload(n: int, prompt_range: tuple[int, int], out_range: tuple[int, int], seed: int = 0) -> Workload:
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(100, 49000) for _ in range(rng.randint(*prompt_range))] for _ in range(n)]
-    return Workload(prompts, [rng.randint(*out_range) for _ in range(n)])
-
-
-def run_ragserve(llm: LLM, w: Workload) -> tuple[float, float]:
-    """(wall seconds, mean KV waste fraction at steady state)."""
+def ours_run(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> float:
+    """All requests at once (continuous batching), greedy, ignore_eos: wall seconds."""
     engine = llm.engine
-    for i, (p, n) in enumerate(zip(w.prompts, w.outputs, strict=True)):
-        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", p, SamplingParams(temperature=0.0, max_tokens=n,
-                                                                                ignore_eos=True))  # fmt: skip
-    waste = []
+    for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
+        engine.add_request(f"b{time.monotonic_ns()}-{i}", p, SamplingParams(temperature=0.0, max_tokens=n,
+                                                                           ignore_eos=True))  # fmt: skip
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-        running = [s for r in engine.scheduler.running for s in r.live_seqs]
-        if running and not engine.scheduler.waiting:
-            allocated = engine.stats().used_blocks * engine.config.block_size
-            waste.append(1 - sum(s.num_tokens for s in running) / allocated)
-    return time.perf_counter() - t0, sum(waste) / max(1, len(waste))
-
-
-def run_hf(hf, w: Workload, batch_size: int) -> float:
-    """Left-padded batches with attention masks; each batch runs to its longest requested output."""
-    t0 = time.perf_counter()
-    for i in range(0, len(w.prompts), batch_size):
-        batch, outs = w.prompts[i : i + batch_size], w.outputs[i : i + batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.no_grad():
-            hf.generate(ids, attention_mask=mask, max_new_tokens=max(outs), min_new_tokens=max(outs),
-                        do_sample=False, pad_token_id=0)  # fmt: skip
     return time.perf_counter() - t0
 
 
-def matmul_peak(cfg, tokens: int = 2048, repeats: int = 5) -> float:
-    """This machine's fp32 matmul FLOP/s on the model's own projection shapes."""
-    h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
-    shapes = [(h, h + 2 * kv), (h, h), (h, 2 * cfg.intermediate_size), (cfg.intermediate_size, h)]
-    mats = [(torch.randn(tokens, k), torch.randn(k, n)) for k, n in shapes]
-    for a, b in mats:
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for a, b in mats:
-            a @ b
-        best = min(best, time.perf_counter() - t0)
-    return sum(2 * tokens * k * n for k, n in shapes) / best
+def fresh_llm(args, model, **kw) -> LLM:
+    return LLM(args.model, loaded_model=model, enable_prefix_caching=False, max_num_seqs=64, **kw)
 
 
-def prefill_flops(cfg, prompts: list[list[int]]) -> float:
-    h, kv, inter = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    per_token = 2 * cfg.num_layers * (h * (h + 2 * kv) + h * h + 3 * h * inter)
-    attn = sum(4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * len(p) * (len(p) + 1) / 2 for p in prompts)
-    return per_token * sum(len(p) for p in prompts) + attn + 2 * h * cfg.vocab_size * len(prompts)
+class Table:
+    """Samples per (row, column); rendered as median (min-max) and kept raw in the JSON."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.notes: dict[str, str] = {}
+
+    def add(self, row: str, col: str, value: float) -> None:
+        self.samples.setdefault(row, {}).setdefault(col, []).append(value)
+
+    def med(self, row: str, col: str) -> float:
+        return statistics.median(self.samples[row][col])
+
+    def cell(self, row: str, col: str, fmt: str = "{:.1f}") -> str:
+        vals = self.samples.get(row, {}).get(col)
+        if not vals:
+            return "–"
+        m = statistics.median(vals)
+        return fmt.format(m) + (f" ({fmt.format(min(vals))}–{fmt.format(max(vals))})" if len(vals) > 1 else "")
 
 
-def bench_prefill_efficiency(llm: LLM, w: Workload) -> tuple[float, float]:
-    cfg = llm.engine.runner.model_config
-    peak = matmul_peak(cfg)
-    fresh = LLM(llm.engine.config.model, loaded_model=llm.engine.runner.model, enable_prefix_caching=False)
-    wall, _ = run_ragserve(fresh, Workload(w.prompts, [1] * len(w.prompts)))
-    return prefill_flops(cfg, w.prompts) / wall / peak, peak
+def decode_rates(t: Table, row: str, sys_name: str, batch: int, full: float, prefill: float) -> None:
+    """Overall output tokens/s, and decode-only tokens/s: tokens after the first over (full - prefill-only)."""
+    t.add(row, f"{sys_name} overall", batch * NEW_TOKENS / full)
+    t.add(row, f"{sys_name} decode", batch * (NEW_TOKENS - 1) / max(full - prefill, 1e-9))
 
 
-def bench_prefix_ttft(llm: LLM, context_tokens: int, questions: int) -> float:
-    rng = random.Random(1)
-    context = [rng.randrange(100, 49000) for _ in range(context_tokens)]
-    fresh = LLM(llm.engine.config.model, loaded_model=llm.engine.runner.model)
-    ttfts = []
-    for q in range(questions):
-        prompt = context + [rng.randrange(100, 49000) for _ in range(24 + q)]
-        t0 = time.perf_counter()
-        fresh.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1))
-        ttfts.append(time.perf_counter() - t0)
-    return (sum(ttfts[1:]) / len(ttfts[1:])) / ttfts[0]
+def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table) -> None:
+    rng = random.Random(17)
+    warm = rand_prompts(rng, 2, 32)
+    ours_run(fresh_llm(args, model), warm, [4, 4]), hf_generate(hf, warm, 4), cpp and cpp.generate(warm[0], 4)
+    batches = [1, 8] if args.quick else [1, 8, 32]
+    prefills = [512] if args.quick else [512, 2048]
+    for rep in range(args.repeats):
+        for b in batches:
+            row = f"batch {b} × {PROMPT_LEN}-token prompts, {NEW_TOKENS} new tokens"
+            prompts = rand_prompts(rng, b, PROMPT_LEN)
+            pre = ours_run(fresh_llm(args, model), prompts, [1] * b)
+            full = ours_run(fresh_llm(args, model), prompts, [NEW_TOKENS] * b)
+            decode_rates(t, row, "ragserve", b, full, pre)
+            hpre, _ = hf_generate(hf, prompts, 1)
+            hfull, _ = hf_generate(hf, prompts, NEW_TOKENS)
+            decode_rates(t, row, "HF", b, hfull, hpre)
+            if cpp and b == 1:
+                decode_rates(t, row, "llama.cpp", 1, cpp.generate(prompts[0], NEW_TOKENS), cpp.prefill(prompts[0]))
+            step_s = b / roof.decode_tok_s(m, b, PROMPT_LEN + NEW_TOKENS // 2)
+            t.add(row, "limit decode", b / step_s)
+            t.add(
+                row, "limit overall", b * NEW_TOKENS / (b * roof.prefill_s(m, PROMPT_LEN) + (NEW_TOKENS - 1) * step_s)
+            )
+        for n in prefills:
+            row = f"cold prefill, {n} tokens, 1 request (seconds)"
+            prompt = rand_prompts(rng, 1, n)[0]
+            t.add(row, "ragserve", ours_run(fresh_llm(args, model), [prompt], [1]))
+            t.add(row, "HF", hf_prefill(hf, prompt))
+            if cpp:
+                t.add(row, "llama.cpp", cpp.prefill(prompt))
+            t.add(row, "limit", roof.prefill_s(m, n))
+        print(f"repeat {rep + 1} done", flush=True)
 
 
-def bench_fork_blocks(llm: LLM) -> tuple[float, float]:
-    prompt = list(range(1000, 1500))
+def part_mixed(args, model, hf, m: Machine, roof: Roofline, t: Table) -> None:
+    n, prompt_range, out_range = (16, (64, 256), (8, 32)) if args.quick else (64, (64, 384), (16, 64))
+    row = f"mixed: {n} requests, prompts {prompt_range[0]}–{prompt_range[1]}, outputs {out_range[0]}–{out_range[1]}"
+    t.notes[row] = "tokens/s = (prompt + output tokens) / wall; HF is credited with every token it computed"
+    warm = rand_prompts(random.Random(1), 2, 32)
+    ours_run(fresh_llm(args, model), warm, [4, 4]), hf_generate(hf, warm, 4)
+    for rep in range(args.repeats):
+        rng = random.Random(100 + rep)
+        prompts = rand_prompts(rng, n, prompt_range)
+        outputs = [rng.randint(*out_range) for _ in range(n)]
+        requested = sum(map(len, prompts)) + sum(outputs)
+        t.add(row, "ragserve", requested / ours_run(fresh_llm(args, model), prompts, outputs))
+        for b in (8, 16):
+            wall, computed = hf_bucketed(hf, prompts, outputs, b)
+            t.add(row, f"HF batch {b}", computed / wall)
+        limit_s = sum(roof.prefill_s(m, len(p)) for p in prompts) + max(outputs) * len(prompts) / roof.decode_tok_s(
+            m, len(prompts), 256)  # fmt: skip
+        t.add(row, "limit", requested / limit_s)
+        print(f"repeat {rep + 1} done", flush=True)
 
-    def peak(params_list: list[SamplingParams]) -> int:
-        fresh = LLM(llm.engine.config.model, loaded_model=llm.engine.runner.model, enable_prefix_caching=False)
-        for i, p in enumerate(params_list):
-            fresh.engine.add_request(f"f{i}", prompt, p)
-        top = 0
-        while fresh.engine.has_unfinished_requests():
-            fresh.engine.step()
-            top = max(top, fresh.engine.stats().used_blocks)
-        return top
 
-    indep = peak([SamplingParams(max_tokens=32, ignore_eos=True, seed=i) for i in range(4)])
-    n4 = peak([SamplingParams(n=4, max_tokens=32, ignore_eos=True, seed=0)])
-    beam = peak([SamplingParams(use_beam_search=True, beam_width=4, temperature=0.0, max_tokens=32, ignore_eos=True)])
-    return n4 / indep, beam / indep
+def part_precision(args, model_fp32, cpp, m: Machine, t: Table) -> None:
+    """Single-stream decode with bf16 and int8 weights vs llama.cpp; greedy agreement with fp32."""
+    rng = random.Random(5)
+    variants = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8 weights": {"quantization": "int8"}}
+    llms = {k: LLM(args.model, enable_prefix_caching=False, **kw) for k, kw in variants.items()}
+    llms["float32"] = fresh_llm(args, model_fp32)
+    text = llms["float32"].tokenizer
+    prompts = [text.encode(f"Question {i}: explain briefly how a {w} works, step by step.") for i, w in
+               enumerate(["refrigerator", "compiler", "bicycle", "vaccine", "search engine", "battery", "bridge",
+                          "database"])]  # fmt: skip
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in llms["float32"].generate(prompts, greedy)]
+    for name, llm in llms.items():
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+        same = [next((i for i, (a, b) in enumerate(zip(r, o, strict=True)) if a != b), len(r)) for r, o in
+                zip(ref, outs, strict=True)]  # fmt: skip
+        t.add("greedy agreement with float32 (8 prompts × 64 tokens)", f"{name} tokens before first divergence",
+              statistics.mean(same))  # fmt: skip
+    for rep in range(args.repeats):
+        prompt = rand_prompts(rng, 1, PROMPT_LEN)[0]
+        row = f"single stream, {PROMPT_LEN}-token prompt, {NEW_TOKENS} new tokens: decode tokens/s"
+        for name, llm in llms.items():
+            pre, full = ours_run(llm, [prompt], [1]), ours_run(llm, [prompt], [NEW_TOKENS])
+            t.add(row, name, (NEW_TOKENS - 1) / (full - pre))
+        if cpp:
+            full, pre = cpp.generate(prompt, NEW_TOKENS), cpp.prefill(prompt)
+            t.add(row, "llama.cpp (GGUF's own Q4_1)", (NEW_TOKENS - 1) / (full - pre))
+        print(f"repeat {rep + 1} done", flush=True)
+
+
+def render(args, t: Table, m: Machine, load: tuple[float, float], started: float) -> str:
+    cmd = f"python bench/engine.py --part {args.part}{' --quick' if args.quick else ''}"
+    lines = [
+        f"`{cmd}` ({args.model}, float32 unless noted, CPU, {torch.get_num_threads()} torch threads, llama.cpp "
+        f"2 threads, {args.repeats} interleaved repeats: median (min–max)).",
+        "",
+        f"Measured in this run: fp32 GEMM peak {m.gemm_flops / 1e9:.0f} GFLOP/s (2,048² matmul), read bandwidth "
+        f"{m.read_bytes / 1e9:.1f} GB/s (sum over 512 MiB). Load average before / after: {load[0]:.1f} / "
+        f"{load[1]:.1f} (2 cores, shared machine). Wall {time.time() - started:.0f} s.",
+        "",
+    ]
+    for row, cols in t.samples.items():
+        seconds = "(seconds)" in row
+        limits = [c for c in cols if c.startswith("limit")]
+        lines += [f"**{row}**" + (f": {t.notes[row]}" if row in t.notes else ""), ""]
+        lines += ["| | median (min–max) | fraction of limit |", "|---|---:|---:|"]
+        for c in cols:
+            frac = ""
+            if limits and not c.startswith("limit"):
+                match = [lim for lim in limits if lim.split()[-1] in c.split()]
+                limit = t.med(row, (match or limits)[0])
+                frac = f"{(limit / t.med(row, c) if seconds else t.med(row, c) / limit):.0%}"
+            lines.append(f"| {c} | {t.cell(row, c, '{:.2f}' if seconds else '{:.1f}')} | {frac} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=["throughput", "mixed", "precision", "features", "profile"],
+                        default="throughput")  # fmt: skip
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--no-llama-cpp", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    if args.quick:
-        w, batches, ctx = make_workload(16, (128, 384), (16, 32)), [8], 1024
-    else:
-        w, batches, ctx = make_workload(64, (256, 1024), (64, 128)), [8, 16], 2048
-    llm = LLM(args.model)
-    rows = []
-    ours, waste = run_ragserve(llm, w)
-    from transformers import AutoModelForCausalLM
+    started, load0 = time.time(), os.getloadavg()[0]
+    if args.part in ("features", "profile"):
+        from engine_features import run_features, run_profile
 
+        (run_features if args.part == "features" else run_profile)(args)
+        return
     source = resolve_model(args.model)
-    load = dict(gguf_file=source.path.name) if source.kind == "gguf" else {}
-    path = str(source.path.parent if source.kind == "gguf" else source.path)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **load).eval()
-    hf_times = {b: run_hf(hf, w, b) for b in batches}
-    best_b = min(hf_times, key=hf_times.get)
-    tokens = w.prompt_tokens + w.output_tokens
-    rows.append(("Throughput (tokens/s), ragserve vs HF generate (best batch "
-                 f"{best_b})", f"{tokens / ours:.0f} vs {tokens / hf_times[best_b]:.0f}",
-                 f"{hf_times[best_b] / ours:.2f}x", "≥ 3x"))  # fmt: skip
-    eff, peak = bench_prefill_efficiency(llm, w)
-    rows.append(("Prefill FLOP/s as a fraction of fp32 matmul peak", f"peak {peak / 1e9:.0f} GFLOP/s", f"{eff:.0%}",
-                 "≥ 60%"))  # fmt: skip
-    ratio = bench_prefix_ttft(llm, ctx, 8)
-    rows.append((f"Prefix cache: warm / cold TTFT, {ctx}-token shared context", "8 requests", f"{ratio:.3f}", "≤ 0.1"))
-    rows.append(("KV memory waste at steady state", "(allocated − used) / allocated", f"{waste:.1%}", "< 4%"))
-    n4, beam = bench_fork_blocks(llm)
-    rows.append(("KV blocks, n=4 vs 4 independent requests", "peak blocks", f"{n4:.2f}x", "< 1"))
-    rows.append(("KV blocks, beam width 4 vs 4 independent requests", "peak blocks", f"{beam:.2f}x", "< 1"))
-    table = "| metric | detail | ragserve / baseline | target |\n|---|---|---|---|\n"
-    table += "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
-    header = f"`python bench/engine.py{' --quick' if args.quick else ''}` ({args.model}, float32, CPU, " \
-             f"{torch.get_num_threads()} threads, {len(w.prompts)} requests)\n\n"  # fmt: skip
-    print(header + table)
+    llm = LLM(args.model)
+    model = llm.engine.runner.model
+    m, roof = measure_machine(), Roofline.of(model)
+    cpp = None if args.no_llama_cpp or source.kind != "gguf" else LlamaCpp(str(source.path), threads=2)
+    t = Table()
+    if args.part == "precision":
+        part_precision(args, model, cpp, m, t)
+    else:
+        hf = load_hf(source)
+        if args.part == "throughput":
+            part_throughput(args, model, hf, cpp, m, roof, t)
+        else:
+            part_mixed(args, model, hf, m, roof, t)
+    text = render(args, t, m, (load0, os.getloadavg()[0]), started)
+    print(text)
+    name = f"engine-{args.part}{'-quick' if args.quick else ''}"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"engine{'-quick' if args.quick else ''}.md").write_text(header + table + "\n")
+    (RESULTS / f"{name}.md").write_text(text + "\n")
+    raw = {"machine": vars(m), "samples": t.samples, "args": vars(args)}
+    (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
 
 
 if __name__ == "__main__":

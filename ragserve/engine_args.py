@@ -36,6 +36,7 @@ class EngineConfig(FromArgs):
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
     quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
                                choices=QUANTIZATIONS)  # fmt: skip
+    enforce_eager: bool = option(False, "never torch.compile the fused elementwise ops", "model")
     seed: int = option(0, "global seed", "model", type=int)
     block_size: int = option(
         16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}
@@ -48,6 +49,8 @@ class EngineConfig(FromArgs):
     kv_cache_dtype: str = option("auto", "KV cache storage dtype", "KV cache", choices=KV_CACHE_DTYPES, spec=True)
     attention_backend: str = option("auto", "attention kernels", "KV cache", choices=ATTENTION_BACKENDS, spec=True)
     enable_prefix_caching: bool = option(True, "reuse cached prefix blocks", "KV cache", spec=True)
+    blend_recompute_fraction: float = option(0.15, "chunk tokens a blended prefill recomputes", "KV cache", type=float)
+    blend_cache_memory: int = option(512 * 1024**2, "bytes of chunk KV kept for blending", "KV cache", type=parse_bytes)
     max_model_len: int | None = option(None, "max prompt + output tokens", "scheduler", type=positive_int, spec=True)
     max_num_seqs: int = option(64, "max running sequences", "scheduler", type=positive_int, spec=True)
     max_num_batched_tokens: int = option(2048, "token budget per step", "scheduler", type=positive_int, spec=True)
@@ -78,6 +81,7 @@ class EngineConfig(FromArgs):
             (self.max_num_seqs > 0, "max_num_seqs must be positive"),
             (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
             (self.swap_space >= 0, "swap_space must be >= 0"),
+            (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.num_gpu_blocks is None or self.num_gpu_blocks > 1, "num_gpu_blocks must be > 1"),
         ]

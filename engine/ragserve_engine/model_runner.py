@@ -12,6 +12,7 @@ from ragserve.model_source import ModelSource
 from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.selector import get_attention_backend
+from ragserve_engine.layers import fused
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.layers.quant_linear import quantize_weights
 from ragserve_engine.models.llama import LlamaForCausalLM
@@ -54,6 +55,7 @@ class ModelRunner:
         if config.quantization != "none" and model is None:
             quantize_weights(self.model, config.quantization)
         self.model_config = self.model.config
+        fused.set_compile(not config.enforce_eager)
         self.backend = get_attention_backend(config.attention_backend, self.device, config.kv_cache_dtype)
         self.block_size = config.block_size
         self.bytes_per_block = bytes_per_block(config.kv_cache_dtype, self.dtype, self._block_shape(1))

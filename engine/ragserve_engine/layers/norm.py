@@ -1,6 +1,8 @@
 import torch
 from torch import nn
 
+from ragserve_engine.layers import fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float = 1e-6) -> None:
@@ -10,11 +12,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """With `residual`, adds it first and returns (normed, new residual)."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(dtype)
-        return out if residual is None else (out, residual)
+        if residual is None:
+            return fused.call("rms_norm", x.shape[0], x, self.weight, self.eps)
+        return fused.call("add_rms_norm", x.shape[0], x, residual, self.weight, self.eps)

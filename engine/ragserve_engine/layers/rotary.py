@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from ragserve_engine.layers import fused
+
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -36,22 +38,27 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), _inv_freq(head_dim, theta, scaling))
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
+        self._positions: torch.Tensor | None = None
+        self._rows: tuple[torch.Tensor, torch.Tensor] = ()
 
     def _apply(self, fn, recurse=True):
         """Follow the model's device, but keep float32 tables whatever its dtype (as HF does)."""
         cos, sin = self.cos, self.sin
         super()._apply(fn, recurse)
         self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        self._positions = None
         return self
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, KVH, D]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if positions is not self._positions:  # every layer shares this module: look the step's rows up once
+            self._positions, self._rows = (
+                positions,
+                (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)),
+            )
+        cos, sin = self._rows
+        n = positions.shape[0]
+        return fused.call("rotate", n, q, cos, sin), fused.call("rotate", n, k, cos, sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+_rotate = fused.rotate  # one implementation; CacheBlend's re-rotation of cached keys imports this name

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ragserve_engine.layers import fused
 from ragserve_engine.layers.attention import Attention, ForwardContext
 from ragserve_engine.layers.norm import RMSNorm
 from ragserve_engine.layers.rotary import RotaryEmbedding
@@ -19,8 +19,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.call("silu_and_mul", x.shape[0], self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,82 @@
+"""Lower-precision weights: weight-only int8 linears and bfloat16 models against float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.layers.attention import ForwardContext
+from ragserve_engine.layers.quant_linear import Int8Linear, quantize_weights
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def test_int8_linear_is_the_dequantized_matmul():
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=True)
+    q = Int8Linear(linear)
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() == 127  # each row uses the full range
+    x = torch.randn(5, 3, 96)
+    dequantized = q.qweight.float() * q.scales.float()[:, None]
+    expected = x.bfloat16().float() @ dequantized.T + linear.bias
+    out = q(x)
+    assert out.shape == (5, 3, 40) and out.dtype == torch.float32
+    assert (out - expected).abs().max() < 2e-2 * expected.abs().max()
+    assert (out - linear(x)).abs().max() < 5e-2 * linear(x).abs().max()  # and close to the float32 layer
+
+
+def test_quantized_engine_tracks_float32():
+    """Every projection and the LM head become int8; the tied embedding keeps its float32 table."""
+    path = str(tiny_model("llama"))
+    ref = LLM(path, num_gpu_blocks=64)
+    llm = LLM(path, num_gpu_blocks=64, quantization="int8")
+    model = llm.engine.runner.model
+    assert not [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert isinstance(model.lm_head, Int8Linear) and model.embed_tokens.weight.dtype == torch.float32
+    prompt = list(range(300, 340))
+    logits = [_logits(r, prompt) for r in (ref, llm)]
+    cos = torch.nn.functional.cosine_similarity(logits[0], logits[1], dim=-1)
+    assert cos.min() > 0.99, cos
+    assert len(llm.generate([prompt], GREEDY)[0].outputs[0].token_ids) == 8
+
+
+def test_bfloat16_engine_keeps_float32_rotary_tables():
+    path = str(tiny_model("llama"))
+    llm = LLM(path, num_gpu_blocks=64, dtype="bfloat16")
+    model = llm.engine.runner.model
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.layers[0].self_attn.rotary.cos.dtype == torch.float32
+    ref = LLM(path, num_gpu_blocks=64)
+    prompt = list(range(300, 340))
+    logits = [_logits(r, prompt) for r in (ref, llm)]
+    assert torch.nn.functional.cosine_similarity(logits[0], logits[1], dim=-1).min() > 0.99
+
+
+def test_quantize_rejects_unknown_method():
+    with pytest.raises(ValueError, match="int3"):
+        quantize_weights(nn.Sequential(nn.Linear(4, 4)), "int3")
+
+
+def _logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
+    """Every position's logits of a one-sequence prefill through the engine's own runner."""
+    runner = llm.engine.runner
+    n, bs = len(prompt), runner.block_size
+    table = list(range(1, 1 + -(-n // bs)))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in range(n)]),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        block_tables=torch.tensor([table], dtype=torch.int32),
+        max_query_len=n,
+        max_seq_len=n,
+        query_start_loc_cpu=[0, n],
+        seq_lens_cpu=[n],
+    )
+    with torch.inference_mode():
+        ctx = ForwardContext(meta, runner.backend, runner.kv_layers)
+        return runner.model.compute_logits(runner.model(torch.tensor(prompt), torch.arange(n), ctx))
