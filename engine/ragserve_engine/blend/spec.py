@@ -35,3 +35,14 @@ class BlendSpec:
 def prefix_cache_salt(cache_salt: str | None) -> str:
     """A blended prompt's blocks are approximate: they are cached apart from exactly computed ones."""
     return f"ragserve-blend:{cache_salt or ''}"
+
+
+def bind(req, spec: BlendSpec) -> None:
+    """Attach a validated spec to a new Request (make_request); raises ValueError naming the problem."""
+    spec.validate(len(req.prompt_token_ids))
+    if req.params.prompt_logprobs is not None:
+        raise ValueError("prompt_logprobs cannot be combined with blended chunks")
+    spec.cache_salt = req.cache_salt
+    req.cache_salt = prefix_cache_salt(req.cache_salt)
+    req.external_checked = True  # its prefix is never fetched: a blended prefill starts from nothing
+    req.blend = spec

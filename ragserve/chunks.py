@@ -1,0 +1,62 @@
+"""Chat prompts with chunks: retrieved documents marked for blending (docs/blend.md). Torch-free.
+
+A chunk is a text content part carrying `"ragserve_chunk": true`. The chat is rendered with a
+placeholder per chunk; the text around the placeholders and each chunk are tokenized apart, so a
+chunk's token ids never depend on its neighbours and its KV can be reused wherever it appears.
+Engine and router both tokenize chunked chats here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ragserve.tokenizer import PromptTokenizer
+
+CHUNK_FIELD = "ragserve_chunk"
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no template or document produces them
+_PLACEHOLDER = re.compile(f"{_OPEN}([0-9]+){_CLOSE}")
+
+
+@dataclass
+class ChunkedPrompt:
+    token_ids: list[int]
+    spans: list[tuple[int, int]]  # [start, end) of each non-empty chunk in token_ids, in prompt order
+
+    def chunk_tokens(self) -> list[list[int]]:
+        return [self.token_ids[a:b] for a, b in self.spans]
+
+
+def has_chunks(messages: list[dict]) -> bool:
+    return any(isinstance(p, dict) and p.get(CHUNK_FIELD) for m in messages for p in _parts(m))
+
+
+def encode_chunked_chat(tokenizer: PromptTokenizer, messages: list[dict]) -> ChunkedPrompt:
+    """Token ids of the chat and where its chunks are; raises ValueError on a template or content error."""
+    texts: list[str] = []
+
+    def placeholder(part: dict) -> dict:
+        if not part.get(CHUNK_FIELD):
+            return part
+        if _OPEN in (part.get("text") or "") or _CLOSE in (part.get("text") or ""):
+            raise ValueError("chunk text must not contain U+E000 or U+E001")
+        texts.append(part.get("text") or "")
+        return {"type": part.get("type"), "text": f"{_OPEN}{len(texts) - 1}{_CLOSE}"}
+
+    marked = [{**m, "content": [placeholder(p) for p in m["content"]]} if _parts(m) else m for m in messages]
+    pieces = _PLACEHOLDER.split(tokenizer.render_chat(marked))
+    if [int(i) for i in pieces[1::2]] != list(range(len(texts))):
+        raise ValueError("the chat template must keep every chunk content part, once and in order")
+    token_ids: list[int] = []
+    spans: list[tuple[int, int]] = []
+    for j, piece in enumerate(pieces):
+        ids = tokenizer.encode(piece if j % 2 == 0 else texts[int(piece)], add_special_tokens=False) if piece else []
+        if j % 2 == 1 and ids:
+            spans.append((len(token_ids), len(token_ids) + len(ids)))
+        token_ids += ids
+    return ChunkedPrompt(token_ids, spans)
+
+
+def _parts(message: dict) -> list:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
