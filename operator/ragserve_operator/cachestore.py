@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ragserve.flags import parse_bytes
+from ragserve_operator.mounts import cachestore_server
 from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
 from ragserve_operator.pods import container, pod_template, redis_args, redis_url_env
 from ragserve_operator.spec import RAGServeSpec
@@ -28,14 +29,16 @@ def cachestore_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
         args += redis_args(owner, spec, db=1) + ["--redis-prefix", "ragserve-kv:$(POD_NAME):"]
     if cs.get("maxMessageBytes"):
         args += ["--max-message-bytes", str(cs["maxMessageBytes"])]
-    return args + ["--metrics-port", str(CACHESTORE_METRICS_PORT)]
+    return args + cachestore_server(spec).args + ["--metrics-port", str(CACHESTORE_METRICS_PORT)]
 
 
 def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
     cs = spec.cachestore
     name = owner.child("cachestore")
+    secrets = cachestore_server(spec)
     mounts = [{"name": "data", "mountPath": DATA_DIR}] if cs["disk"] else []
-    volumes, claims = [], []
+    mounts += secrets.mounts
+    volumes, claims = list(secrets.volumes), []
     if cs["disk"] and cs.get("storageClassName"):
         claims.append(
             {
@@ -49,7 +52,9 @@ def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
         )
     elif cs["disk"]:
         volumes.append({"name": "data", "emptyDir": {"sizeLimit": disk_quantity(cs["disk"])}})
-    grpc_probe = {"grpc": {"port": cs["port"]}, "periodSeconds": 10, "failureThreshold": 3}
+    # a gRPC probe cannot speak TLS: a TCP connect then, as in the chart
+    check = {"tcpSocket": {"port": "grpc"}} if cs["tls"]["enabled"] else {"grpc": {"port": cs["port"]}}
+    grpc_probe = {**check, "periodSeconds": 10, "failureThreshold": 3}
     store = container(
         "cachestore",
         spec.image,
@@ -62,7 +67,7 @@ def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
             {"name": "grpc", "containerPort": cs["port"], "protocol": "TCP"},
             {"name": "metrics", "containerPort": CACHESTORE_METRICS_PORT, "protocol": "TCP"},
         ],
-        startupProbe={"grpc": {"port": cs["port"]}, "periodSeconds": 2, "failureThreshold": 150},
+        startupProbe={**check, "periodSeconds": 2, "failureThreshold": 150},
         livenessProbe=grpc_probe,
         readinessProbe={**grpc_probe, "periodSeconds": 5},
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ragserve.engine_args import ENGINE_PORT
 from ragserve.engine_command import EnginePod, engine_command
+from ragserve_operator.mounts import Mounts, cachestore_client, registry_token
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
@@ -30,6 +31,7 @@ def model_path(pool: Pool) -> str:
 
 def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
     """The pool's `ragserve engine` command line (the pool's extraArgs are appended by pods.container)."""
+    _, cachestore_tls, cachestore_token = cachestore_client(spec)
     return engine_command(
         EnginePod(
             model=model_path(pool),
@@ -38,17 +40,27 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             port=ENGINE_PORT,
             router=f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}",
             cachestore=tuple(cachestore_addresses(owner, spec)),
+            cachestore_tls=cachestore_tls,
+            cachestore_token_file=cachestore_token,
             max_body_bytes=pool.raw.get("maxBodyBytes"),
+            extra_args=tuple(registry_token(spec).args),
         )
     )
+
+
+def secret_mounts(spec: RAGServeSpec) -> Mounts:
+    """The Secrets an engine pod reads: the cachestore's CA / client certificate / token, the registry token."""
+    cachestore, registry = cachestore_client(spec)[0], registry_token(spec)
+    return Mounts(cachestore.volumes + registry.volumes, cachestore.mounts + registry.mounts)
 
 
 def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int) -> dict:
     """replicas: the pool's (its RAGServeEnginePool's spec.replicas)."""
     name, raw = owner.child("engine", pool.name), pool.raw
     gpus = raw["gpus"]
-    volumes, mounts = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}], []
-    mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    secrets = secret_mounts(spec)
+    volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}, *secrets.volumes]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, *secrets.mounts]
     if pvc := raw.get("modelPVC"):
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc["claimName"], "readOnly": True}})
         mount = {"name": "model", "mountPath": pvc["mountPath"], "readOnly": True}

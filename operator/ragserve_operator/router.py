@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ragserve_operator.mounts import registry_token
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env
 from ragserve_operator.spec import RAGServeSpec
@@ -17,15 +18,16 @@ def router_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
         args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
     if r.get("maxBodyBytes"):
         args += ["--max-body-bytes", str(r["maxBodyBytes"])]
-    return args
+    # without a registry token anyone in the cluster may register an engine: said explicitly, as the router asks
+    return args + (registry_token(spec).args or ["--registry-allow-unauthenticated"])
 
 
 def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
     r = spec.router
-    volumes, mounts = [], []
+    secrets = registry_token(spec)
     if secret := r.get("apiKeySecret"):
-        volumes.append({"name": "api-keys", "secret": {"secretName": secret["name"], "defaultMode": 0o440}})
-        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+        secrets.secret("api-keys", secret["name"], API_KEYS_DIR)
+    volumes, mounts = secrets.volumes, secrets.mounts
     router = container(
         "router",
         spec.image,

@@ -34,6 +34,14 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         lambda s: not s["cachestore"]["redisTier"] or s["redis"]["mode"] != "off",
     ),
     (
+        "cachestore.tls.enabled needs cachestore.tls.secretName",
+        lambda s: not s["cachestore"]["tls"]["enabled"] or bool(s["cachestore"]["tls"].get("secretName")),
+    ),
+    (
+        "cachestore.tls.clientAuth needs cachestore.tls.engineClientSecret",
+        lambda s: not s["cachestore"]["tls"]["clientAuth"] or bool(s["cachestore"]["tls"].get("engineClientSecret")),
+    ),
+    (
         "redis.mode external needs redis.url or redis.urlSecret",
         lambda s: s["redis"]["mode"] != "external" or "url" in s["redis"] or "urlSecret" in s["redis"],
     ),

@@ -177,10 +177,12 @@ def apply(live: dict | None, config: dict, manager: str, force: bool) -> dict:
     owners = {key: paths - taken for key, paths in owners.items()}
     merged = merge(copy.deepcopy(live or {}), config)
     others = set().union(*(paths for key, paths in owners.items() if key != mine))
-    for path in sorted(owners.get(mine, set()) - set(applied), key=len):
-        if not any(other[: len(path)] == path for other in others):
-            remove(merged, path)
+    stale = owners.get(mine, set()) - set(applied)
     owners[mine] = set(applied)
+    kept = others | owners[mine]
+    for path in sorted(stale, key=len):
+        if not any(other[: len(path)] == path for other in others):
+            remove(merged, path, kept)
     return with_owners(merged, owners)
 
 
@@ -197,8 +199,8 @@ def merge(live: Any, config: Any, field: str | None = None) -> Any:
     return copy.deepcopy(config)
 
 
-def remove(obj: dict, path: Path) -> None:
-    """Delete the field at `path`, then the maps and lists that are left empty by it."""
+def remove(obj: dict, path: Path, kept: set[Path]) -> None:
+    """Delete the field at `path`, then the maps and lists left empty by it that no manager owns (`kept`)."""
     chain = [obj]
     for part in path[:-1]:
         node = _child(chain[-1], part)
@@ -207,7 +209,7 @@ def remove(obj: dict, path: Path) -> None:
         chain.append(node)
     _delete(chain[-1], path[-1])
     for depth in range(len(path) - 1, 0, -1):
-        if chain[depth] in ({}, []):
+        if chain[depth] in ({}, []) and path[:depth] not in kept:
             _delete(chain[depth - 1], path[depth - 1])
 
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from ragserve_operator.spec import GROUP, PLURAL, VERSION
-from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, POOLS_PATH, operator_autoscaled, ragserve
+from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, POOLS, POOLS_PATH, operator_autoscaled, ragserve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 
@@ -68,6 +68,13 @@ async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator
         for engine in running:
             engine.waiting.set(10)  # ceil(2 pods x 10 / 2) = 10 -> maxReplicas 3
         await eventually(lambda: replicas(kube, "auto-engine-a") == 3, what="scale up to maxReplicas")
+        # through the pool's scale subresource: the field kubectl scale and an HPA write
+        pool = kube.obj(POOLS, "auto-engine-a")
+        assert pool["spec"]["replicas"] == 3
+        replicas_owner = [
+            m["manager"] for m in pool["metadata"]["managedFields"] if "f:replicas" in m["fieldsV1"].get("f:spec", {})
+        ]
+        assert replicas_owner == ["ragserve-autoscaler"]
         # the decision reaches status in a patch of its own, after the Deployment's
         await eventually(lambda: decision(kube, "auto").get("lastScaleTime"), what="the scale-up recorded")
         record = decision(kube, "auto")

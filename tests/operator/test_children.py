@@ -40,6 +40,14 @@ SPECS = {
     "hpa": {**FULL, "autoscaling": {"mode": "hpa", "targetRunningRequests": 8}},
     "keda": {**FULL, "autoscaling": {"mode": "keda"}},
     "no-cachestore": {"engines": [{"name": "a", "model": "m"}], "cachestore": {"enabled": False}},
+    "secure": {
+        "engines": [{"name": "a", "model": "m"}],
+        "router": {"registryAuth": {"tokenSecret": {"name": "registry"}}},
+        "cachestore": {
+            "tls": {"enabled": True, "secretName": "store-tls", "clientAuth": True, "engineClientSecret": "engine-tls"},
+            "auth": {"existingSecret": "store-token"},
+        },
+    },
 }
 
 
@@ -219,6 +227,52 @@ def test_keda_mode():
     pods = 'namespace="ns1",pod=~"demo-engine-big-[a-z0-9]+-[a-z0-9]{5}"'
     assert queries["vllm-num-requests-waiting"] == ("AverageValue", f"sum(vllm:num_requests_waiting{{{pods}}})")
     assert queries["vllm-kv-cache-usage-perc"] == ("Value", f"avg(vllm:kv_cache_usage_perc{{{pods}}})")
+
+
+def mounted(pod: dict, container: dict, path: str) -> dict:
+    """The Secret volume mounted at the directory of `path`."""
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    return next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+
+
+def test_cachestore_tls_mtls_and_token():
+    """The chart's cachestore.tls / cachestore.auth: both ends get their files from the Secrets and flags for them."""
+    objs = children("secure")
+    store_pod = by_name(objs, "StatefulSet", "demo-cachestore")["spec"]["template"]["spec"]
+    store = store_pod["containers"][0]
+    args = parse(store)
+    assert mounted(store_pod, store, args.tls_cert)["secretName"] == "store-tls"
+    assert (args.tls_cert, args.tls_key) == ("/etc/ragserve/tls/tls.crt", "/etc/ragserve/tls/tls.key")
+    assert args.tls_client_ca == "/etc/ragserve/tls/ca.crt"
+    assert mounted(store_pod, store, args.auth_token_file)["secretName"] == "store-token"
+    assert args.auth_token_file == "/etc/ragserve/auth/token"
+    assert store["readinessProbe"]["tcpSocket"] == {"port": "grpc"}  # a gRPC probe cannot speak TLS
+
+    engine_pod = by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]
+    engine = engine_pod["containers"][0]
+    args = parse(engine)
+    assert mounted(engine_pod, engine, args.cachestore_tls_ca) == {
+        "secretName": "store-tls",
+        "defaultMode": 0o440,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert mounted(engine_pod, engine, args.cachestore_tls_cert)["secretName"] == "engine-tls"
+    assert args.cachestore_tls_key.endswith("/tls.key") and args.cachestore_tls_cert.endswith("/tls.crt")
+    assert mounted(engine_pod, engine, args.cachestore_token_file)["secretName"] == "store-token"
+
+
+def test_registry_token_for_router_and_engines():
+    objs = children("secure")
+    for name in ("demo-router", "demo-engine-a"):
+        pod = by_name(objs, "Deployment", name)["spec"]["template"]["spec"]
+        args = parse(pod["containers"][0])
+        assert args.registry_token_file == "/etc/ragserve/registry-token/token"
+        assert mounted(pod, pod["containers"][0], args.registry_token_file)["secretName"] == "registry"
+    router = parse(
+        by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
+    )
+    assert router.registry_token_file is None and router.registry_allow_unauthenticated is True
 
 
 def test_no_cachestore():

@@ -107,6 +107,23 @@ def _walk(schema: dict, path: str = "spec"):
         yield from _walk(schema["additionalProperties"], f"{path}{{}}")
 
 
+def _fields(schema: dict, path: str = ""):
+    """Every named field (what `kubectl explain` lists), list items' fields included."""
+    for key, sub in schema.get("properties", {}).items():
+        yield f"{path}.{key}", sub
+        yield from _fields(sub, f"{path}.{key}")
+        yield from _fields(sub.get("items") or {}, f"{path}.{key}[]")
+
+
+@pytest.mark.parametrize("obj", crds(), ids=lambda c: c["spec"]["names"]["kind"])
+def test_every_field_is_described(obj: dict):
+    """`kubectl explain` has something to say about every field."""
+    schema = obj["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema.get("description")
+    missing = [path for path, node in _fields(schema) if len(node.get("description") or "") < 4]
+    assert missing == []
+
+
 def test_schema_is_structural():
     """Every node has a type (int-or-string and preserve-unknown-fields nodes aside), as the API server requires."""
     for path, node in _walk(spec_schema()):

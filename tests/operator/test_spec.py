@@ -43,6 +43,11 @@ def test_pool_image_overrides_the_engine_image_field_by_field():
         ({"engines": [POOL], "router": {"replicas": 2}}, "router.replicas > 1 needs shared state"),
         ({"engines": [POOL], "cachestore": {"redisTier": True}}, "cachestore.redisTier needs a Redis"),
         ({"engines": [POOL], "redis": {"mode": "external"}}, "redis.mode external needs redis.url or redis.urlSecret"),
+        ({"engines": [POOL], "cachestore": {"tls": {"enabled": True}}}, "cachestore.tls.enabled needs cachestore.tls"),
+        (
+            {"engines": [POOL], "cachestore": {"tls": {"enabled": True, "secretName": "s", "clientAuth": True}}},
+            "cachestore.tls.clientAuth needs cachestore.tls.engineClientSecret",
+        ),
         ({"engines": [POOL], "redis": {"mode": "external", "url": "http://x"}}, "spec.redis.url: 'http://x' does not"),
         ({"engines": [POOL], "cachestore": {"disk": "5PiB"}}, "spec.cachestore.disk: '5PiB' does not match"),
         ({}, "'engines' is a required property"),
