@@ -13,6 +13,7 @@ from ragserve.keys import KVLayout
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
+    from ragserve_engine.blend.spec import BlendSpec
     from ragserve_engine.block_pool import KVEvent, KVSnapshot
     from ragserve_engine.kv_cache_manager import KVCacheBlocks
     from ragserve_engine.outputs import RequestOutput
@@ -54,6 +55,8 @@ class EngineStats:
     step_token_budget: int = 0
     fetch_s_per_block: float = 0.0
     computed_prompt_tokens: int = 0  # cumulative prompt tokens prefilled (not cached or fetched)
+    blend_reused_tokens: int = 0  # cumulative chunk tokens whose stored K/V a blended prefill reused
+    blend_recomputed_tokens: int = 0  # cumulative prompt tokens a blended prefill computed
 
     @property
     def used_blocks(self) -> int:
@@ -79,10 +82,12 @@ class EngineClient(Protocol):
         priority: int = 0,
         cache_salt: str | None = None,
         resume_token_ids: list[int] | None = None,
+        blend: BlendSpec | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request.
 
         `resume_token_ids` continues a generation as if these output tokens had been generated (migration).
+        `blend` marks chunks of the prompt whose stored KV a blended prefill reuses (docs/blend.md).
         Raises RequestError (this request failed alone) or EngineError (every in-flight request failed)."""
         ...
 

@@ -1,9 +1,12 @@
 """CacheStoreConnector: the engine side of the shared KV-block store (best effort, never fatal).
 
-On admission, full prompt blocks past the local prefix hit are looked up in the cachestore,
-fetched, written into free paged-cache blocks and registered under their hash, so the request
-prefills only the rest. After each step, newly cached blocks are offloaded by a background
-thread through a bounded queue (dropped under backpressure, never blocking the step loop).
+Nothing here blocks the step loop on the network. Fetch: when a request is admitted, the full
+prompt blocks past its local prefix hit are looked up and downloaded by a fetch thread while the
+request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
+the blocks into free paged-cache blocks under their hash (a memcpy), so the request prefills only
+the rest. A fetch that misses its deadline is abandoned and the request recomputes. Offload: after
+each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
+bounded queue, which serializes and sends them (dropped under backpressure).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,9 @@ from ragserve_engine.kv_cache_manager import KVCacheManager
 
 log = logging.getLogger("ragserve_engine.connector")
 _SEEN_LIMIT = 1 << 16
+FETCH_DEADLINE_S = 1.0  # a request waits at most this long for the cachestore, then recomputes
+MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recompute
+FETCH_COST_DECAY = 0.8
 
 
 @dataclass
@@ -30,11 +38,37 @@ class ConnectorStats:
     hits: int = 0  # tokens fetched from it
     offloaded: int = 0  # blocks handed to the store
     dropped: int = 0  # blocks dropped under backpressure
+    abandoned: int = 0  # fetches given up: past their deadline (the request recomputed) or aborted
+    fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
+
+
+@dataclass
+class PendingFetch:
+    """A download in flight for one request: blocks hashes[num_local:] (a prefix of them, if stored)."""
+
+    hashes: list[bytes]
+    num_local: int
+    future: Future
+    deadline: float
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline
 
 
 class CacheStoreConnector:
-    def __init__(self, client, kv_cache: KVCacheTensors, kv_manager: KVCacheManager, queue_blocks: int = 512) -> None:
+    def __init__(
+        self,
+        client,
+        kv_cache: KVCacheTensors,
+        kv_manager: KVCacheManager,
+        queue_blocks: int = 512,
+        fetch_deadline_s: float = FETCH_DEADLINE_S,
+    ) -> None:
         self.client = client
+        self.fetch_deadline_s = fetch_deadline_s
         self.kv_cache, self.kv_manager = kv_cache, kv_manager
         self.block_size = kv_manager.block_size
         self.stats = ConnectorStats()
@@ -42,6 +76,8 @@ class CacheStoreConnector:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
         self._thread.start()
+        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch")
+        self._fetching: set[Future] = set()
 
     @classmethod
     def from_config(
@@ -58,29 +94,58 @@ class CacheStoreConnector:
         return cls(client, kv_cache, kv_manager)
 
     # ---- fetch ------------------------------------------------------------------------------------
-    def fetch(self, hashes: list[bytes], num_local_hits: int) -> int:
-        """Load blocks hashes[num_local_hits:] that a peer computed; returns how many were added to the cache."""
+    def start_fetch(self, hashes: list[bytes], num_local_hits: int) -> PendingFetch | None:
+        """Download blocks hashes[num_local_hits:] in the background; None when there is nothing to ask."""
         missing = hashes[num_local_hits:]
-        if not missing:
-            return 0
+        self._fetching = {f for f in self._fetching if not f.done()}
+        if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
+            return None
         self.stats.queries += len(missing) * self.block_size
+        future = self._fetch_pool.submit(self._download, missing)
+        self._fetching.add(future)
+        return PendingFetch(hashes, num_local_hits, future, time.monotonic() + self.fetch_deadline_s)
+
+    def wait(self, pending: PendingFetch, timeout: float) -> bool:
+        try:
+            pending.future.exception(timeout=max(0.0, timeout))
+        except TimeoutError:
+            return False
+        return True
+
+    def _download(self, missing: list[bytes]) -> tuple[list, float]:
+        """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread."""
+        t0 = time.perf_counter()
         try:
             n = self.client.lookup(missing)
             blocks = self.client.get(missing[:n]) if n else []
         except Exception:  # a broken store costs a miss, never a request
             log.exception("cachestore fetch failed")
-            return 0
-        blocks = [b for b in blocks if self._fits(b)]
-        blocks = blocks[: self.kv_manager.num_importable_blocks()]
+            blocks = []
+        return blocks, time.perf_counter() - t0
+
+    def finish_fetch(self, pending: PendingFetch) -> int:
+        """On the step thread, once the download is done: cache its blocks; returns how many were added."""
+        blocks, seconds = pending.future.result()
+        blocks = [b for b in blocks if self._fits(b)][: self.kv_manager.num_importable_blocks()]
         if not blocks:
             return 0
-        fetched = missing[: len(blocks)]
-        parent = hashes[num_local_hits - 1] if num_local_hits else None
+        t0 = time.perf_counter()
+        hashes, num_local = pending.hashes, pending.num_local
+        fetched = hashes[num_local : num_local + len(blocks)]
+        parent = hashes[num_local - 1] if num_local else None
         self.kv_manager.import_blocks(fetched, parent, lambda i, block_id: self._write(block_id, blocks[i].data))
         for h in fetched:
             self._remember(h)
         self.stats.hits += len(blocks) * self.block_size
+        cost = (seconds + time.perf_counter() - t0) / len(blocks)
+        old = self.stats.fetch_s_per_block
+        self.stats.fetch_s_per_block = cost if old == 0 else FETCH_COST_DECAY * old + (1 - FETCH_COST_DECAY) * cost
         return len(blocks)
+
+    def abandon(self, pending: PendingFetch) -> None:
+        """The request stopped waiting (deadline, abort): whatever the download brings is dropped."""
+        self.stats.abandoned += 1
+        pending.future.cancel()
 
     def _fits(self, block) -> bool:
         return len(block.data) == self._block_nbytes()
@@ -102,19 +167,25 @@ class CacheStoreConnector:
 
     # ---- offload ----------------------------------------------------------------------------------
     def offload(self, blocks: list[tuple[KVCacheBlock, bytes]]) -> None:
-        """Queue newly cached (block, hash) pairs; copies the bytes now, sends them later."""
+        """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread."""
         todo = [(b, h) for b, h in blocks if h not in self._seen]
         if not todo:
             return
-        ids = [b.block_id for b, _ in todo]
-        data = self.kv_cache.data[ids].cpu()
-        scales = self.kv_cache.scales[ids].cpu() if self.kv_cache.scales is not None else None
+        room = self._queue.maxsize - self._queue.qsize()
+        if room < len(todo):
+            self.stats.dropped += len(todo) - max(room, 0)
+            todo = todo[: max(room, 0)]
+        if not todo:
+            return
+        ids = torch.tensor([b.block_id for b, _ in todo], device=self.kv_cache.data.device)
+        data = self.kv_cache.data.index_select(0, ids).to("cpu", non_blocking=True)
+        scales = None
+        if self.kv_cache.scales is not None:
+            scales = self.kv_cache.scales.index_select(0, ids).to("cpu", non_blocking=True)
+        ready = _copy_event(self.kv_cache.data.device)
         for i, (_, h) in enumerate(todo):
-            raw = data[i].contiguous().view(torch.uint8).numpy().tobytes()
-            if scales is not None:
-                raw += scales[i].contiguous().view(torch.uint8).numpy().tobytes()
             try:
-                self._queue.put_nowait((h, raw))
+                self._queue.put_nowait((h, data, scales, i, ready))
                 self._remember(h)
             except queue.Full:
                 self.stats.dropped += 1
@@ -129,7 +200,12 @@ class CacheStoreConnector:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            blocks = [KVBlock(h, raw, "uint8", (len(raw),)) for h, raw in (i for i in batch if i is not None)]
+            blocks = []
+            for h, data, scales, i, ready in (item for item in batch if item is not None):
+                if ready is not None:
+                    ready.synchronize()
+                raw = _raw_bytes(data, scales, i)
+                blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
             try:
                 if blocks:
                     self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
@@ -153,4 +229,21 @@ class CacheStoreConnector:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+        self._fetch_pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+def _copy_event(device: torch.device):
+    """On CUDA, an event the offload thread waits on before reading the gathered copy."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _raw_bytes(data: torch.Tensor, scales: torch.Tensor | None, i: int) -> bytes:
+    raw = data[i].contiguous().view(torch.uint8).numpy().tobytes()
+    if scales is not None:
+        raw += scales[i].contiguous().view(torch.uint8).numpy().tobytes()
+    return raw

@@ -15,9 +15,13 @@ from ragserve.engine_args import EngineConfig
 from ragserve.keys import KVLayout, root_hash
 from ragserve.model_source import load_tokenizer, model_fingerprint, resolve_model
 from ragserve_engine.beam_search import beam_step
+from ragserve_engine.blend.runner import Blender
+from ragserve_engine.blend.spec import BlendSpec
+from ragserve_engine.blend.spec import bind as bind_blend
 from ragserve_engine.block_pool import BlockPool
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -26,6 +30,8 @@ from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
 from ragserve_engine.stop import StopCriteria, check_stop
+
+REMOTE_POLL_S = 0.05  # longest idle wait for a cachestore fetch before the step loop looks again
 
 log = logging.getLogger("ragserve_engine")
 
@@ -53,6 +59,9 @@ class LLMEngine:
 
             self.connector = CacheStoreConnector.from_config(config, self.layout.fingerprint(), self.runner.kv, self.kv)
         self.scheduler = Scheduler(config, self.kv, self.connector)
+        root = root_hash(self.model_id)
+        self.blender = Blender(self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory)
+        self.load = LoadTracker(config.max_num_batched_tokens)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.failed: dict[str, Exception] = {}  # request id -> what failed it during the last steps
@@ -61,7 +70,7 @@ class LLMEngine:
 
     @property
     def info(self) -> EngineInfo:
-        return EngineInfo(self.layout, self.max_model_len, self.pool.num_blocks)
+        return EngineInfo(self.layout, self.max_model_len, self.pool.num_blocks, self.config.cachestore or "")
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -80,6 +89,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         resume_token_ids: list[int] | None = None,
+        blend: BlendSpec | None = None,
     ) -> Request:
         """Tokenize and validate without touching engine state (safe from any thread).
 
@@ -99,6 +109,8 @@ class LLMEngine:
                 self._fast_forward(seq.generator, len(resumed))
         req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
         req.needs_fork = params.n > 1 or params.use_beam_search
+        if blend is not None:
+            bind_blend(req, blend)
         if resumed:
             req.num_resumed_tokens = len(resumed)
             req.resumed_text = self.tokenizer.decode(resumed, params.skip_special_tokens).rstrip("\ufffd")
@@ -164,11 +176,16 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             self.runner.copy_blocks(out)  # a step may only preempt: its swap-outs still happen
-            if self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
+            if self.scheduler.remote:  # only cachestore fetches pending: wait for one, do not spin
+                self.scheduler.wait_for_remote(REMOTE_POLL_S)
+            elif self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
                 raise RuntimeError(f"scheduler stalled with {self.stats()}")
             return []
-        model_out = self.runner.execute(out)
+        t0 = time.perf_counter()
+        model_out = self.blender.execute(out)
+        seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
+        self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens())
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached)
         return self._process(out, model_out)
@@ -281,12 +298,13 @@ class LLMEngine:
         return RequestOutput(
             req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
             max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics, resumed_text=req.resumed_text,
+            num_blend_reused_tokens=req.blend.reused_tokens if req.blend else 0,
         )  # fmt: skip
 
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped) + len(self.scheduler.remote),
             kv_usage=self.pool.usage(),
             num_blocks=self.pool.num_blocks,
             free_blocks=self.pool.num_free_blocks,
@@ -296,4 +314,13 @@ class LLMEngine:
             external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
             external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
             num_swap_fallbacks=self.kv.swap.num_fallbacks,
+            prefill_tokens_per_s=self.load.prefill_tokens_per_s,
+            decode_step_s=self.load.decode_step_s(len(self.scheduler.running)),
+            decode_seq_s=self.load.decode_seq_s,
+            queued_prefill_tokens=self.load.queued_prefill_tokens,
+            step_token_budget=self.config.max_num_batched_tokens,
+            fetch_s_per_block=self.connector.stats.fetch_s_per_block if self.connector else 0.0,
+            computed_prompt_tokens=self.load.computed_prompt_tokens,
+            blend_reused_tokens=self.blender.counters.reused_tokens,
+            blend_recomputed_tokens=self.blender.counters.recomputed_tokens,
         )

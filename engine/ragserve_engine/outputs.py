@@ -42,6 +42,7 @@ class RequestOutput:
     error: str | None = field(default=None)
     # migration: the text of the resume_token_ids; the outputs' text starts with it, their token_ids do not
     resumed_text: str = ""
+    num_blend_reused_tokens: int = 0  # blended prefill: chunk tokens whose stored K/V was reused
 
 
 class RequestError(RuntimeError):

@@ -3,11 +3,16 @@
 Each step spends `max_num_batched_tokens` over running requests first, then swapped, then
 waiting ones. A request's live sequences (several after an n > 1 or beam fork) move in
 lockstep: they are scheduled, preempted and resumed together with equal chunk sizes.
+With a cachestore, a request whose prefix is being fetched waits in WAITING_FOR_REMOTE_KVS
+(`remote`) while the others keep stepping; it returns to `waiting` when the fetch is done or
+its deadline passed (then it recomputes).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,7 +21,9 @@ from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Request, Sequence, Status
 
 if TYPE_CHECKING:
-    from ragserve_engine.kv_connector import CacheStoreConnector
+    from ragserve_engine.kv_connector import CacheStoreConnector, PendingFetch
+
+INLINE_FETCH_WAIT_S = 0.003  # a fetch answered this fast (usually a miss) is admitted in the same step
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.remote: dict[Request, PendingFetch] = {}  # WAITING_FOR_REMOTE_KVS
         self.num_preemptions = 0
 
     def _key(self, req: Request):
@@ -69,10 +77,12 @@ class Scheduler:
         return sum(len(r.live_seqs) for r in self.running)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.remote)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.remote:
+            self._poll_remote()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
         if out.num_preempted == 0:
@@ -169,12 +179,19 @@ class Scheduler:
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             hits = self._prefix_hits(req)
-            if self._fetch_external(req, len(hits[0])):
+            fetched = self._fetch_external(req, len(hits[0]))
+            if fetched is None:  # now waiting for remote KVs
+                continue
+            if fetched:
                 hits = self._prefix_hits(req)
             remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
             chunk = min(remaining, budget // len(seqs))
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
+            if req.blend is not None and chunk < remaining:  # a blended prefill runs whole (blend/)
+                if remaining <= self.config.max_num_batched_tokens:
+                    break
+                req.blend = None  # too long for one step: an exact chunked prefill instead
             needed = sum(self.kv.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
             if not self.kv.can_allocate(needed, [b for h in hits for b in h]):
                 break
@@ -188,20 +205,68 @@ class Scheduler:
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
 
-    def _fetch_external(self, req: Request, num_local: int) -> int:
-        """Once per request: pull blocks past the local hit from the cachestore into the cache."""
+    def _fetch_external(self, req: Request, num_local: int) -> int | None:
+        """Once per request: fetch blocks past the local hit from the cachestore.
+
+        Returns how many blocks were cached at once, or None when the request moved to `remote` to wait.
+        """
         if self.connector is None or req.external_checked or len(req.live_seqs) > 1:
             return 0
         req.external_checked = True
         if req.params.prompt_logprobs is not None:
             return 0
         seq = req.live_seqs[0]
-        hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size]
-        return self.connector.fetch(hashes, num_local)
+        pending = self.connector.start_fetch(seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size], num_local)
+        if pending is None:
+            return 0
+        if self.connector.wait(pending, INLINE_FETCH_WAIT_S):
+            return self.connector.finish_fetch(pending)
+        self.waiting.remove(req)
+        req.status = Status.WAITING_FOR_REMOTE_KVS
+        self.remote[req] = pending
+        return None
+
+    def _poll_remote(self) -> None:
+        """Fetched requests (and those past their deadline, which recompute) go back to waiting."""
+        now = time.monotonic()
+        for req, pending in list(self.remote.items()):
+            if pending.done():
+                self.connector.finish_fetch(pending)
+            elif pending.expired(now):
+                self.connector.abandon(pending)
+            else:
+                continue
+            del self.remote[req]
+            req.status = Status.WAITING
+            self.waiting.append(req)
+        self.waiting.sort(key=self._key)
+
+    def wait_for_remote(self, max_s: float) -> None:
+        """Nothing else to run: sleep until a fetch completes or a deadline passes (at most max_s)."""
+        if not self.remote:
+            return
+        first_deadline = min(p.deadline for p in self.remote.values())
+        timeout = min(max_s, max(0.0, first_deadline - time.monotonic()))
+        wait_futures([p.future for p in self.remote.values()], timeout=timeout, return_when=FIRST_COMPLETED)
+
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute: waiting requests past their local prefix hit, partial prefills."""
+        total = 0
+        for req in [*self.waiting, *self.remote]:
+            seqs = req.live_seqs
+            if not seqs:
+                continue
+            hit = len(self._prefix_hits(req)[0]) * self.kv.block_size
+            total += seqs[0].num_tokens - max(hit, seqs[0].num_computed_tokens)
+        for req in self.running:
+            seqs = req.live_seqs
+            remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
+            total += remaining if remaining > 1 else 0
+        return total
 
     def _prefix_hits(self, req: Request) -> list[list]:
         seqs = req.live_seqs
-        if req.params.prompt_logprobs is not None:  # cached positions would have no logits
+        if req.params.prompt_logprobs is not None or req.blend is not None:  # no logits / blended whole
             return [[] for _ in seqs]
         hits = [self.kv.get_computed_blocks(s, req.cache_salt) for s in seqs]
         common = min(len(h) for h in hits)
@@ -218,4 +283,6 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.swapped):
             if req in queue:
                 queue.remove(req)
+        if req in self.remote:
+            self.connector.abandon(self.remote.pop(req))
         req.status = Status.FINISHED

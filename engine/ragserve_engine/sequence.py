@@ -9,6 +9,7 @@ from enum import Enum, auto
 
 import torch
 
+from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVCacheBlock
 from ragserve_engine.sampling_params import SamplingParams
 
@@ -17,6 +18,7 @@ _seq_ids = itertools.count()
 
 class Status(Enum):
     WAITING = auto()
+    WAITING_FOR_REMOTE_KVS = auto()  # its prefix is being fetched from the cachestore (vLLM's name)
     RUNNING = auto()
     SWAPPED = auto()
     FINISHED = auto()
@@ -89,6 +91,7 @@ class Request:
     external_checked: bool = False  # the cachestore was asked for this request's prefix
     num_resumed_tokens: int = 0  # output tokens given with the request (migration): no output, no max_tokens
     resumed_text: str = ""  # their text, without a trailing incomplete character (the start of the output text)
+    blend: BlendSpec | None = None  # chunks marked by the client: a blended prefill (blend/)
 
     @property
     def live_seqs(self) -> list[Sequence]:

@@ -1,13 +1,20 @@
-"""Engine <-> cachestore: engine B fetches the blocks engine A computed instead of recomputing them."""
+"""Engine <-> cachestore: engine B fetches the blocks engine A computed instead of recomputing them;
+a stalled store never stalls the step loop."""
 
 from __future__ import annotations
 
 import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
+from ragserve.v1 import cachestore_pb2 as pb
+from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.sequence import Status
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.pki import client_credentials, write_test_pki
@@ -95,3 +102,80 @@ def test_engines_share_blocks_over_mutual_tls_with_a_token(tmp_path):
         assert plain.engine.connector.stats.hits == 0
     finally:
         store.stop()
+
+
+class StallingStore(pb_grpc.CacheStoreServicer):
+    """A real gRPC cachestore that stalls STALL_S on every call, then claims to hold every block it is asked
+    about but sends none (the stall is the fault under test; a real store cannot be made to stall on cue)."""
+
+    STALL_S = 2.0
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()  # set at teardown: stalled calls end at once
+
+    def _stall(self) -> None:
+        self.calls += 1
+        self.release.wait(self.STALL_S)
+
+    def Lookup(self, request, context):
+        self._stall()
+        return pb.LookupResponse(prefix_len=len(request.keys))
+
+    def Get(self, request, context):
+        self._stall()
+        return iter(())
+
+    def Put(self, request_iterator, context):
+        for _ in request_iterator:
+            pass
+        self._stall()
+        return pb.PutResponse()
+
+
+@pytest.fixture
+def stalling_store():
+    servicer = StallingStore()
+    server = grpc.server(ThreadPoolExecutor(8))
+    pb_grpc.add_CacheStoreServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer
+    servicer.release.set()
+    server.stop(grace=None)
+
+
+def test_a_stalled_cachestore_never_stalls_other_requests(stalling_store):
+    """A request whose fetch stalls waits in WAITING_FOR_REMOTE_KVS while a decoding request keeps getting a
+    token every step; past the fetch deadline it recomputes, with the tokens of a run without a store."""
+    address, store = stalling_store
+    llm = engine(address)
+    eng = llm.engine
+    reference = LLM(str(tiny_model("llama")), num_gpu_blocks=128, loaded_model=eng.runner.model)
+    prompt = CONTEXT + [31, 32, 33]
+    expected = reference.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    bystander = eng.add_request(
+        "bystander", [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+    )
+    while not bystander.seqs[0].output_token_ids:
+        eng.step()
+    stalled = eng.add_request("stalled", prompt, GREEDY)
+    steps_waiting, tokens_while_waiting, outputs = 0, 0, {}
+    while eng.has_unfinished_requests():
+        waiting = stalled.status == Status.WAITING_FOR_REMOTE_KVS
+        before = len(bystander.seqs[0].output_token_ids)
+        for out in eng.step():
+            outputs[out.request_id] = out
+        if waiting:
+            steps_waiting += 1
+            tokens_while_waiting += len(bystander.seqs[0].output_token_ids) - before
+    assert store.calls >= 1
+    # the bystander kept its pace: a token for every step it ran while the other waited (it may finish first)
+    assert tokens_while_waiting >= min(steps_waiting, 10) and tokens_while_waiting >= 10, (
+        steps_waiting,
+        tokens_while_waiting,
+    )
+    assert outputs["stalled"].outputs[0].token_ids == expected
+    assert outputs["stalled"].num_cached_tokens == 0  # nothing came from the store: it recomputed
+    assert eng.connector.stats.abandoned == 1 and eng.connector.stats.hits == 0
+    assert len(outputs["bystander"].outputs[0].token_ids) == 400

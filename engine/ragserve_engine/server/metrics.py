@@ -53,6 +53,8 @@ class EngineStateCollector:
             (m.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens", stats.prefix_cache_queries),
             (m.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens", stats.prefix_cache_hits),
             (m.NUM_PREEMPTIONS, "Cumulative preemptions", stats.num_preemptions),
+            (m.BLEND_REUSED_TOKENS, "Chunk tokens whose stored KV blended prefills reused", stats.blend_reused_tokens),
+            (m.BLEND_RECOMPUTED_TOKENS, "Prompt tokens blended prefills computed", stats.blend_recomputed_tokens),
             (
                 m.EXTERNAL_PREFIX_CACHE_QUERIES,
                 "External (cachestore) prefix-cache queries, in tokens",

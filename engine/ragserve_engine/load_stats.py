@@ -1,0 +1,89 @@
+"""LoadTracker: the engine's measured speeds and queued work, for the router's cost model.
+
+Updated on the step thread after every step; read from any thread (plain numbers). Speeds are
+exponentially weighted over recent steps:
+
+- decode step time as a line over the decode batch, `step_s = a + b * num_decoding`, fitted on
+  decode-only steps (so `a` is also the fixed cost every step pays);
+- prefill throughput: prefill tokens over the time a step spent beyond its decode share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+
+DECAY = 0.9  # weight of the past per observed step
+MIN_PREFILL_SAMPLE = 16  # tokens; smaller prefill chunks say more about overhead than throughput
+
+
+def is_decode(s: ScheduledSeq) -> bool:
+    seq = s.seq
+    return s.num_new_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+
+@dataclass
+class _Ewma:
+    """Exponentially weighted sums for a least-squares line y = a + b * x."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.w, self.x, self.y = DECAY * self.w + 1, DECAY * self.x + x, DECAY * self.y + y
+        self.xx, self.xy = DECAY * self.xx + x * x, DECAY * self.xy + x * y
+
+    def slope(self) -> float:
+        var = self.w * self.xx - self.x * self.x
+        return max(0.0, (self.w * self.xy - self.x * self.y) / var) if var > 1e-9 * self.w * self.w else 0.0
+
+    def at(self, x: float) -> float:
+        if self.w == 0:
+            return 0.0
+        slope = self.slope()
+        return max(0.0, (self.y - slope * self.x) / self.w + slope * x)
+
+
+@dataclass
+class LoadTracker:
+    step_token_budget: int
+    queued_prefill_tokens: int = 0  # snapshot after the last step
+    computed_prompt_tokens: int = 0  # cumulative
+    num_decoding: int = 0
+    _decode: _Ewma = None  # type: ignore[assignment]
+    _prefill_tokens: float = 0.0
+    _prefill_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._decode = _Ewma()
+
+    def observe(self, out: SchedulerOutput, seconds: float, queued_prefill_tokens: int) -> None:
+        """One executed step: its duration, what it computed, and the prefill work still queued after it."""
+        decodes = sum(1 for s in out.scheduled if is_decode(s))
+        prefill = out.num_tokens - decodes
+        self.computed_prompt_tokens += prefill
+        if prefill == 0:
+            self._decode.add(decodes, seconds)
+        elif prefill >= MIN_PREFILL_SAMPLE:
+            spent = max(seconds - (self._decode.at(decodes) if self._decode.w else 0.0), 0.25 * seconds)
+            self._prefill_tokens = DECAY * self._prefill_tokens + prefill
+            self._prefill_s = DECAY * self._prefill_s + spent
+        self.num_decoding = decodes
+        self.queued_prefill_tokens = queued_prefill_tokens
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self._prefill_tokens / self._prefill_s if self._prefill_s > 0 else 0.0
+
+    def decode_step_s(self, num_running: int) -> float:
+        """Predicted duration of a step decoding num_running sequences (0 until measured)."""
+        return self._decode.at(num_running)
+
+    @property
+    def decode_seq_s(self) -> float:
+        """Step time each further decoding sequence adds (0 until the batch size has varied)."""
+        return self._decode.slope()
