@@ -103,6 +103,7 @@ class ServerConfig(FromArgs):
     router_tls_ca: str | None = option(None, "CA bundle to verify the router's registry (enables TLS)", "cluster")
     router_tls_cert: str | None = option(None, "client certificate for mutual TLS with the router", "cluster")
     router_tls_key: str | None = option(None, "client key for mutual TLS with the router", "cluster")
+    registry_token_file: str | None = option(None, "file holding the router registry's shared token", "cluster")
     log_level: str = option("info", "log level", "server", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
@@ -122,9 +123,9 @@ class ServerConfig(FromArgs):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key):
+        for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key, self.registry_token_file):
             if path and not os.path.isfile(path):
-                raise FileNotFoundError(f"TLS file {path} does not exist")
+                raise FileNotFoundError(f"file {path} does not exist")
 
     @property
     def url(self) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -15,6 +17,7 @@ from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
 
 LOOPBACK = "127.0.0.1"
+TOKEN_FILE = "registry-token"  # up passes the file write_registry_token() made in its temporary directory
 # engine flags `ragserve up` sets itself, per engine
 ENGINE_OWN = {"model", "served_model_name"}
 
@@ -146,6 +149,15 @@ def ragserve(*argv: str) -> list[str]:
     return [sys.executable, "-m", "ragserve.cli", *argv]
 
 
+def write_registry_token(directory: str) -> str:
+    """A fresh shared token for the router's registry (contract 3), readable by this user only."""
+    path = os.path.join(directory, "registry-token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def redis_spec(server: str, port: int, data_dir: str, log_level: str) -> ChildSpec:
     level = {"debug": "verbose", "info": "notice"}.get(log_level, "warning")
     argv = [server, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
@@ -163,9 +175,10 @@ def cachestore_spec(cfg: StackConfig, ports: Ports, redis_url: str | None) -> Ch
     return ChildSpec("cachestore", argv, f"grpc://{address}", address)
 
 
-def router_spec(cfg: StackConfig, ports: Ports, redis_url: str | None) -> ChildSpec:
+def router_spec(cfg: StackConfig, ports: Ports, redis_url: str | None, token_file: str = TOKEN_FILE) -> ChildSpec:
     argv = ragserve("router", "--host", cfg.host, "--port", str(ports.router_http))
     argv += ["--grpc-port", str(ports.router_grpc), "--policy", cfg.policy, "--log-level", cfg.log_level]
+    argv += ["--registry-token-file", token_file]
     argv += ["--drain-timeout", "5"]
     if redis_url:
         argv += ["--redis", redis_url]
@@ -173,13 +186,14 @@ def router_spec(cfg: StackConfig, ports: Ports, redis_url: str | None) -> ChildS
     return ChildSpec("router", argv + cfg.router_flags, url + "/ready", url)
 
 
-def engine_spec(cfg: StackConfig, ports: Ports, index: int) -> ChildSpec:
+def engine_spec(cfg: StackConfig, ports: Ports, index: int, token_file: str = TOKEN_FILE) -> ChildSpec:
     port = ports.engines[index]
     url = f"http://{LOOPBACK}:{port}"
     argv = ragserve("engine", "--host", LOOPBACK, "--port", str(port), "--model", cfg.model)
     if cfg.served_model_name:
         argv += ["--served-model-name", cfg.served_model_name]
     argv += ["--engine-id", f"engine-{index}", "--router", f"{LOOPBACK}:{ports.router_grpc}"]
+    argv += ["--registry-token-file", token_file]
     argv += ["--advertise-url", url, "--drain-timeout", "5", "--log-level", cfg.log_level]
     if cfg.cachestore:
         argv += ["--cachestore", f"{LOOPBACK}:{ports.cachestore}"]

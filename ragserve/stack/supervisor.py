@@ -16,7 +16,15 @@ import time
 
 from ragserve.stack import health
 from ragserve.stack.process import Child, ChildSpec, LogSink, stop_all
-from ragserve.stack.spec import Ports, StackConfig, cachestore_spec, engine_spec, redis_spec, router_spec
+from ragserve.stack.spec import (
+    Ports,
+    StackConfig,
+    cachestore_spec,
+    engine_spec,
+    redis_spec,
+    router_spec,
+    write_registry_token,
+)
 
 POLL_S = 0.25
 PROGRESS_EVERY_S = 10.0
@@ -35,6 +43,7 @@ class Stack:
         self.redis_url: str | None = None if cfg.redis in ("auto", "off") else cfg.redis
         self._tmp: str | None = None
         self._stopped = False
+        self.prometheus_url: str | None = None
 
     # -- what users and scripts need --------------------------------------------------------
     @property
@@ -53,6 +62,8 @@ class Stack:
             "url": self.url,
             "engines": self.engine_urls,
             "cachestore": self.child("cachestore").spec.url if self.cfg.cachestore else None,
+            "cachestore_metrics": f"http://127.0.0.1:{self.ports.cachestore_metrics}" if self.cfg.cachestore else None,
+            "prometheus": self.prometheus_url,  # ragserve up --monitoring
             "redis": self.redis_url,
             "pids": {c.name: c.pid for c in self.children},
         }
@@ -68,17 +79,19 @@ class Stack:
         server = self.cfg.redis_server
         if self.cfg.redis == "auto" and server is None:
             self.say("redis-server not found: router state stays in memory (--redis off)")
+        self._tmp = tempfile.mkdtemp(prefix="ragserve-up-")
+        token = write_registry_token(self._tmp)  # engines register with it; nobody else can
         if server:
-            self._tmp = tempfile.mkdtemp(prefix="ragserve-up-redis-")
-            redis = self._spawn(redis_spec(server, self.ports.redis, self._tmp, self.cfg.log_level), env)
+            os.mkdir(data := os.path.join(self._tmp, "redis"))
+            redis = self._spawn(redis_spec(server, self.ports.redis, data, self.cfg.log_level), env)
             if not self._wait([redis], stop):
                 return False
             self.redis_url = redis.spec.url
-        first = [router_spec(self.cfg, self.ports, self.redis_url)]
+        first = [router_spec(self.cfg, self.ports, self.redis_url, token)]
         if self.cfg.cachestore:
             first.insert(0, cachestore_spec(self.cfg, self.ports, self.redis_url))
         started = [self._spawn(spec, env) for spec in first]
-        started += [self._spawn(engine_spec(self.cfg, self.ports, i), env) for i in range(self.cfg.engines)]
+        started += [self._spawn(engine_spec(self.cfg, self.ports, i, token), env) for i in range(self.cfg.engines)]
         return self._wait(started, stop) and self._wait_registered(stop)
 
     def _spawn(self, spec: ChildSpec, env: dict[str, str]) -> Child:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
+from ragserve.http.outcomes import CountResponses
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.config import RouterConfig
 from ragserve_router.metrics import RouterMetrics
@@ -22,6 +23,7 @@ from ragserve_router.policies import POLICIES, Policies, RouteRequest
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy, Routed
+from ragserve_router.resume import ResumePlan, unresumable
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="ragserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
     install_error_handlers(app, "router", log)
+    app.add_middleware(CountResponses, count=gw.metrics.count)  # every answer once, by final status
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
         try:
@@ -121,13 +124,13 @@ def create_app(gw: Gateway) -> FastAPI:
 
 async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Response:
     model, request = routed.model, routed.request
-    if model not in gw.pool.models():
-        gw.metrics.request_errors.labels("", "model_not_found").inc()
+    if model not in gw.pool.models() and model not in gw.pool.served_models:
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
+    request.state.model = model  # a served model: a bounded metric label
     candidates = gw.pool.candidates(model)
-    if not candidates:
-        gw.metrics.request_errors.labels(model, "no_healthy_engine").inc()
-        raise ApiError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine")
+    if not candidates:  # a model the cluster serves, with no engine up right now: come back soon
+        retry = {"Retry-After": str(max(1, round(gw.cfg.probe_interval)))}
+        raise ApiError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine", None, retry)
     policy = gw.cfg.policy
     if gw.cfg.allow_policy_header and (wanted := request.headers.get(POLICY_HEADER)):
         if wanted not in POLICIES:
@@ -136,11 +139,15 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     t0 = time.monotonic()
     key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
+    routed.slot = gw.pool.reserve(decision.order[0])  # no await since the decision: the next one counts it
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
+    request.state.policy = decision.policy
     if key.hashes:
         gw.background(_record(gw, key.hashes, decision.order[0].engine_id))
     routed.decision, routed.key = decision, key
+    reason = unresumable(body, chat, routed.stream, gw.cfg.migration_limit, decision.order[0])
+    routed.plan = ResumePlan(body, routed.body, chat, reason)
     return await gw.proxy.forward(routed)
 
 

@@ -35,6 +35,8 @@ class RouterConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    registry_token_file: str | None = None
+    registry_allow_unauthenticated: bool = False
     heartbeat_interval_ms: int = 1000
     work_weight: float = 0.5
     store_lookup_ttl: float = 1.0
@@ -78,7 +80,8 @@ class RouterConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        for path in (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file):
+        paths = (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file)
+        for path in (*paths, self.registry_token_file):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"no such file: {path}")
 
@@ -147,3 +150,10 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--tls-cert", default=None, help="gRPC registry TLS certificate (PEM)")
     add_flag(g, "--tls-key", default=None, help="gRPC registry TLS private key (PEM)")
     add_flag(g, "--tls-client-ca", default=None, help="require engine client certificates signed by this CA")
+    add_flag(g, "--registry-token-file", default=None, help="engines must register with this shared token")
+    add_flag(
+        g,
+        "--registry-allow-unauthenticated",
+        action="store_true",
+        help="accept registrations without a token or mTLS (else they are refused)",
+    )

@@ -1,7 +1,9 @@
 """The engines this replica can route to: registered (shared state), static and discovered pods.
 
-Also the local view of each engine's health: requests in flight from this replica and a
-circuit breaker (opened by failures, closed again by a successful /health probe).
+Also the local view of each engine's health: requests in flight from this replica (a slot is
+reserved at decision time, so a burst sees its own earlier choices) and health, which only
+connection errors, timeouts and failed /health probes take away; a request-scoped failure
+never does (a client must not be able to poison an engine).
 """
 
 from __future__ import annotations
@@ -26,8 +28,33 @@ CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"
 @dataclass
 class Health:
     inflight: int = 0
-    failures: int = 0
+    failures: int = 0  # consecutive engine-side 5xx: at --breaker-failures the engine is probed at once
     healthy: bool = True
+
+
+class Slot:
+    """One request's reservation on an engine's in-flight count; moved on retries, released exactly once."""
+
+    def __init__(self, pool: EnginePool, engine: EngineRecord) -> None:
+        self.pool, self.engine, self.held = pool, engine, True
+        pool.health[engine.engine_id].inflight += 1
+        pool.metrics.inflight.inc()
+
+    def move(self, engine: EngineRecord) -> None:
+        self._leave()
+        self.engine = engine
+        self.pool.health[engine.engine_id].inflight += 1
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._leave()
+            self.pool.metrics.inflight.dec()
+
+    def _leave(self) -> None:
+        health = self.pool.health.get(self.engine.engine_id)
+        if health is not None:
+            health.inflight = max(0, health.inflight - 1)
 
 
 class EnginePool:
@@ -38,6 +65,8 @@ class EnginePool:
         self.registered: dict[str, EngineRecord] = {}
         self.discovered: dict[str, EngineRecord] = {}
         self.health: defaultdict[str, Health] = defaultdict(Health)
+        self.served_models: set[str] = set()  # every model an engine has served: none now is a 503, not a 404
+        self._probing: set[str] = set()
         headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers)
         for i, url in enumerate(cfg.static_engines):
@@ -58,7 +87,13 @@ class EnginePool:
         return [r for r in self.healthy() if model in r.models]
 
     def models(self) -> list[str]:
-        return sorted({m for r in self.all() for m in r.models})
+        models = {m for r in self.all() for m in r.models}
+        self.served_models |= models
+        return sorted(models)
+
+    def reserve(self, engine: EngineRecord) -> Slot:
+        """Count a request against the engine now, before any await, so the next decision sees it."""
+        return Slot(self, engine)
 
     def spec(self, model: str) -> ModelSpec | None:
         for record in self.registered.values():
@@ -73,12 +108,18 @@ class EnginePool:
         return record.load.kv_usage
 
     def mark_failure(self, record: EngineRecord, kind: str) -> None:
+        """Connection errors and timeouts take the engine out; engine-side 5xx only get it probed now."""
         health = self.health[record.engine_id]
         health.failures += 1
         self.metrics.engine_errors.labels(record.engine_id, kind).inc()
-        if health.healthy and (kind in (CONNECT, TIMEOUT) or health.failures >= self.cfg.breaker_failures):
+        if kind in (CONNECT, TIMEOUT):
+            if health.healthy:
+                log.warning("engine %s marked unhealthy after %s", record.engine_id, kind)
             health.healthy = False
-            log.warning("engine %s marked unhealthy after %s (%d failures)", record.engine_id, kind, health.failures)
+        elif health.failures >= self.cfg.breaker_failures and record.engine_id not in self._probing:
+            self._probing.add(record.engine_id)
+            task = asyncio.ensure_future(self.probe(record))
+            task.add_done_callback(lambda _: self._probing.discard(record.engine_id))
 
     def mark_success(self, record: EngineRecord) -> None:
         self.health[record.engine_id].failures = 0

@@ -1,4 +1,8 @@
-"""Forward a routed request: retries before the first byte, SSE relayed chunk by chunk, disconnects cancel."""
+"""Forward a routed request: retries before the first byte, SSE relayed (and migrated) by relay.py, disconnects cancel.
+
+A failure the engine marks as the request's own (every 4xx, a 5xx with `x-ragserve-error-scope: request`) is the
+client's answer: passed through, never replayed elsewhere, never held against the engine's health.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import httpx
@@ -14,17 +18,18 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from ragserve.http.errors import ApiError
+from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve_router.config import RouterConfig
 from ragserve_router.engines import EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decision
-from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT, EnginePool
+from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT, EnginePool, Slot
 from ragserve_router.prompt import RoutingKey
+from ragserve_router.resume import ResumePlan
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499
-PASS_HEADERS = ("content-type", "cache-control")
+PASS_HEADERS = ("content-type", "cache-control", ERROR_SCOPE_HEADER)
 
 
 class ClientGone(Exception):
@@ -33,7 +38,7 @@ class ClientGone(Exception):
 
 @dataclass
 class Routed:
-    """One request on its way: what was decided and where it went."""
+    """One request on its way: what was decided, where it went, and the slot it holds there."""
 
     request: Request
     request_id: str
@@ -44,6 +49,8 @@ class Routed:
     decision: Decision | None
     key: RoutingKey | None
     started: float
+    slot: Slot | None = None
+    plan: ResumePlan | None = None
 
 
 async def _disconnected(request: Request) -> None:
@@ -66,6 +73,12 @@ async def race_disconnect(request: Request, work: Awaitable):
     raise ClientGone
 
 
+def request_scoped(resp: httpx.Response) -> bool:
+    """The engine's answer is about this request alone: the client gets it as it is."""
+    scope = resp.headers.get(ERROR_SCOPE_HEADER, "")
+    return resp.status_code < 500 or scope == REQUEST_SCOPE
+
+
 class Proxy:
     def __init__(self, cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> None:
         self.cfg = cfg
@@ -83,41 +96,44 @@ class Proxy:
             headers["Authorization"] = f"Bearer {self.cfg.engine_api_key}"
         return headers
 
-    async def _connect(self, r: Routed) -> tuple[EngineRecord, httpx.Response]:
-        """Send to engines in decision order until one answers with a status below 500."""
+    async def connect(self, r: Routed, engines: list[EngineRecord], body: bytes) -> tuple[EngineRecord, httpx.Response]:
+        """Send to engines in order (at most --max-attempts) until one answers or fails for the request's own
+        reasons; the request's slot moves along."""
         failure = "unavailable"
-        for attempt, engine in enumerate(r.decision.order[: self.cfg.max_attempts]):
+        for attempt, engine in enumerate(engines[: self.cfg.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(failure).inc()
                 await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
-            health = self.pool.health[engine.engine_id]
-            health.inflight += 1
+            if r.slot.engine.engine_id != engine.engine_id:
+                r.slot.move(engine)
             try:
-                req = self.client.build_request("POST", engine.url + r.path, content=r.body, headers=self._headers(r))
+                req = self.client.build_request("POST", engine.url + r.path, content=body, headers=self._headers(r))
                 resp = await self.client.send(req, stream=True)
             except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
-                health.inflight -= 1
                 raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
             except httpx.TimeoutException:
                 failure = TIMEOUT
             except httpx.HTTPError:
                 failure = CONNECT
-            except BaseException:
-                health.inflight -= 1
-                raise
             else:
-                if resp.status_code < 500:
-                    self.pool.mark_success(engine)
-                    self.metrics.inflight.inc()
+                if request_scoped(resp):
+                    if resp.status_code < 500:
+                        self.pool.mark_success(engine)
                     return engine, resp
                 await resp.aclose()
                 failure = SERVER_ERROR
-            health.inflight -= 1
             self.pool.mark_failure(engine, failure)
             log.warning("request %s: engine %s failed (%s)", r.request_id, engine.engine_id, failure)
         status, message = (504, "the engine timed out") if failure == TIMEOUT else (502, "no engine could serve it")
-        self.metrics.request_errors.labels(r.model, failure).inc()
         raise ApiError(status, f"request failed: {message}; try again", code=failure)
+
+    def fallbacks(self, r: Routed, tried: set[str], only_registered: bool = False) -> list[EngineRecord]:
+        """Healthy engines for the model not tried yet: the decision's order first, then the least loaded."""
+        rank = {e.engine_id: i for i, e in enumerate(r.decision.order)}
+        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried]
+        if only_registered:
+            left = [e for e in left if e.has_events]
+        return sorted(left, key=lambda e: (rank.get(e.engine_id, len(rank)), self.pool.load(e)))
 
     def _response_headers(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> dict[str, str]:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_HEADERS}
@@ -126,38 +142,49 @@ class Proxy:
         return headers
 
     async def forward(self, r: Routed) -> Response:
+        """Non-streamed answers the client has seen nothing of are sent again elsewhere if the engine dies."""
+        engines, tried, body = r.decision.order, set(), r.plan.upstream_body()
         try:
-            engine, resp = await race_disconnect(r.request, self._connect(r))
+            for resend in range(self.cfg.migration_limit + 1):
+                engine, resp = await race_disconnect(r.request, self.connect(r, engines, body))
+                if r.stream and resp.status_code == 200:
+                    return self._relay(r, engine, resp)
+                try:
+                    data = await race_disconnect(r.request, resp.aread())
+                except httpx.HTTPError:
+                    self.pool.mark_failure(engine, CONNECT)
+                    tried.add(engine.engine_id)
+                    engines = self.fallbacks(r, tried)
+                    if resend < self.cfg.migration_limit and engines:
+                        self.metrics.migrations.labels("resent").inc()
+                        continue
+                    self._finish(r, engine)
+                    raise ApiError(502, "the engine failed while answering; try again", "upstream_error") from None
+                finally:
+                    await resp.aclose()
+                if resp.status_code == 200:
+                    self._account_usage(r, engine, _usage_of(data))
+                self._finish(r, engine)
+                return Response(data, status_code=resp.status_code, headers=self._response_headers(r, engine, resp))
         except ClientGone:
-            self.metrics.requests.labels(r.model, "", r.decision.policy, str(CLIENT_CLOSED)).inc()
+            r.slot.release()
             return Response(status_code=CLIENT_CLOSED)
-        if r.stream and resp.status_code == 200:
-            return self._relay(r, engine, resp)
-        try:
-            body = await race_disconnect(r.request, resp.aread())
-        except (ClientGone, httpx.HTTPError) as exc:
-            code = CLIENT_CLOSED if isinstance(exc, ClientGone) else 502
-            self._finish(r, engine, code)
-            if code == 502:
-                raise ApiError(502, "the engine failed while answering; try again", code="upstream_error") from None
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            await resp.aclose()
-        if resp.status_code == 200:
-            self._account_usage(r, engine, _usage_of(body))
-        self._finish(r, engine, resp.status_code)
-        return Response(body, status_code=resp.status_code, headers=self._response_headers(r, engine, resp))
+        except BaseException:
+            r.slot.release()
+            raise
+        raise AssertionError("unreachable")
 
     def _relay(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> StreamingResponse:
+        from ragserve_router.relay import Relay
+
         relay = Relay(self, r, engine, resp)
         headers = self._response_headers(r, engine, resp)
         # the background task also runs when the client left before the body started
         return StreamingResponse(relay.body(), status_code=200, headers=headers, background=BackgroundTask(relay.close))
 
-    def _finish(self, r: Routed, engine: EngineRecord, code: int) -> None:
-        self.pool.health[engine.engine_id].inflight -= 1
-        self.metrics.inflight.dec()
-        self.metrics.requests.labels(r.model, engine.engine_id, r.decision.policy, str(code)).inc()
+    def _finish(self, r: Routed, engine: EngineRecord) -> None:
+        r.slot.release()
+        r.request.state.engine = engine.engine_id  # the answer is counted by ragserve.http.outcomes
         self.metrics.latency.labels(r.model).observe(time.monotonic() - r.started)
 
     def _account_usage(self, r: Routed, engine: EngineRecord, usage: dict | None) -> None:
@@ -183,55 +210,3 @@ def _usage_of(body: bytes) -> dict | None:
     except ValueError:
         return None
     return data.get("usage") if isinstance(data, dict) else None
-
-
-class Relay:
-    """One SSE stream from an engine to the client; close() runs exactly once, however it ends."""
-
-    def __init__(self, proxy: Proxy, r: Routed, engine: EngineRecord, resp: httpx.Response) -> None:
-        self.proxy, self.r, self.engine, self.resp = proxy, r, engine, resp
-        self.sniffer = UsageSniffer()
-        self.code = CLIENT_CLOSED  # until the stream completes
-        self.closed = False
-
-    async def body(self) -> AsyncIterator[bytes]:
-        first = True
-        try:
-            async for chunk in self.resp.aiter_raw():
-                if first:
-                    self.proxy.metrics.ttft.labels(self.r.model).observe(time.monotonic() - self.r.started)
-                    first = False
-                self.sniffer.feed(chunk)
-                yield chunk
-            self.code = 200
-        except httpx.HTTPError as exc:  # headers were sent: the stream can only end early
-            log.warning("request %s: engine %s broke the stream: %s", self.r.request_id, self.engine.engine_id, exc)
-            self.proxy.pool.mark_failure(self.engine, CONNECT)
-            self.code = 502
-        finally:
-            await self.close()
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await self.resp.aclose()
-        self.proxy._account_usage(self.r, self.engine, self.sniffer.usage)
-        self.proxy._finish(self.r, self.engine, self.code)
-
-
-class UsageSniffer:
-    """Finds the `usage` object in an SSE stream without holding the stream back."""
-
-    def __init__(self) -> None:
-        self.tail = b""
-        self.usage: dict | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        lines = (self.tail + chunk).split(b"\n")
-        self.tail = lines.pop()[-65536:] if lines else b""
-        for line in lines:
-            if line.startswith(b"data:") and b'"usage"' in line:
-                usage = _usage_of(line[5:].strip())
-                if usage:
-                    self.usage = usage

@@ -4,17 +4,42 @@ Keys (under the prefix): `engines` hash id -> EngineRecord JSON; `alive:<id>` ex
 after 3 missed heartbeats; `seq:<id>` last applied KV-event seq; `blocks:<id>` set of
 block hashes; `tok:<fingerprint>` tokenizer JSON; `approx:<hash hex>` hash engine ->
 time routed (expires after the approximate TTL) and `approx_lru` bounding their number.
+
+Redis is a cache of state, not its owner: each replica remembers the engines registered through it
+and publishes them again when Redis lost them (a restart without persistence), then asks each such
+engine to register again (its heartbeat answers known=false) so that its KV index is rebuilt. While
+Redis is unreachable, heartbeats of those engines still succeed.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
 from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
+
+log = logging.getLogger(__name__)
+REJOIN_GRACE_S = 15.0  # an engine's registration backoff tops out at 10 s
+
+
+@dataclass
+class Owned:
+    """An engine registered through this replica: enough to publish it again."""
+
+    record: EngineRecord
+    tokenizer: TokenizerBlob
+    ttl_s: float
+    seen: float = field(default_factory=time.monotonic)  # its last registration or heartbeat here
+
+    def recent(self) -> bool:
+        """Heard from lately: alive, or retrying its registration while Redis was away."""
+        return time.monotonic() - self.seen < self.ttl_s + REJOIN_GRACE_S
 
 
 class RedisState(RouterState):
@@ -23,34 +48,65 @@ class RedisState(RouterState):
         self.p = prefix
         self.approx_ttl = approx_ttl
         self.approx_max = approx_max
+        self.owned: dict[str, Owned] = {}
+        self.resync: set[str] = set()  # published again after Redis lost them: must register again
 
     def _k(self, *parts: str) -> str:
         return self.p + ":".join(parts)
 
-    async def register(self, record: EngineRecord, tokenizer: TokenizerBlob, ttl_s: float) -> int:
-        tok_key = self._k("tok", record.tokenizer_fingerprint)
-        if not await self.redis.exists(tok_key):
-            await self.redis.set(tok_key, tokenizer.to_json())
+    async def _publish(self, owned: Owned) -> int:
+        """Write the engine's record, liveness and tokenizer; returns its last applied KV-event seq."""
+        record = owned.record
         async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._k("tok", record.tokenizer_fingerprint), owned.tokenizer.to_json(), nx=True)
             pipe.hset(self._k("engines"), record.engine_id, record.to_json())
-            pipe.set(self._k("alive", record.engine_id), b"1", px=int(ttl_s * 1000))
+            pipe.set(self._k("alive", record.engine_id), b"1", px=int(owned.ttl_s * 1000))
             pipe.get(self._k("seq", record.engine_id))
             *_, seq = await pipe.execute()
         return int(seq or 0)
 
+    async def register(self, record: EngineRecord, tokenizer: TokenizerBlob, ttl_s: float) -> int:
+        owned = Owned(record, tokenizer, ttl_s)
+        seq = await self._publish(owned)
+        self.owned[record.engine_id] = owned
+        self.resync.discard(record.engine_id)
+        return seq
+
     async def heartbeat(self, engine_id: str, load: Load, ttl_s: float) -> bool:
-        raw = await self.redis.hget(self._k("engines"), engine_id)
-        if raw is None:
-            return False
-        record = EngineRecord.from_json(raw)
-        record.load = load
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._k("engines"), engine_id, record.to_json())
-            pipe.set(self._k("alive", engine_id), b"1", px=int(ttl_s * 1000))
-            await pipe.execute()
+        owned = self.owned.get(engine_id)
+        if owned is not None:
+            owned.record.load, owned.seen = load, time.monotonic()
+        try:
+            raw = await self.redis.hget(self._k("engines"), engine_id)
+            if raw is None and owned is not None:
+                await self._republish([engine_id])
+                raw = owned.record.to_json()
+            if raw is None:
+                return False
+            record = EngineRecord.from_json(raw)
+            record.load = load
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self._k("engines"), engine_id, record.to_json())
+                pipe.set(self._k("alive", engine_id), b"1", px=int(ttl_s * 1000))
+                await pipe.execute()
+        except (RedisError, OSError):
+            if owned is None:
+                raise
+            return True  # this replica still knows the engine; Redis will be told when it is back
+        if engine_id in self.resync:
+            self.resync.discard(engine_id)
+            return False  # register again: its KV index went with Redis
         return True
 
+    async def _republish(self, engine_ids: list[str]) -> None:
+        for engine_id in engine_ids:
+            log.warning("engine %s was missing from Redis (restarted?): published again", engine_id)
+            await self._publish(self.owned[engine_id])
+            self.resync.add(engine_id)
+
     async def drop(self, engine_id: str) -> bool:
+        self.owned.pop(engine_id, None)
+        self.resync.discard(engine_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._k("engines"), engine_id)
             for part in ("alive", "seq", "blocks"):
@@ -60,6 +116,13 @@ class RedisState(RouterState):
 
     async def _records(self) -> tuple[list[EngineRecord], list[bool]]:
         raw = await self.redis.hgetall(self._k("engines"))
+        missing = [e for e in self.owned if e.encode() not in raw]
+        for engine_id in missing:
+            if not self.owned[engine_id].recent():  # dropped by another replica, and silent here too
+                del self.owned[engine_id]
+        if lost := [e for e in missing if e in self.owned]:
+            await self._republish(lost)
+            raw |= {e.encode(): self.owned[e].record.to_json() for e in lost}
         records = [EngineRecord.from_json(v) for v in raw.values()]
         async with self.redis.pipeline(transaction=False) as pipe:
             for record in records:

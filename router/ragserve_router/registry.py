@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from ragserve.tls import server_credentials
+from ragserve.token_auth import AioTokenAuth, read_token
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_router.admission import Refused, admit
 from ragserve_router.config import RouterConfig
@@ -24,6 +25,10 @@ from ragserve_router.state import RouterState, plan_events
 log = logging.getLogger(__name__)
 MISSED_HEARTBEATS = 3
 UNAVAILABLE = "router state (Redis) is unavailable; retry"
+REFUSED_MESSAGE = (
+    "this router accepts no registrations: it needs --registry-token-file (and the engine the same token), "
+    "mTLS (--tls-client-ca), or --registry-allow-unauthenticated"
+)
 
 
 def state_errors_unavailable(method):
@@ -86,6 +91,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         fields = {f.name: getattr(request.load, f.name) for f in dataclasses.fields(Load) if f.name != "reported_at"}
         load = Load(**fields, reported_at=time.time())
         known = await self.state.heartbeat(request.engine_id, load, self.ttl_s)
+        for source, tokens in (("computed", load.computed_prompt_tokens), ("fetched", load.fetched_prompt_tokens)):
+            self.metrics.engine_prompt_tokens.labels(request.engine_id, source).set(tokens)
         record = self.pool.registered.get(request.engine_id)
         if known and record is not None:
             record.load = load
@@ -126,13 +133,24 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         return registry_pb2.DeregisterResponse()
 
 
+def registry_auth(cfg: RouterConfig) -> list[grpc.aio.ServerInterceptor]:
+    """Contract 3: a shared token, or mTLS, or registrations are refused unless explicitly allowed."""
+    if cfg.registry_token_file:
+        return [AioTokenAuth(read_token(cfg.registry_token_file))]
+    if cfg.tls_client_ca or cfg.registry_allow_unauthenticated:
+        return []
+    log.warning("registry: no --registry-token-file and no mTLS (--tls-client-ca): every registration is refused")
+    return [AioTokenAuth(None, REFUSED_MESSAGE)]
+
+
 def build_grpc_server(
     cfg: RouterConfig, servicer: RegistryServicer
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """The registry server with message limits, optional (mutual) TLS and the standard health service."""
     limit = cfg.grpc_max_message_bytes
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        interceptors=registry_auth(cfg),
     )
     registry_pb2_grpc.add_RegistryServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -40,13 +40,15 @@ def stack(tmp_path):
 
     def start_router() -> subprocess.Popen:
         argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(http_port)]
-        argv += ["--grpc-port", str(grpc_port), "--heartbeat-interval-ms", "300"]
+        argv += ["--grpc-port", str(grpc_port), "--heartbeat-interval-ms", "300", "--registry-token-file", str(token)]
         routers.append(start("router", argv, tmp_path / f"router-{len(routers)}.log").popen)
         return routers[-1]
 
+    token = tmp_path / "registry-token"
+    token.write_text("s3cret-registry-token\n")  # contract 3: router and engine share it
     start_router()
     engine = start_engine(tmp_path, "--num-gpu-blocks", "512", "--router", f"127.0.0.1:{grpc_port}",
-                          "--engine-id", "eng-real")  # fmt: skip
+                          "--engine-id", "eng-real", "--registry-token-file", str(token))  # fmt: skip
     try:
         engine.wait_ready()
         yield url, engine, start_router, routers

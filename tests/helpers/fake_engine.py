@@ -86,7 +86,8 @@ def build_app(engine: Engine) -> FastAPI:
 
     async def complete(request: Request, chat: bool):
         if args.fail_status:
-            return JSONResponse({"error": {"message": "injected failure"}}, status_code=args.fail_status)
+            scope = {"x-ragserve-error-scope": args.fail_scope} if args.fail_scope else None
+            return JSONResponse({"error": {"message": "injected failure"}}, status_code=args.fail_status, headers=scope)
         body = await request.json()
         if body.get("model") != args.served_model_name:
             return JSONResponse({"error": {"message": "wrong model", "code": "model_not_found"}}, status_code=404)
@@ -280,6 +281,7 @@ async def main() -> None:
     p.add_argument("--router", default=None, help="registry HOST:PORT")
     p.add_argument("--prefill-delay", type=float, default=0.0, help="seconds per uncached block")
     p.add_argument("--fail-status", type=int, default=0)
+    p.add_argument("--fail-scope", default="", help="x-ragserve-error-scope of the injected failures")
     args = p.parse_args()
     engine = Engine(args)
     server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=args.port, log_level="warning"))

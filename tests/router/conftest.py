@@ -59,6 +59,8 @@ class Cluster:
         port, grpc_port = free_port(), free_port()
         argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--grpc-port", str(grpc_port), *flags]
+        if not {"--registry-token-file", "--tls-client-ca"} & set(flags):  # registry auth: see test_registry
+            argv.append("--registry-allow-unauthenticated")  # the stand-in engines register without a token
         proc = self._spawn(name, argv, port, grpc_port, env)
         if wait:
             self.wait_http(proc)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
+from tests.helpers.net import free_port
 from tests.helpers.pki import client_credentials, write_test_pki
+from tests.helpers.process import start, wait_grpc
 
 HEARTBEAT_MS = 300
 
@@ -173,3 +177,70 @@ def test_mutual_tls_registry(cluster, make_register, tmp_path):
         with channel, pytest.raises(grpc.RpcError) as info:
             registry_pb2_grpc.RegistryStub(channel).Heartbeat(registry_pb2.HeartbeatRequest(engine_id="x"), timeout=5)
         assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+TOKEN = "registry-s3cret"
+GOOD = (("authorization", f"Bearer {TOKEN}"),)
+
+
+@pytest.fixture(scope="module")
+def token_router(module_cluster, tmp_path_factory):
+    path = tmp_path_factory.mktemp("registry") / "token"
+    path.write_text(TOKEN + "\n")
+    return module_cluster.router("--registry-token-file", str(path), "--heartbeat-interval-ms", str(HEARTBEAT_MS))
+
+
+def calls(stub: registry_pb2_grpc.RegistryStub, make_register, metadata) -> dict:
+    """Every registry RPC once, with this metadata: {name: status code}."""
+    codes = {}
+    rpcs = {
+        "Register": lambda: stub.Register(make_register("tok-x", model="m-x"), metadata=metadata),
+        "Heartbeat": lambda: stub.Heartbeat(registry_pb2.HeartbeatRequest(engine_id="tok-x"), metadata=metadata),
+        "StreamKVEvents": lambda: list(stub.StreamKVEvents(iter([]), metadata=metadata)),
+        "Deregister": lambda: stub.Deregister(registry_pb2.DeregisterRequest(engine_id="tok-x"), metadata=metadata),
+    }
+    for name, call in rpcs.items():
+        try:
+            call()
+            codes[name] = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            codes[name] = exc.code()
+    return codes
+
+
+@pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)])
+def test_registry_token_refuses_missing_and_wrong_tokens_on_every_call(token_router, make_register, metadata):
+    with grpc.insecure_channel(token_router.grpc) as channel:
+        codes = calls(registry_pb2_grpc.RegistryStub(channel), make_register, metadata)
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}, codes
+    assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no token
+    assert "m-x" not in models(token_router)
+
+
+def test_registry_token_admits_engines_that_send_it(token_router, make_register, until):
+    with grpc.insecure_channel(token_router.grpc) as channel:
+        stub = registry_pb2_grpc.RegistryStub(channel)
+        assert stub.Register(make_register("tok-ok", model="m-tok"), metadata=GOOD).heartbeat_interval_ms
+        assert stub.Heartbeat(registry_pb2.HeartbeatRequest(engine_id="tok-ok"), metadata=GOOD).known
+        until(lambda: "m-tok" in models(token_router), message="engine listed")
+        stub.Deregister(registry_pb2.DeregisterRequest(engine_id="tok-ok"), metadata=GOOD)
+
+
+def test_a_router_without_token_or_mtls_refuses_registrations_unless_told(tmp_path, make_register):
+    """Contract 3: no token file and no mTLS: every registration is refused, with the way out in the message."""
+    for allow, expected in (((), grpc.StatusCode.UNAUTHENTICATED), (("--registry-allow-unauthenticated",), None)):
+        http_port, grpc_port = free_port(), free_port()
+        argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(http_port)]
+        proc = start("router", [*argv, "--grpc-port", str(grpc_port), *allow], tmp_path / f"router-{grpc_port}.log")
+        try:
+            wait_grpc(f"127.0.0.1:{grpc_port}", proc=proc)
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = registry_pb2_grpc.RegistryStub(channel)
+                if expected is None:
+                    assert stub.Register(make_register("open-1")).heartbeat_interval_ms
+                    continue
+                error = refused(stub, make_register("closed-1"))
+                assert error.code() == expected and "--registry-token-file" in error.details()
+        finally:
+            proc.stop()

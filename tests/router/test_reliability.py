@@ -40,7 +40,9 @@ def test_dead_engine_is_retried_elsewhere_marked_unhealthy_and_probed_back(clust
     assert engines == {"static-0", "static-1"}
 
 
-def test_5xx_opens_the_breaker_and_all_failing_is_a_clean_502(cluster, metrics, until):
+def test_engine_5xx_is_retried_elsewhere_and_only_a_failed_probe_takes_the_engine_out(cluster, metrics, until):
+    """A 5xx not scoped to the request is retried on the next engine and gets its engine probed at once; the
+    probe, not the 5xx, decides health. With every engine failing the client gets a clean 502."""
     bad = cluster.engine("eng-bad", "--fail-status", "500")
     good = cluster.engine("eng-good")
     flags = f"--static-engines {bad.url},{good.url} --policy round_robin --breaker-failures 2 --probe-interval 30"
@@ -48,16 +50,67 @@ def test_5xx_opens_the_breaker_and_all_failing_is_a_clean_502(cluster, metrics, 
     until(lambda: ready(router)["healthy_engines"] == 2, message="both engines probed")
     results = [post(router, chat(f"q{i}")) for i in range(6)]
     assert all(r.status_code == 200 and r.headers["x-ragserve-engine"] == "static-1" for r in results)
-    assert metrics(router.url, "ragserve_router_retries_total", reason="server_error") == 2
-    assert ready(router)["healthy_engines"] == 1  # breaker open after 2 consecutive 5xx
+    assert metrics(router.url, "ragserve_router_retries_total", reason="server_error") == 3
+    assert ready(router)["healthy_engines"] == 2  # its /health answers: it stays in
+    bad.stop()
+    post(router, chat("once more"))  # the dead engine now fails to connect: out at once
+    assert ready(router)["healthy_engines"] == 1
 
-    only_bad = cluster.router("--static-engines", bad.url, "--max-attempts", "2", "--probe-interval", "30")
-    until(lambda: ready(only_bad)["healthy_engines"] == 1, message="engine probed")
-    resp = post(only_bad, chat())
+    only_bad = cluster.engine("eng-bad-2", "--fail-status", "500")
+    router = cluster.router("--static-engines", only_bad.url, "--max-attempts", "2", "--probe-interval", "30")
+    until(lambda: ready(router)["healthy_engines"] == 1, message="engine probed")
+    resp = post(router, chat())
     assert resp.status_code == 502
     error = resp.json()["error"]
     assert error["type"] == "server_error" and error["code"] == "server_error"
-    assert "127.0.0.1" not in resp.text and str(bad.port) not in resp.text and "injected" not in resp.text
+    assert "127.0.0.1" not in resp.text and str(only_bad.port) not in resp.text and "injected" not in resp.text
+
+
+def test_request_scoped_failures_are_passed_through_never_replayed_never_held_against_the_engine(
+    cluster, metrics, until
+):
+    """Contract 1: a 4xx, or a 5xx the engine scopes to the request, is the client's answer as it is."""
+    failing = [
+        cluster.engine("eng-500", "--fail-status", "500", "--fail-scope", "request"),
+        cluster.engine("eng-400", "--fail-status", "400"),
+    ]
+    good = cluster.engine("eng-good")
+    urls = ",".join(e.url for e in [*failing, good])
+    router = cluster.router("--static-engines", urls, "--policy", "round_robin", "--breaker-failures", "1")
+    until(lambda: ready(router)["healthy_engines"] == 3, message="engines probed")
+    codes = sorted(post(router, chat(f"q{i}")).status_code for i in range(30))
+    assert codes == [200] * 10 + [400] * 10 + [500] * 10
+    assert metrics.total(router.url, "ragserve_router_retries_total") == 0
+    assert metrics.total(router.url, "ragserve_router_engine_errors_total") == 0
+    assert ready(router)["healthy_engines"] == 3
+
+
+def test_a_burst_is_spread_by_slots_reserved_at_decision_time(cluster, until):
+    """16 simultaneous requests over 2 idle engines: each decision sees the ones before it. The prompts share
+    their one full leading chunk (like a RAG template), so only the load tells the engines apart."""
+    engines = [cluster.engine(f"eng-{i}") for i in range(2)]
+    for engine in engines:
+        httpx.post(engine.url + "/control/hold")
+    # prefix: one leading chunk, one ring position; only the bound on load (slots included) spreads them
+    router = cluster.router("--static-engines", ",".join(e.url for e in engines), "--policy", "prefix")
+    until(lambda: ready(router)["healthy_engines"] == 2, message="engines probed")
+
+    def one(i: int) -> str:
+        body = chat("You answer from the retrieved passages only, citing each. " + f"Question {i}?", stream=True)
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=60) as resp:
+            for _ in resp.iter_lines():
+                pass
+            return resp.headers["x-ragserve-engine"]
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(one, i) for i in range(16)]
+        stats = [lambda e=e: httpx.get(e.url + "/control/stats").json()["running"] for e in engines]
+        until(lambda: sum(s() for s in stats) == 16, message="16 streams held")
+        for engine in engines:
+            httpx.post(engine.url + "/control/release")
+        served = [f.result() for f in futures]
+    split = sorted(served.count(name) for name in ("static-0", "static-1"))
+    assert split[0] >= 6, f"burst split {split}"
 
 
 def test_engine_killed_under_load(cluster, metrics, until):

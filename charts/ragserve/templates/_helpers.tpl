@@ -152,3 +152,17 @@ securityContext:
       key: {{ $k.key }}
 {{- end }}
 {{- end }}
+
+{{/* ragserve.registryTokenSecret: the Secret holding the router registry's shared token (contract 3) */}}
+{{- define "ragserve.registryTokenSecret" -}}
+{{- .Values.router.registryAuth.existingSecret | default (printf "%s-registry-token" (include "ragserve.fullname" .)) -}}
+{{- end }}
+
+{{/* ragserve.registryTokenVolume: the token's volume, mounted at /etc/ragserve/registry-token by router and engines */}}
+{{- define "ragserve.registryTokenVolume" -}}
+- name: registry-token
+  secret:
+    secretName: {{ include "ragserve.registryTokenSecret" . }}
+    items: [{key: {{ .Values.router.registryAuth.key }}, path: {{ .Values.router.registryAuth.key }}}]
+    defaultMode: 0440
+{{- end }}

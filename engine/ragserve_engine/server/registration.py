@@ -19,6 +19,7 @@ from ragserve import __version__
 from ragserve.engine_args import ServerConfig
 from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.tls import channel_credentials
+from ragserve.token_auth import bearer, read_token
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_engine.engine_client import EngineClient
 from ragserve_engine.server.kv_events import KVEventLog
@@ -29,6 +30,7 @@ RPC_TIMEOUT_S = 10.0
 BACKOFF_S = (0.25, 10.0)
 LOG_EVERY_S = 30.0
 MAX_BATCH_EVENTS = 1024
+REFUSED = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED)
 
 
 def make_channel(cfg: ServerConfig) -> grpc.aio.Channel:
@@ -54,6 +56,7 @@ class RegistrationClient:
         self._last_log: dict[str, float] = {}
         self._task: asyncio.Task | None = None
         self._channel: grpc.aio.Channel | None = None
+        self.metadata = bearer(read_token(cfg.registry_token_file)) if cfg.registry_token_file else None
 
     @cached_property
     def request(self) -> registry_pb2.RegisterRequest:
@@ -97,7 +100,7 @@ class RegistrationClient:
             stub = registry_pb2_grpc.RegistryStub(self._channel)
             try:
                 request = registry_pb2.DeregisterRequest(engine_id=self.cfg.engine_id, reason=reason)
-                await stub.Deregister(request, timeout=5.0)
+                await stub.Deregister(request, timeout=5.0, metadata=self.metadata)
                 log.info("deregistered from router %s (%s)", self.cfg.router, reason)
             except grpc.aio.AioRpcError as exc:
                 log.warning("deregister failed: %s %s", exc.code().name, exc.details())
@@ -109,7 +112,7 @@ class RegistrationClient:
         delay = BACKOFF_S[0]
         while True:
             try:
-                resp = await stub.Register(self.request, timeout=RPC_TIMEOUT_S)
+                resp = await stub.Register(self.request, timeout=RPC_TIMEOUT_S, metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 self._rpc_failed("register", exc)
                 await asyncio.sleep(delay)
@@ -144,18 +147,10 @@ class RegistrationClient:
         sender = asyncio.create_task(self._stream_events(stub, cursor))
         try:
             while not sender.done():
-                stats = self.llm.stats()
-                load = registry_pb2.Load(
-                    num_running=stats.num_running,
-                    num_waiting=stats.num_waiting,
-                    kv_usage=stats.kv_usage,
-                    free_blocks=stats.free_blocks,
-                    total_blocks=stats.num_blocks,
-                )
                 request = registry_pb2.HeartbeatRequest(
-                    engine_id=self.cfg.engine_id, load=load, last_event_seq=self.events.last_seq
+                    engine_id=self.cfg.engine_id, load=self.load(), last_event_seq=self.events.last_seq
                 )
-                resp = await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
+                resp = await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S, metadata=self.metadata)
                 if not resp.known:
                     log.warning("router %s no longer knows this engine; registering again", self.cfg.router)
                     return
@@ -164,6 +159,26 @@ class RegistrationClient:
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
+
+    def load(self) -> registry_pb2.Load:
+        """The heartbeat's load: queues, KV usage and the measured speeds of the router's cost model."""
+        stats = self.llm.stats()
+        return registry_pb2.Load(
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_usage=stats.kv_usage,
+            free_blocks=stats.free_blocks,
+            total_blocks=stats.num_blocks,
+            prefill_tokens_per_s=stats.prefill_tokens_per_s,
+            decode_step_s=stats.decode_step_s,
+            decode_seq_s=stats.decode_seq_s,
+            queued_prefill_tokens=stats.queued_prefill_tokens,
+            step_token_budget=stats.step_token_budget,
+            fetch_s_per_block=stats.fetch_s_per_block,
+            cachestore=self.llm.info.cachestore,
+            computed_prompt_tokens=stats.computed_prompt_tokens,
+            fetched_prompt_tokens=stats.external_prefix_cache_hits,
+        )
 
     async def _stream_events(self, stub, cursor: int) -> None:
         lost: list[LookupError] = []
@@ -184,13 +199,13 @@ class RegistrationClient:
                 if not self.events.since(cursor, 1):
                     await self.events.changed.wait()
 
-        async for ack in stub.StreamKVEvents(batches()):
+        async for ack in stub.StreamKVEvents(batches(), metadata=self.metadata):
             self.acked_seq = ack.acked_seq
         if lost:
             raise lost[0]
 
     def _rpc_failed(self, what: str, exc: grpc.aio.AioRpcError) -> None:
-        refused = exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
+        refused = exc.code() in REFUSED
         key = f"{what}:{exc.code().name}"
         now = time.monotonic()
         if now - self._last_log.get(key, -LOG_EVERY_S) < LOG_EVERY_S:

@@ -29,6 +29,9 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- include "ragserve.arg" (list "--router" (include "ragserve.routerRegistry" $)) }}
 - --advertise-url
 - {{ printf "http://$(POD_IP):%d" (int $p.port) | quote }}
+{{- if $.Values.router.registryAuth.enabled }}
+{{- include "ragserve.arg" (list "--registry-token-file" (printf "/etc/ragserve/registry-token/%s" $.Values.router.registryAuth.key)) }}
+{{- end }}
 {{- if $.Values.router.tls.enabled }}
 {{- include "ragserve.arg" (list "--router-tls-ca" "/etc/ragserve/router-ca/ca.crt") }}
 {{- if $.Values.router.tls.clientAuth }}

@@ -21,6 +21,11 @@
 {{- include "ragserve.arg" (list "--drain-delay" $r.drainDelaySeconds) }}
 {{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $r.terminationGracePeriodSeconds) (int $r.drainDelaySeconds)) 5))) }}
 {{- include "ragserve.tlsArgs" $r.tls }}
+{{- if $r.registryAuth.enabled }}
+{{- include "ragserve.arg" (list "--registry-token-file" (printf "/etc/ragserve/registry-token/%s" $r.registryAuth.key)) }}
+{{- else if $r.registryAuth.allowUnauthenticated }}
+- --registry-allow-unauthenticated
+{{- end }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}

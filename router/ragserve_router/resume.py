@@ -1,0 +1,71 @@
+"""Whether a stream can be resumed on another engine, and the request bodies that do it.
+
+A resumable stream is sent upstream with `return_token_ids` (the engine then streams each chunk's
+token ids); when its engine dies, the same request goes to another engine with `resume_token_ids`
+(the tokens already streamed) and what is left of `max_tokens`/`min_tokens`. Only ragserve engines
+(registered over gRPC) understand `resume_token_ids`, and only a reproducible generation (greedy, or
+seeded) of one choice can continue without a seam.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ragserve_router.engines import EngineRecord
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI (and engine) default when a completion names none
+
+
+def unresumable(body: dict, chat: bool, stream: bool, limit: int, engine: EngineRecord) -> str:
+    """Why this request cannot be migrated mid-stream ("" when it can)."""
+    prompt = body.get("prompt")
+    checks = (
+        (limit <= 0, "disabled"),
+        (not stream, "not_streamed"),
+        (not engine.has_events, "foreign_engine"),
+        (body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1), "n"),
+        (bool(body.get("use_beam_search")), "beam_search"),
+        (not chat and isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int), "batch"),
+        (not chat and body.get("logprobs") is not None, "logprobs"),
+        (body.get("temperature") != 0 and body.get("seed") is None, "sampling_without_seed"),
+        ("resume_token_ids" in body, "client_resume"),
+    )
+    return next((reason for failed, reason in checks if failed), "")
+
+
+@dataclass
+class ResumePlan:
+    body: dict
+    raw: bytes
+    chat: bool
+    reason: str  # "" when the stream can be resumed
+
+    @property
+    def active(self) -> bool:
+        return not self.reason
+
+    @property
+    def client_wants_ids(self) -> bool:
+        return self.body.get("return_token_ids") is True
+
+    def upstream_body(self) -> bytes:
+        """The first engine's request: the client's, asking for token ids when a resume may need them."""
+        if not self.active or self.client_wants_ids:
+            return self.raw
+        return json.dumps({**self.body, "return_token_ids": True}).encode()
+
+    def resumed_body(self, token_ids: list[int]) -> bytes | None:
+        """The request that continues after token_ids; None when they used up the whole budget."""
+        body = {**self.body, "return_token_ids": True, "resume_token_ids": token_ids}
+        key = "max_completion_tokens" if self.chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        budget = body.get(key, None if self.chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        if isinstance(budget, int):
+            if budget - len(token_ids) <= 0:
+                return None
+            body[key] = budget - len(token_ids)
+        if isinstance(body.get("min_tokens"), int):
+            body["min_tokens"] = max(0, body["min_tokens"] - len(token_ids))
+        if not self.chat:
+            body["echo"] = False  # the prompt was echoed by the first engine
+        return json.dumps(body).encode()
