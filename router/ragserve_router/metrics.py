@@ -7,6 +7,8 @@ Series with a known label set start at zero, so "no data" never stands for zero.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ragserve.http.outcomes import Outcome
@@ -42,6 +44,32 @@ class RouterMetrics:
             "Time from request arrival to the first streamed byte from the engine",
             ["model"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_ttft = Histogram(
+            p + "predicted_ttft_seconds",
+            "kv_aware's predicted time to first token on the engine it chose (compare engine_ttft_seconds)",
+            ["engine"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_ttft = Histogram(
+            p + "engine_ttft_seconds",
+            "Time from request arrival to the first streamed byte, by engine",
+            ["engine"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_tokens = Counter(
+            p + "predicted_prompt_tokens",
+            "kv_aware's split of the prompt tokens it routed: local cache hits, fetched from the cachestore, computed",
+            ["engine", "source"],
+            registry=r,
+        )
+        self.engine_prompt_tokens = Gauge(
+            p + "engine_prompt_tokens",
+            "Prompt tokens each engine reports (heartbeat, cumulative) it computed or fetched from the cachestore",
+            ["engine", "source"],
             registry=r,
         )
         self.latency = Histogram(
@@ -84,10 +112,27 @@ class RouterMetrics:
             for value in values:
                 family.labels(value)
 
+    def observe_prediction(self, engine_id: str, prediction) -> None:
+        """kv_aware's cost_model.Prediction for the engine a request was sent to."""
+        self.predicted_ttft.labels(engine_id).observe(prediction.ttft_s)
+        for source, tokens in (
+            ("local", prediction.local_tokens),
+            ("fetched", prediction.fetched_tokens),
+            ("computed", prediction.computed_tokens),
+        ):
+            self.predicted_tokens.labels(engine_id, source).inc(tokens)
+
     def count(self, outcome: Outcome) -> None:
         """One answer (ragserve.http.outcomes.CountResponses)."""
-        labels = (outcome.state.get(k, "") for k in ("model", "engine", "policy"))
-        self.requests.labels(*labels, str(outcome.status), outcome.reason).inc()
+        model, engine, policy = (outcome.state.get(k, "") for k in ("model", "engine", "policy"))
+        self.requests.labels(model, engine, policy, str(outcome.status), outcome.reason).inc()
+        if engine:  # an engine's token counters exist from its first answer, even without usage
+            for family in (self.predicted_cached, self.actual_cached, self.prompt_tokens):
+                family.labels(engine)
 
-    def render(self) -> bytes:
+    def render(self, models: Iterable[str] = ()) -> bytes:
+        """The exposition; each served model's histograms exist (at zero) before its first request."""
+        for model in models:
+            self.ttft.labels(model)
+            self.latency.labels(model)
         return generate_latest(self.registry)
