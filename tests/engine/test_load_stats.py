@@ -1,0 +1,38 @@
+"""LoadTracker: the speeds an engine reports for the router's cost model, from the steps it observed."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragserve_engine.load_stats import LoadTracker
+from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+from ragserve_engine.sequence import Sequence
+
+
+def step(prefill: int, decodes: int) -> SchedulerOutput:
+    """A step as observed after it ran (computed counts advanced): one prefill chunk and `decodes` decodes."""
+    out = SchedulerOutput()
+    if prefill:
+        seq = Sequence(list(range(prefill + 50)), prefill + 50)
+        seq.num_computed_tokens = prefill
+        out.scheduled.append(ScheduledSeq(None, seq, prefill))
+    for _ in range(decodes):
+        seq = Sequence(list(range(11)), 10)
+        seq.num_computed_tokens = 11
+        out.scheduled.append(ScheduledSeq(None, seq, 1))
+    return out
+
+
+def test_decode_steps_fit_a_line_and_prefill_throughput_excludes_the_decode_share():
+    load = LoadTracker(step_token_budget=2048)
+    assert load.prefill_tokens_per_s == 0.0 and load.decode_step_s(4) == 0.0  # nothing measured yet
+    for _ in range(5):
+        load.observe(step(0, 2), 0.03, queued_prefill_tokens=0)  # 20 ms a step + 5 ms a sequence
+        load.observe(step(0, 6), 0.05, queued_prefill_tokens=0)
+    assert load.decode_step_s(4) == pytest.approx(0.04)
+    assert load.decode_seq_s == pytest.approx(0.005)
+    load.observe(step(1000, 2), 1.03, queued_prefill_tokens=700)  # 30 ms of it was the two decodes
+    assert load.prefill_tokens_per_s == pytest.approx(1000.0)
+    assert load.queued_prefill_tokens == 700 and load.computed_prompt_tokens == 1000
+    load.observe(step(8, 2), 0.5, queued_prefill_tokens=0)  # a tiny chunk says nothing about throughput
+    assert load.prefill_tokens_per_s == pytest.approx(1000.0) and load.computed_prompt_tokens == 1008
