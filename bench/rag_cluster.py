@@ -1,24 +1,30 @@
-"""Cluster benchmark: a seeded RAG trace through the full local stack (3 engines), per configuration:
+"""Cluster benchmark: a scenario through the full local stack (N engines), per configuration:
 
     round_robin             router rotates, engines alone (no cachestore)
     prefix                  consistent hashing on X-Context-Hash, no cachestore
-    kv_aware                exact KV-event index + load, no cachestore
-    kv_aware+cachestore     the same, engines fetch blocks peers computed from the cachestore
+    kv_aware                the cost model (cached, queued and decode work per engine), no cachestore
+    kv_aware+cachestore     the same, store-aware: engines fetch blocks peers computed from the cachestore
 
-Trace: the demo corpus (11 documents of 1.3-2.8k tokens), document popularity Zipf(s), several
-questions per document, N requests from C concurrent clients (closed loop), streamed. Every
-configuration starts a fresh stack (`ragserve.stack`), warms each engine with an unrelated prompt,
-then runs the same trace. Per configuration, from the engines' /metrics (differences over the trace):
+Scenarios (--scenario):
+    rag    the demo corpus (11 documents of 1.3-2.8k tokens), document popularity Zipf(s), several
+           questions per document, N requests from C concurrent clients (closed loop), streamed.
+    chat   multi-round chat (bench/multi_round_chat.py): users joining over time share a system prompt,
+           each with a history of its own that grows every round (--users, --rounds, --system-tokens,
+           --history-tokens, --answer-tokens, --join-interval).
+
+Every configuration starts a fresh stack (`ragserve.stack`), warms each engine with an unrelated prompt,
+then runs the same workload. Per configuration, from the engines' /metrics (differences over the run):
 prompt tokens computed, served from the local prefix cache, and fetched from the cachestore
 (`vllm:external_prefix_cache_hits`; while the engine does not export it, the cachestore's own
-`ragserve_cachestore_hits_total` x block size); from the clients: the share of prompt tokens served
-from cache after each document's first sight (usage.prompt_tokens_details.cached_tokens), TTFT
-p50/p95 through the router, throughput; and ratios to round_robin in the same run.
+`ragserve_cachestore_hits_total` x block size); from the clients: TTFT mean/p50/p95 and end-to-end
+latency through the router, throughput, the share of prompt tokens served from cache after a
+document's (a user's) first request (usage.prompt_tokens_details.cached_tokens), each engine's share of
+requests and prompt tokens; and ratios to round_robin in the same run.
 
-    .venv/bin/python bench/rag_cluster.py [--quick] [--out bench/results]
+    .venv/bin/python bench/rag_cluster.py [--scenario rag|chat] [--engines N] [--quick] [--out bench/results]
 
---quick: tiny random model, short trace (the test suite runs it). Default: SmolLM2-135M.
-Writes rag_cluster[-quick].md / .json and PNG plots (matplotlib) into --out.
+--quick: tiny random model, short workload (the test suite runs it). Default: SmolLM2-135M.
+Writes rag_cluster[-chat][-quick][-TAG].md / .json and PNG plots (matplotlib) into --out.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from ragserve.demo.retrieve import document_context
 from ragserve.stack.process import LogSink
 from ragserve.stack.spec import StackConfig
 from ragserve.stack.supervisor import Stack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from multi_round_chat import make_users, run_chat, system_prompt  # noqa: E402  (bench/ is not a package)
 
 CONFIGS = {  # name: (router policy, cachestore)
     "round_robin": ("round_robin", False),
@@ -78,6 +87,13 @@ class ConfigResult:
     wall_s: float
     requests_per_s: float
     prompt_tokens_per_s: float
+    ttft_mean_s: float = 0.0
+    latency_mean_s: float = 0.0  # end to end, through the router
+    latency_p50_s: float = 0.0
+    latency_p95_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    engine_shares: dict = field(default_factory=dict)  # engine -> {"requests": share, "prompt_tokens": share}
+    min_request_share: float = 0.0
     ratios: dict = field(default_factory=dict)
 
 
@@ -158,6 +174,12 @@ def percentile(values: list[float], q: float) -> float:
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)] if s else float("nan")
 
 
+def run_workload(stack: Stack, model: str, args, docs, trace):
+    if args.scenario == "chat":
+        return asyncio.run(run_chat(stack.url, model, trace[0], trace[1], args.answer_tokens))
+    return asyncio.run(run_trace(stack, model, trace, docs, args.clients, args.max_tokens))
+
+
 def run_config(name: str, args, docs, trace) -> ConfigResult:
     policy, cachestore = CONFIGS[name]
     engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
@@ -173,7 +195,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
         warm_up(stack, model)
         before = engine_totals(stack)
         t0 = time.perf_counter()
-        results = asyncio.run(run_trace(stack, model, trace, docs, args.clients, args.max_tokens))
+        results = run_workload(stack, model, args, docs, trace)
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # let offload counters settle
         after = engine_totals(stack)
@@ -181,7 +203,8 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     print(
         f"[{name}] {result.requests} requests in {wall:.0f}s, {result.errors} errors; "
         f"{100 * result.cached_share_after_first:.0f}% of prompt tokens from cache after 1st sight; "
-        f"TTFT p50 {result.ttft_p50_s:.2f}s p95 {result.ttft_p95_s:.2f}s"
+        f"TTFT mean {result.ttft_mean_s:.2f}s p50 {result.ttft_p50_s:.2f}s p95 {result.ttft_p95_s:.2f}s; "
+        f"latency mean {result.latency_mean_s:.2f}s; shares {result.engine_shares}"
     )
     return result
 
@@ -202,7 +225,9 @@ def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
     later_prompt = sum(res.prompt_tokens for res in later)
     ttfts = [res.ttft_s for _, res in ok if res.ttft_s is not None]
     later_ttfts = [res.ttft_s for res in later if res.ttft_s is not None]
-    return ConfigResult(
+    latencies = [res.latency_s for _, res in ok]
+    shares = engine_shares([res for _, res in ok])
+    result = ConfigResult(
         name=name, requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt,
         local=local, fetched=fetched, computed=prompt - local - fetched, fetched_source=source if fetched else "",
         usage_prompt_tokens=sum(res.prompt_tokens for _, res in ok), usage_cached_tokens=usage_cached,
@@ -210,13 +235,32 @@ def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
         ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95),
         ttft_p95_after_first_s=percentile(later_ttfts, 95), wall_s=wall,
         requests_per_s=len(ok) / wall, prompt_tokens_per_s=sum(res.prompt_tokens for _, res in ok) / wall,
+        ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+        latency_mean_s=sum(latencies) / len(latencies) if latencies else float("nan"),
+        latency_p50_s=percentile(latencies, 50), latency_p95_s=percentile(latencies, 95),
+        output_tokens_per_s=sum(res.completion_tokens for _, res in ok) / wall, engine_shares=shares,
+        min_request_share=min((v["requests"] for v in shares.values()), default=0.0),
     )  # fmt: skip
+    return result
+
+
+def engine_shares(results: list[ChatResult]) -> dict[str, dict[str, float]]:
+    requests = {e: 0 for e in sorted({r.engine for r in results})}
+    tokens = dict.fromkeys(requests, 0)
+    for r in results:
+        requests[r.engine] += 1
+        tokens[r.engine] += r.prompt_tokens
+    n, t = max(1, len(results)), max(1, sum(tokens.values()))
+    return {e: {"requests": requests[e] / n, "prompt_tokens": tokens[e] / t} for e in requests}
 
 
 def add_ratios(results: list[ConfigResult]) -> None:
     base = next(r for r in results if r.name == BASELINE)
     for r in results:
         r.ratios = {
+            "ttft_mean_speedup": base.ttft_mean_s / r.ttft_mean_s,
+            "latency_mean_speedup": base.latency_mean_s / r.latency_mean_s,
+            "latency_p95_speedup": base.latency_p95_s / r.latency_p95_s,
             "ttft_p50_speedup": base.ttft_p50_s / r.ttft_p50_s,
             "ttft_p95_speedup": base.ttft_p95_s / r.ttft_p95_s,
             "ttft_p95_after_first_speedup": base.ttft_p95_after_first_s / r.ttft_p95_after_first_s,
@@ -226,27 +270,62 @@ def add_ratios(results: list[ConfigResult]) -> None:
 
 
 def markdown(results: list[ConfigResult], args) -> str:
+    if args.scenario == "chat":
+        workload = (
+            f"multi-round chat: {args.users} users joining every {args.join_interval:g} s, {args.rounds} rounds each, "
+            f"a ~{args.system_tokens}-token shared system prompt, ~{args.history_tokens} tokens of history per user, "
+            f"{args.answer_tokens}-token answers"
+        )
+    else:
+        workload = f"RAG trace: {args.requests} requests from {args.clients} clients, Zipf s={args.zipf}"
     head = (
-        f"# RAG cluster benchmark{' (quick)' if args.quick else ''}\n\n"
+        f"# Cluster benchmark: {args.scenario}{' (quick)' if args.quick else ''}\n\n"
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
-        f"and a {args.max_num_batched_tokens}-token step budget per engine, {args.requests} requests "
-        f"from {args.clients} clients, Zipf s={args.zipf}, seed {args.seed}.\n"
-        f"Ratios are against `{BASELINE}` in the same run (TTFT: baseline / config, higher is better).\n\n"
-        "| config | prompt tok | local | fetched | computed | cached after 1st sight | TTFT p50 | TTFT p95 "
-        "| TTFT p95 after 1st sight | req/s | TTFT p50 x | TTFT p95 x | TTFT p95 after 1st x | throughput x |\n"
-        "|---|" + "---:|" * 13 + "\n"
+        f"and a {args.max_num_batched_tokens}-token step budget per engine; {workload}; seed {args.seed}.\n"
+        f"Ratios are against `{BASELINE}` in the same run (baseline / config: higher is better).\n\n"
+        "| config | TTFT mean | TTFT p50 | TTFT p95 | latency mean | latency p95 | req/s | output tok/s "
+        "| prompt tok | local | fetched | computed | cached after 1st | min engine share |\n"
+        "|---|" + "---:|" * 14 + "\n"
     )
     rows = [
-        f"| {r.name} | {r.prompt_tokens} | {r.local} | {r.fetched} | {r.computed} | "
-        f"{100 * r.cached_share_after_first:.1f}% | {1000 * r.ttft_p50_s:.0f} ms | {1000 * r.ttft_p95_s:.0f} ms | "
-        f"{1000 * r.ttft_p95_after_first_s:.0f} ms | {r.requests_per_s:.2f} | {r.ratios['ttft_p50_speedup']:.2f} | "
+        f"| {r.name} | {1000 * r.ttft_mean_s:.0f} ms | {1000 * r.ttft_p50_s:.0f} ms | {1000 * r.ttft_p95_s:.0f} ms | "
+        f"{r.latency_mean_s:.2f} s | {r.latency_p95_s:.2f} s | {r.requests_per_s:.2f} | {r.output_tokens_per_s:.1f} | "
+        f"{r.prompt_tokens} | {r.local} | {r.fetched} | {r.computed} | {100 * r.cached_share_after_first:.1f}% | "
+        f"{100 * r.min_request_share:.0f}% |"
+        for r in results
+    ]
+    ratio_head = (
+        "\n| config | TTFT mean x | TTFT p50 x | TTFT p95 x | TTFT p95 after 1st x | latency mean x "
+        "| latency p95 x | throughput x |\n|---|" + "---:|" * 7 + "\n"
+    )
+    ratio_rows = [
+        f"| {r.name} | {r.ratios['ttft_mean_speedup']:.2f} | {r.ratios['ttft_p50_speedup']:.2f} | "
         f"{r.ratios['ttft_p95_speedup']:.2f} | {r.ratios['ttft_p95_after_first_speedup']:.2f} | "
+        f"{r.ratios['latency_mean_speedup']:.2f} | {r.ratios['latency_p95_speedup']:.2f} | "
         f"{r.ratios['throughput']:.2f} |"
+        for r in results
+    ]
+    share_rows = [
+        f"- {r.name}: "
+        + ", ".join(
+            f"{e} {100 * v['requests']:.0f}% of requests / {100 * v['prompt_tokens']:.0f}% of prompt tokens"
+            for e, v in r.engine_shares.items()
+        )
         for r in results
     ]
     sources = {r.fetched_source for r in results if r.fetched_source}
     foot = f"\nfetched tokens from: {', '.join(sorted(sources))}\n" if sources else ""
-    return head + "\n".join(rows) + "\n" + foot
+    return (
+        head
+        + "\n".join(rows)
+        + "\n"
+        + ratio_head
+        + "\n".join(ratio_rows)
+        + "\n\nEngine shares:\n\n"
+        + "\n".join(share_rows)
+        + "\n"
+        + foot
+    )
 
 
 def _save(fig, ax, ylabel: str, title: str, path: Path) -> Path:
@@ -274,17 +353,29 @@ def plot(results: list[ConfigResult], out: Path, stem: str) -> list[Path]:
     tokens = _save(fig, ax, "prompt tokens", "Where prompt tokens came from", out / f"{stem}_tokens.png")
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = range(len(results))
-    ax.bar([x - 0.2 for x in xs], [1000 * r.ttft_p50_s for r in results], 0.4, label="p50")
-    ax.bar([x + 0.2 for x in xs], [1000 * r.ttft_p95_s for r in results], 0.4, label="p95")
+    for offset, label, attr in ((-0.27, "mean", "ttft_mean_s"), (0, "p50", "ttft_p50_s"), (0.27, "p95", "ttft_p95_s")):
+        ax.bar([x + offset for x in xs], [1000 * getattr(r, attr) for r in results], 0.27, label=label)
     ax.set_xticks(list(xs), names)
     ttft = _save(fig, ax, "TTFT (ms, through the router)", "Time to first token", out / f"{stem}_ttft.png")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([x - 0.2 for x in xs], [r.latency_mean_s for r in results], 0.4, label="mean")
+    ax.bar([x + 0.2 for x in xs], [r.latency_p95_s for r in results], 0.4, label="p95")
+    ax.set_xticks(list(xs), names)
+    latency = _save(fig, ax, "seconds", "End-to-end latency through the router", out / f"{stem}_latency.png")
     plt.close("all")
-    return [tokens, ttft]
+    return [tokens, ttft, latency]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny model, short trace")
+    p.add_argument("--quick", action="store_true", help="tiny model, short workload")
+    p.add_argument("--scenario", choices=("rag", "chat"), default="rag", help="RAG trace or multi-round chat")
+    p.add_argument("--users", type=int, default=16, help="chat: users")
+    p.add_argument("--rounds", type=int, default=4, help="chat: questions per user")
+    p.add_argument("--system-tokens", type=int, default=400, help="chat: shared system prompt, about")
+    p.add_argument("--history-tokens", type=int, default=600, help="chat: each user's history, about")
+    p.add_argument("--answer-tokens", type=int, default=32, help="chat: tokens per answer")
+    p.add_argument("--join-interval", type=float, default=2.0, help="chat: seconds between users joining")
     p.add_argument("--model", default=None, help="default: smollm2-135m (quick: the tiny test model)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--engines", type=int, default=3)
@@ -324,12 +415,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     docs = load_corpus()
-    trace = make_trace(docs, args.requests, args.zipf, args.questions_per_doc, args.seed)
+    if args.scenario == "chat":
+        users = make_users(docs, args.users, args.rounds, args.history_tokens, args.join_interval, args.seed)
+        trace = (system_prompt(docs, args.system_tokens, args.seed), users)
+    else:
+        trace = make_trace(docs, args.requests, args.zipf, args.questions_per_doc, args.seed)
     results = [run_config(name, args, docs, trace) for name in args.configs]
     add_ratios(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "rag_cluster" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
+    scenario = "-chat" if args.scenario == "chat" else ""
+    stem = "rag_cluster" + scenario + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     (out / f"{stem}.md").write_text(markdown(results, args))
     meta = {k: v for k, v in vars(args).items() if k != "out"}
     (out / f"{stem}.json").write_text(json.dumps({"args": meta, "results": [asdict(r) for r in results]}, indent=2))
