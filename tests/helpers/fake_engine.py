@@ -1,10 +1,12 @@
-"""A small OpenAI-compatible server for router tests, run as a real process on loopback.
+"""A fault-injection stand-in for an engine, run as a real process on loopback: only for what a real
+`ragserve engine` cannot do on demand. Routing, caching and discovery tests use real engines
+(tests/router/conftest.py).
 
-Stands in for "any OpenAI-compatible server" (a static engine) and, with --router, for an
-engine speaking the registry protocol: it tokenizes and hashes prompts with the shared
-code, keeps the hashes as its "prefix cache", reports `cached_tokens` in usage, heartbeats
-its load and streams KV events. It generates no real text (the router never reads it).
-Knobs for failure tests: --fail-status, /control/* endpoints (hold streams, count aborts).
+Faults: --fail-status (every completion answers that status, --fail-scope sets its error scope),
+--prefill-delay (slow prefills), /control/hold and /control/release (streams stop after their first
+chunk until released; a client that leaves is counted in /control/stats "aborted"). With --router it
+registers and heartbeats, so it can be a registered engine that dies or stalls; it has no prefix cache
+(cached_tokens is always 0) and sends no KV events. It generates no text: every answer is "ok ok".
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ragserve.keys import KEY_SCHEME, block_hashes, probe_hashes, root_hash
+from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.tokenizer import PromptTokenizer
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 
@@ -28,15 +30,11 @@ class Engine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.tok = PromptTokenizer.from_dir(args.model_dir)
-        self.root = root_hash(args.model_id)
-        self.cache: dict[bytes, None] = {}  # insertion-ordered: LRU by re-insertion
-        self.events: list[registry_pb2.KVEvent] = []
         self.running = 0
         self.served = 0
         self.aborted = 0
         self.release = asyncio.Event()
         self.release.set()
-        self.new_events = asyncio.Event()
         self.compute = asyncio.Lock()
 
     def prompt_tokens(self, body: dict, chat: bool) -> list[int]:
@@ -44,40 +42,6 @@ class Engine:
             return self.tok.encode_chat(body["messages"])
         prompt = body["prompt"]
         return prompt if isinstance(prompt, list) else self.tok.encode(prompt)
-
-    def prefill(self, tokens: list[int], salt: str | None) -> int:
-        """Cached tokens of this prompt; then its blocks are cached (and announced)."""
-        bs = self.args.block_size
-        hashes = block_hashes(tokens, bs, self.root, cache_salt=salt)
-        hits = 0
-        for h in hashes:
-            if h not in self.cache:
-                break
-            hits += 1
-        new = [h for h in hashes if h not in self.cache]
-        for h in hashes:
-            self.cache.pop(h, None)
-            self.cache[h] = None
-        evicted = []
-        while len(self.cache) > self.args.num_blocks:
-            evicted.append(next(iter(self.cache)))
-            del self.cache[evicted[-1]]
-        if new:
-            self._event(stored=registry_pb2.BlocksStored(block_hashes=new))
-        if evicted:
-            self._event(removed=registry_pb2.BlocksRemoved(block_hashes=evicted))
-        return min(hits * bs, (len(tokens) - 1) // bs * bs)
-
-    def _event(self, **kind) -> None:
-        self.events.append(registry_pb2.KVEvent(seq=len(self.events) + 1, **kind))
-        self.new_events.set()
-
-    def snapshot(self) -> None:
-        """The router lost our events: renumber from 1 with a full snapshot."""
-        self.events = []
-        self._event(cleared=registry_pb2.AllBlocksCleared())
-        if self.cache:
-            self._event(stored=registry_pb2.BlocksStored(block_hashes=list(self.cache)))
 
 
 def build_app(engine: Engine) -> FastAPI:
@@ -96,14 +60,13 @@ def build_app(engine: Engine) -> FastAPI:
         except (KeyError, TypeError, ValueError) as exc:
             error = {"message": f"bad request: {exc!r}", "type": "invalid_request_error", "param": None, "code": None}
             return JSONResponse({"error": error}, status_code=400)
-        cached = engine.prefill(tokens, body.get("cache_salt"))
         async with engine.compute:  # one prefill at a time, like an accelerator busy with a batch
-            await asyncio.sleep(args.prefill_delay * (len(tokens) - cached) / args.block_size)
+            await asyncio.sleep(args.prefill_delay * len(tokens) / args.block_size)
         usage = {
             "prompt_tokens": len(tokens),
             "completion_tokens": 2,
             "total_tokens": len(tokens) + 2,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": {"cached_tokens": 0},
         }
         obj = "chat.completion" if chat else "text_completion"
         created = int(time.time())
@@ -177,7 +140,7 @@ def build_app(engine: Engine) -> FastAPI:
         return PlainTextResponse(
             f'vllm:num_requests_running{{model_name="{name}"}} {engine.running}\n'
             f'vllm:num_requests_waiting{{model_name="{name}"}} 0\n'
-            f'vllm:kv_cache_usage_perc{{model_name="{name}"}} {len(engine.cache) / args.num_blocks}\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{name}"}} 0\n'
         )
 
     @app.post("/control/hold")
@@ -196,7 +159,6 @@ def build_app(engine: Engine) -> FastAPI:
             "served": engine.served,
             "aborted": engine.aborted,
             "running": engine.running,
-            "cached_blocks": len(engine.cache),
         }
 
     return app
@@ -225,47 +187,25 @@ def register_request(engine: Engine) -> registry_pb2.RegisterRequest:
 
 
 async def cluster_duties(engine: Engine) -> None:
-    """Register, heartbeat and stream KV events; re-register whenever the router forgets us."""
+    """Register and heartbeat; re-register whenever the router forgets us."""
     async with grpc.aio.insecure_channel(engine.args.router) as channel:
         stub = registry_pb2_grpc.RegistryStub(channel)
         while True:
             try:
                 resp = await stub.Register(register_request(engine))
-                if resp.resume_from_seq == 0 or resp.resume_from_seq > len(engine.events):
-                    engine.snapshot()
-                sender = asyncio.create_task(send_events(engine, stub, resp.resume_from_seq))
-                try:
-                    await heartbeats(engine, stub, resp.heartbeat_interval_ms / 1000, sender)
-                finally:
-                    sender.cancel()
+                await heartbeats(engine, stub, resp.heartbeat_interval_ms / 1000)
             except grpc.aio.AioRpcError as exc:
                 print(f"fake engine: registry error {exc.code()}: {exc.details()}", flush=True)
                 await asyncio.sleep(0.5)
 
 
-async def heartbeats(engine: Engine, stub, interval: float, sender: asyncio.Task) -> None:
-    while not sender.done():
-        load = registry_pb2.Load(num_running=engine.running, kv_usage=len(engine.cache) / engine.args.num_blocks)
+async def heartbeats(engine: Engine, stub, interval: float) -> None:
+    while True:
+        load = registry_pb2.Load(num_running=engine.running, kv_usage=0.0)
         resp = await stub.Heartbeat(registry_pb2.HeartbeatRequest(engine_id=engine.args.engine_id, load=load))
         if not resp.known:
             return
         await asyncio.sleep(interval)
-
-
-async def send_events(engine: Engine, stub, acked: int) -> None:
-    async def batches():
-        nonlocal sent
-        while True:
-            if sent < len(engine.events):
-                batch = engine.events[sent:]
-                sent = len(engine.events)
-                yield registry_pb2.KVEventBatch(engine_id=engine.args.engine_id, events=batch)
-            engine.new_events.clear()
-            await engine.new_events.wait()
-
-    sent = acked
-    async for _ack in stub.StreamKVEvents(batches()):
-        pass
 
 
 async def main() -> None:
@@ -279,7 +219,7 @@ async def main() -> None:
     p.add_argument("--num-blocks", type=int, default=4096)
     p.add_argument("--key-scheme", default=KEY_SCHEME)
     p.add_argument("--router", default=None, help="registry HOST:PORT")
-    p.add_argument("--prefill-delay", type=float, default=0.0, help="seconds per uncached block")
+    p.add_argument("--prefill-delay", type=float, default=0.0, help="seconds per prompt block (slow prefill)")
     p.add_argument("--fail-status", type=int, default=0)
     p.add_argument("--fail-scope", default="", help="x-ragserve-error-scope of the injected failures")
     args = p.parse_args()

@@ -1,6 +1,11 @@
-"""Router test fixtures: real router, fake-engine and redis-server processes on loopback ports.
+"""Router test fixtures: real router, `ragserve engine` and redis-server processes on loopback ports.
 
-Every process binds 127.0.0.1 on a free port and is stopped by the fixture that started it.
+Routing, shared-state, gateway, SDK and discovery tests run on real engines (the tiny llama model):
+`fleet` is one kv_aware router with three registered engines for the whole session (tests use their own
+documents, so they do not share cached prefixes); `Cluster.real_engines` starts more. The stand-in
+`Cluster.engine` (tests/helpers/fake_engine.py) is only for faults a real engine cannot produce on demand:
+5xx answers, held, slow or cut streams. Every process binds 127.0.0.1 on a free port and is stopped by
+the fixture that started it.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Cluster:
         return proc
 
     def engine(self, engine_id: str, *flags: str, router: Server | None = None, port: int | None = None) -> Server:
+        """The fault-injection stand-in (--fail-status, /control/hold); not for routing outcomes."""
         port = port or free_port()
         argv = [sys.executable, str(FAKE_ENGINE), "--port", str(port), "--engine-id", engine_id]
         argv += ["--model-dir", str(self.model_dir), *flags]
@@ -76,15 +82,19 @@ class Cluster:
         self.wait_http(proc)
         return proc
 
-    def real_engines(self, router: Server, count: int, *flags: str, ports: list[int] | None = None) -> list[Server]:
-        """Real `ragserve engine` processes on the tiny test model, registered with the router."""
+    def real_engines(
+        self, router: Server | None, count: int, *flags: str, ports: list[int] | None = None, ids: list[str] = ()
+    ) -> list[Server]:
+        """Real `ragserve engine` processes on the tiny test model, registered with the router (if any)."""
         procs = []
         for i in range(count):
             port = ports[i] if ports else free_port()
             argv = [sys.executable, "-m", "ragserve.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--model", str(self.model_dir), "--served-model-name", "tiny", "--router", router.grpc]
-            argv += ["--advertise-url", f"http://127.0.0.1:{port}", "--device", "cpu", *flags]
-            procs.append(self._spawn(f"engine-{port}", argv, port))
+            argv += ["--model", str(self.model_dir), "--served-model-name", "tiny", "--device", "cpu"]
+            if router is not None:
+                argv += ["--router", router.grpc, "--advertise-url", f"http://127.0.0.1:{port}"]
+            argv += ["--engine-id", ids[i]] if ids else []
+            procs.append(self._spawn(ids[i] if ids else f"engine-{port}", [*argv, *flags], port))
         for proc in procs:
             self.wait_http(proc, timeout=300)
         return procs
@@ -117,6 +127,30 @@ def cluster(tmp_path, model_dir):
 def module_cluster(tmp_path_factory, model_dir):
     c = Cluster(tmp_path_factory.mktemp("cluster"), model_dir)
     yield c
+    c.stop_all()
+
+
+@dataclass
+class Fleet:
+    """A kv_aware router (policy header allowed) and the real engines registered with it."""
+
+    cluster: Cluster
+    router: Server
+    engines: list[Server]
+
+
+def registered(router: Server) -> int:
+    return httpx.get(router.url + "/ready", timeout=5).json()["engines"]
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory, model_dir):
+    c = Cluster(tmp_path_factory.mktemp("fleet"), model_dir)
+    router = c.router("--heartbeat-interval-ms", "300", "--allow-policy-header", name="fleet-router")
+    engines = c.real_engines(router, 3, "--num-gpu-blocks", "1024", "--max-model-len", "4096",
+                             ids=[f"fleet-{i}" for i in range(3)])  # fmt: skip
+    process.until(lambda: registered(router) == 3, timeout=60, what="three engines registered")
+    yield Fleet(c, router, engines)
     c.stop_all()
 
 

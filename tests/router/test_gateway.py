@@ -1,4 +1,7 @@
-"""The HTTP gateway: auth, limits, error shapes, models, headers, streaming pass-through."""
+"""The HTTP gateway in front of real engines: auth, limits, error shapes, models, headers, pass-through.
+
+Streams the tests must hold mid-way (relay chunk by chunk, client disconnect, concurrency) come from the
+fault-injection stand-in serving the model "held": a real engine cannot pause a stream on demand."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import threading
 
 import httpx
 import pytest
+
+from tests.helpers import process
 
 KEY, SLOW_KEY = "sk-test-0123456789", "sk-slow-abcdef"
 
@@ -23,15 +28,16 @@ def assert_openai_error(resp: httpx.Response, status: int, code: str | None = No
 
 
 @pytest.fixture(scope="module")
-def gw(module_cluster):
-    """Two static engines serving different models behind a router with keys and limits."""
+def gw(fleet, module_cluster):
+    """Real engines serving "tiny" and "other", a held-stream stand-in serving "held"; keys and limits."""
     keys = module_cluster.tmp / "keys.txt"
     keys.write_text(f"# test keys\n{KEY} name=main\n{SLOW_KEY} name=slow rps=0.01 burst=1\n")
-    tiny = module_cluster.engine("eng-tiny")
-    other = module_cluster.engine("eng-other", "--served-model-name", "other")
+    tiny = fleet.engines[0]
+    [other] = module_cluster.real_engines(None, 1, "--served-model-name", "other")
+    held = module_cluster.engine("eng-held", "--served-model-name", "held")
     router = module_cluster.router(
         "--static-engines",
-        f"{tiny.url},{other.url}",
+        f"{tiny.url},{other.url},{held.url}",
         "--api-keys-file",
         str(keys),
         "--max-body-bytes",
@@ -40,7 +46,8 @@ def gw(module_cluster):
         "--probe-interval",
         "0.5",
     )
-    return router, tiny, other
+    process.until(lambda: httpx.get(router.url + "/ready").json()["healthy_engines"] == 3, what="engines probed")
+    return router, tiny, other, held
 
 
 def post(router, body, key=KEY, path="/v1/chat/completions", **kw) -> httpx.Response:
@@ -55,18 +62,20 @@ def chat(model="tiny", text="hello", **extra) -> dict:
 
 
 def stream_chat(router):
-    """A streamed chat completion through the router (a context manager yielding the response)."""
+    """A streamed chat completion of the held stand-in through the router (a context manager)."""
     url, headers = router.url + "/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
-    return httpx.stream("POST", url, json=chat(stream=True), headers=headers, timeout=30)
+    return httpx.stream("POST", url, json=chat("held", stream=True), headers=headers, timeout=30)
 
 
 def test_models_is_the_union_and_requests_go_to_engines_serving_the_model(gw):
-    router, tiny, other = gw
+    router, *_ = gw
     listed = httpx.get(router.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
-    assert sorted(m["id"] for m in listed["data"]) == ["other", "tiny"]
+    assert sorted(m["id"] for m in listed["data"]) == ["held", "other", "tiny"]
     for _ in range(3):
-        assert post(router, chat("other")).headers["x-ragserve-engine"] == "static-1"
-        assert post(router, chat("tiny")).headers["x-ragserve-engine"] == "static-0"
+        other = post(router, chat("other"))
+        assert other.headers["x-ragserve-engine"] == "static-1" and other.json()["model"] == "other"
+        tiny = post(router, chat("tiny"))
+        assert tiny.headers["x-ragserve-engine"] == "static-0" and tiny.json()["usage"]["completion_tokens"] == 2
 
 
 def test_request_id_is_returned_or_generated(gw):
@@ -141,48 +150,51 @@ def test_unknown_policy_header_is_400(gw):
 
 
 def test_engine_errors_pass_through_unchanged(gw):
-    router, *_ = gw
-    # the engine itself refuses (4xx): the router relays its answer and does not retry elsewhere
-    resp = post(router, {"model": "tiny", "prompt": "x"}, path="/v1/chat/completions")
-    assert resp.status_code == 400 and "bad request: KeyError('messages')" in resp.json()["error"]["message"]
+    router, tiny, *_ = gw
+    # the engine itself refuses (4xx): the router relays its answer as it is and does not retry elsewhere
+    body = chat(top_p=0.0)  # only the engine validates sampling parameters
+    direct = httpx.post(tiny.url + "/v1/chat/completions", json=body, timeout=30)
+    resp = post(router, body, path="/v1/chat/completions")
+    assert resp.status_code == direct.status_code == 400 and "top_p" in resp.json()["error"]["message"]
+    assert resp.json() == direct.json()
     assert resp.headers["x-ragserve-engine"] == "static-0"
-    assert httpx.get(router.url + "/ready").json()["healthy_engines"] == 2
+    assert httpx.get(router.url + "/ready").json()["healthy_engines"] == 3
 
 
 def test_sse_is_relayed_chunk_by_chunk(gw):
     """The engine holds its stream after the first chunk: the client must already have it."""
-    router, tiny, _ = gw
-    httpx.post(tiny.url + "/control/hold")
+    router, *_, held = gw
+    httpx.post(held.url + "/control/hold")
     try:
         with stream_chat(router) as resp:
             assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
             lines = resp.iter_lines()
             first = next(line for line in lines if line)
             assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["content"] == "ok"
-            httpx.post(tiny.url + "/control/release")
+            httpx.post(held.url + "/control/release")
             rest = [line for line in lines if line]
         assert rest[-1] == "data: [DONE]"
     finally:
-        httpx.post(tiny.url + "/control/release")
+        httpx.post(held.url + "/control/release")
 
 
 def test_client_disconnect_cancels_the_upstream_stream(gw, until):
-    router, tiny, _ = gw
-    aborted = httpx.get(tiny.url + "/control/stats").json()["aborted"]
-    httpx.post(tiny.url + "/control/hold")
+    router, *_, held = gw
+    aborted = httpx.get(held.url + "/control/stats").json()["aborted"]
+    httpx.post(held.url + "/control/hold")
     try:
         with stream_chat(router) as resp:
             next(line for line in resp.iter_lines() if line)
         # the client hung up mid-stream; the router must close the engine's stream too
-        until(lambda: httpx.get(tiny.url + "/control/stats").json()["aborted"] > aborted, message="upstream abort")
+        until(lambda: httpx.get(held.url + "/control/stats").json()["aborted"] > aborted, message="upstream abort")
     finally:
-        httpx.post(tiny.url + "/control/release")
+        httpx.post(held.url + "/control/release")
 
 
 def test_concurrent_streams_are_not_serialized(gw):
     """Two held streams both deliver their first chunk: the router does not wait for one to finish."""
-    router, tiny, _ = gw
-    httpx.post(tiny.url + "/control/hold")
+    router, *_, held = gw
+    httpx.post(held.url + "/control/hold")
     firsts: list[str] = []
 
     def one():
@@ -195,12 +207,8 @@ def test_concurrent_streams_are_not_serialized(gw):
     try:
         for t in threads:
             t.start()
-        deadline = 200
-        while len(firsts) < 2 and deadline:
-            threading.Event().wait(0.05)
-            deadline -= 1
-        assert len(firsts) == 2
+        process.until(lambda: len(firsts) == 2, timeout=10, what="both first chunks")
     finally:
-        httpx.post(tiny.url + "/control/release")
+        httpx.post(held.url + "/control/release")
         for t in threads:
             t.join(30)

@@ -1,14 +1,14 @@
-"""Kubernetes pod discovery against kmock, an in-memory Kubernetes API server on loopback."""
+"""Kubernetes pod discovery against kmock, an in-memory Kubernetes API server on loopback; the pods are
+real engines."""
 
 from __future__ import annotations
-
-import asyncio
 
 import httpx
 import kmock
 import pytest
 
 from ragserve_router.k8s import matches, parse_selector, pod_engine
+from tests.helpers.process import until_async
 
 NS = "ragserve"
 
@@ -52,19 +52,10 @@ def test_only_running_ready_pods_are_engines():
     assert pod_engine(v6, 8000).url == "http://[fd00::5]:8000"
 
 
-async def wait_for(predicate, timeout: float = 30):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("timed out")
-
-
 @pytest.mark.asyncio
-async def test_router_follows_ready_pods(kmock: kmock.KubernetesEmulator, cluster, tmp_path):
+async def test_router_follows_ready_pods(kmock: kmock.KubernetesEmulator, cluster, fleet, tmp_path):
     kmock.resources["v1/pods"] = {}
-    e0, e1 = cluster.engine("pod-engine-0"), cluster.engine("pod-engine-1")
+    e0, e1 = fleet.engines[:2]
     api = httpx.AsyncClient(base_url=str(kmock.url))
     await api.post(f"/api/v1/namespaces/{NS}/pods", json=pod("engine-0", e0.port))
     await api.post(f"/api/v1/namespaces/{NS}/pods", json=pod("engine-1", e1.port, ready=False))
@@ -87,7 +78,7 @@ async def test_router_follows_ready_pods(kmock: kmock.KubernetesEmulator, cluste
         wait=False,
     )
     client = httpx.AsyncClient(base_url=router.url, timeout=30)
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
     async def status():
         try:
@@ -96,19 +87,21 @@ async def test_router_follows_ready_pods(kmock: kmock.KubernetesEmulator, cluste
             return {}
 
     async def served_by(n: int) -> set[str]:
-        return {(await client.post("/v1/chat/completions", json=body)).headers["x-ragserve-engine"] for _ in range(n)}
+        resps = [await client.post("/v1/chat/completions", json=body) for _ in range(n)]
+        assert all(r.json()["usage"]["completion_tokens"] == 2 for r in resps)  # real generations
+        return {r.headers["x-ragserve-engine"] for r in resps}
 
     try:
-        await wait_for(lambda: _eq(status(), engines=1, healthy_engines=1))
+        await until_async(lambda: _eq(status(), engines=1, healthy_engines=1), what="one ready pod")
         assert await served_by(4) == {"engine-0"}
         await api.patch(
             f"/api/v1/namespaces/{NS}/pods/engine-1",
             json={"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
         )
-        await wait_for(lambda: _eq(status(), engines=2, healthy_engines=2))
+        await until_async(lambda: _eq(status(), engines=2, healthy_engines=2), what="both pods")
         assert await served_by(4) == {"engine-0", "engine-1"}
         await api.delete(f"/api/v1/namespaces/{NS}/pods/engine-0")
-        await wait_for(lambda: _eq(status(), engines=1))
+        await until_async(lambda: _eq(status(), engines=1), what="deleted pod gone")
         assert await served_by(4) == {"engine-1"}
     finally:
         await client.aclose()

@@ -1,27 +1,23 @@
-"""The unmodified `openai` SDK against the router (chat, completions, streaming, models, errors)."""
+"""The unmodified `openai` SDK against the router and real engines (chat, completions, streaming, models, errors)."""
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
+
+from tests.helpers import process
 
 KEY = "sk-sdk-test"
 
 
 @pytest.fixture(scope="module")
-def client(module_cluster):
+def client(fleet, module_cluster):
     keys = module_cluster.tmp / "sdk-keys.txt"
     keys.write_text(KEY + "\n")
-    router = module_cluster.router("--heartbeat-interval-ms", "300", "--api-keys-file", str(keys))
-    for i in range(2):
-        module_cluster.engine(f"sdk-{i}", router=router)
-    sdk = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
-    for _ in range(100):
-        if [m.id for m in sdk.models.list()] == ["tiny"]:
-            break
-        time.sleep(0.1)
+    urls = ",".join(e.url for e in fleet.engines[:2])
+    router = module_cluster.router("--static-engines", urls, "--api-keys-file", str(keys), "--probe-interval", "0.5")
+    sdk = openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    process.until(lambda: [m.id for m in sdk.models.list()] == ["tiny"], what="engines probed")
     yield sdk, router
     sdk.close()
 
@@ -32,9 +28,10 @@ def test_models_and_chat(client):
     raw = sdk.chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=2
     )
-    assert raw.headers["x-ragserve-engine"] in {"sdk-0", "sdk-1"}
+    assert raw.headers["x-ragserve-engine"] in {"static-0", "static-1"}
     completion = raw.parse()
-    assert completion.choices[0].message.content and completion.usage.prompt_tokens > 0
+    assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 2
+    assert completion.usage.prompt_tokens > 0 and completion.model == "tiny"
 
 
 def test_streaming_chat_with_usage(client):
@@ -42,19 +39,21 @@ def test_streaming_chat_with_usage(client):
     stream = sdk.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Say hi"}],
-        max_tokens=2,
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
         stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text and chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
 def test_streaming_completions(client):
     sdk, _ = client
-    pieces = [c.choices[0].text for c in sdk.completions.create(model="tiny", prompt="Once", stream=True)]
-    assert "".join(pieces)
+    stream = sdk.completions.create(model="tiny", prompt="Once", max_tokens=4, stream=True)
+    pieces = [c.choices[0].text for c in stream]
+    assert "".join(pieces) and len(pieces) >= 2  # streamed piece by piece
 
 
 def test_sdk_raises_typed_errors(client):
