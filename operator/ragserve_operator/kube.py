@@ -102,6 +102,11 @@ class Kube:
         query = [("fieldManager", manager), ("force", "true" if force else "false")]
         return self._call("PATCH", path, body=obj, query=query, content=APPLY)
 
+    def create(self, obj: dict, manager: str = FIELD_MANAGER) -> dict:
+        """A plain create (an Update in managedFields: later applies by the same manager leave its fields be)."""
+        path = self.path(obj["kind"], obj["metadata"]["namespace"])
+        return self._call("POST", path, body=obj, query=[("fieldManager", manager)])
+
     def patch(
         self, kind: str, namespace: str, name: str, body: dict, sub: str | None = None, manager: str = FIELD_MANAGER
     ) -> dict:

@@ -12,8 +12,8 @@ from ragserve_operator.apply import Applied, Emit, NotOwnedError, apply_all, con
 from ragserve_operator.children import OWNED_KINDS, desired_children
 from ragserve_operator.kube import Kube, KubeError
 from ragserve_operator.names import Owner
-from ragserve_operator.pools import pool_status, replicas_of, scale, scale_to
-from ragserve_operator.spec import POOL_KIND, RAGServeSpec, SpecError, parse_spec
+from ragserve_operator.pools import settle_pools, size_pools
+from ragserve_operator.spec import RAGServeSpec, SpecError, parse_spec
 from ragserve_operator.status import WORKLOADS, component, degraded_status, healthy_status
 
 log = logging.getLogger(__name__)
@@ -48,27 +48,10 @@ def write_status(kube: Kube, owner: Owner, previous: dict, status: dict) -> None
 
 
 def apply_spec(kube: Kube, owner: Owner, spec: RAGServeSpec, emit: Emit) -> Applied:
-    """Pools first: a /scale write the spec asks for goes before the apply that records it (the declared
-    annotation), to a new pool right after its creation; every Deployment gets its pool's replicas."""
-    names = {pool.name: owner.child("engine", pool.name) for pool in spec.pools}
-    fetched = {(POOL_KIND, name): kube.get(POOL_KIND, owner.namespace, name) for name in names.values()}
-    replicas = {}
-    for pool in spec.pools:
-        key = (POOL_KIND, names[pool.name])
-        write = scale_to(spec, pool, fetched[key])  # never None for a pool without replicas yet
-        if write is not None and fetched[key] is not None and owner.owns(fetched[key]):
-            fetched[key] = scale(kube, owner, names[pool.name], write)
-        replicas[pool.name] = replicas_of(fetched[key]) if write is None else write
+    fetched, replicas = size_pools(kube, owner, spec)
     desired = desired_children(owner, spec, replicas)
     applied = apply_all(kube, owner, desired, emit, fetched)
-    for pool in spec.pools:
-        name = names[pool.name]
-        live = applied.live[(POOL_KIND, name)]
-        if replicas_of(live) is None:
-            live = scale(kube, owner, name, replicas[pool.name])
-        status = pool_status(owner, pool, applied.live[("Deployment", name)])
-        if not contains(live.get("status") or {}, status):
-            kube.patch(POOL_KIND, owner.namespace, name, {"status": status}, sub="status")
+    settle_pools(kube, owner, spec, applied.live)
     prune(kube, owner, desired, OWNED_KINDS, emit)
     return applied
 

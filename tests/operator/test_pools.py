@@ -104,6 +104,7 @@ async def test_hpa_mode_targets_the_pool_and_owns_its_replicas(kube, operator, e
     await kube.call("POST", BASE, ragserve("auto", spec))
     await eventually(lambda: kube.obj(HPAS, "auto-engine-a"), what="the operator's HPA")
     await eventually(lambda: replicas(kube, DEPLOYMENTS, "auto-engine-a") == 1, what="minReplicas to start")
+    await eventually(lambda: (kube.obj(POOLS, "auto-engine-a").get("status") or {}).get("selector"), what="status")
     writes = operator_scale_writes(kube)
     scale = await hpa_controller(kube, "auto-engine-a", to=3)
     assert scale["status"]["selector"] == SELECTOR.format(name="auto")
