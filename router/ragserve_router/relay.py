@@ -40,7 +40,7 @@ class Relay:
         self.proxy, self.r, self.engine, self.resp = proxy, r, engine, resp
         self.plan = r.plan
         self.tokens: list[int] = []  # output token ids streamed so far (a resume continues after them)
-        self.first: dict = {}  # id and created of the first segment: resumed chunks carry them too
+        self.first: dict = {}  # id, object, created, model of the first segment: resumed chunks carry them too
         self.prior = 0  # completion tokens of earlier segments, added to the usage of the last one
         self.tried = {engine.engine_id}
         self.migrations = 0
@@ -120,7 +120,7 @@ class Relay:
         """Collect token ids, hide what the client did not ask for, join resumed segments; None: drop it."""
         changed = False
         if not self.first:
-            self.first = {"id": obj.get("id"), "created": obj.get("created")}
+            self.first = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
         elif self.migrations:
             obj.update(self.first)
             changed = True
@@ -163,8 +163,10 @@ class Relay:
         if reason:
             return self._fail(reason)
         body = self.plan.resumed_body(self.tokens)
-        if body is None:  # the engine died right after the last token of the budget
-            return self._fail("budget_spent")
+        if body is None:  # the engine died right after the last token of the budget: only the end was lost
+            self.proxy.metrics.migrations.labels("completed").inc()
+            end = {"delta": {}} if self.plan.chat else {"text": ""}
+            return sse({**self.first, "choices": [{"index": 0, **end, "finish_reason": "length"}]}) + DONE_EVENT
         engines = self.proxy.fallbacks(self.r, self.tried, only_registered=True)
         if not engines:
             return self._fail("no_engine")

@@ -2,9 +2,10 @@
 
 A resumable stream is sent upstream with `return_token_ids` (the engine then streams each chunk's
 token ids); when its engine dies, the same request goes to another engine with `resume_token_ids`
-(the tokens already streamed) and what is left of `max_tokens`/`min_tokens`. Only ragserve engines
-(registered over gRPC) understand `resume_token_ids`, and only a reproducible generation (greedy, or
-seeded) of one choice can continue without a seam.
+(the tokens already streamed) and what is left of `max_tokens` (the engine itself counts them toward
+`min_tokens`, penalties and stop strings). Only ragserve engines (registered over gRPC) understand
+`resume_token_ids`, and only a reproducible generation (greedy, or seeded) of one choice can continue
+without a seam.
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ class ResumePlan:
             if budget - len(token_ids) <= 0:
                 return None
             body[key] = budget - len(token_ids)
-        if isinstance(body.get("min_tokens"), int):
-            body["min_tokens"] = max(0, body["min_tokens"] - len(token_ids))
         if not self.chat:
             body["echo"] = False  # the prompt was echoed by the first engine
         return json.dumps(body).encode()
