@@ -1,0 +1,85 @@
+"""kv_aware's cost model on real engines and a real cachestore: a hot shared prefix held by one engine and
+by the store no longer pins every request to that engine; the other fetches it and serves too, and the
+router's /metrics shows predicted vs actual TTFT and the fetched/computed split per engine."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from ragserve_cachestore.client import CacheStoreClient
+from tests.helpers.cachestore import LAYOUT, CacheStoreProcess
+from tests.helpers.net import free_port
+
+pytestmark = pytest.mark.slow  # a router, two model-loading engines and a cachestore
+
+HOT = " ".join(f"Shared handbook rule {i}: keep answers short and cite rule {i * 3 % 17}." for i in range(90))
+BURST = 8
+
+
+def chat(question: str, **extra) -> dict:
+    messages = [{"role": "system", "content": HOT}, {"role": "user", "content": question}]
+    return {"model": "tiny", "messages": messages, "max_tokens": 48, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def engine_metric(url: str, name: str) -> float:
+    lines = httpx.get(url + "/metrics", timeout=5).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+
+
+def stored_blocks(address: str) -> int:
+    with CacheStoreClient(address, LAYOUT) as client:
+        stats = client.stats()[address]
+    return sum(t.blocks for t in stats.tiers) if stats else 0
+
+
+def test_hot_prefix_is_fetched_by_the_other_engine_instead_of_pinning_one(cluster, metrics, until, tmp_path):
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB").wait_serving()
+    try:
+        router = cluster.router("--heartbeat-interval-ms", "200")
+        flags = ["--num-gpu-blocks", "512", "--max-model-len", "4096", "--cachestore", store.address]
+        engines = cluster.real_engines(router, 2, *flags, ids=["hot-0", "hot-1"])
+        until(lambda: httpx.get(router.url + "/ready", timeout=5).json()["engines"] == 2, timeout=60)
+        first = httpx.post(router.url + "/v1/chat/completions", json=chat("warm up"), timeout=120)
+        assert first.status_code == 200, first.text
+        home = first.headers["x-ragserve-engine"]
+        prompt_blocks = first.json()["usage"]["prompt_tokens"] // 16
+        until(lambda: stored_blocks(store.address) >= prompt_blocks, timeout=30, message="prefix offloaded")
+
+        used: list[str] = []
+        barrier = threading.Barrier(BURST)
+
+        def one(i: int) -> None:
+            body = chat(f"hot question {i}?", stream=True)
+            barrier.wait()
+            with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=300) as resp:
+                assert resp.status_code == 200
+                used.append(resp.headers["x-ragserve-engine"])
+                resp.read()
+
+        with ThreadPoolExecutor(BURST) as pool:
+            list(pool.map(one, range(BURST)))
+        other = next(e for e in engines if e.name != home)
+        assert set(used) == {"hot-0", "hot-1"} and min(used.count(e) for e in set(used)) >= 2, used
+        home_url = next(e.url for e in engines if e.name == home)
+        assert engine_metric(home_url, "ragserve:prefill_tokens_per_second") > 0  # measured, for the cost model
+        # the other engine fetched the hot prefix from the store rather than computing it
+        assert engine_metric(other.url, "vllm:external_prefix_cache_hits_total") >= 16 * (prompt_blocks - 2)
+
+        samples = metrics.scrape(router.url)
+
+        def series(name: str, **labels) -> float:
+            return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+        for engine in ("hot-0", "hot-1"):
+            assert series("ragserve_router_predicted_ttft_seconds_count", engine=engine) >= 1
+            assert series("ragserve_router_engine_ttft_seconds_count", engine=engine) >= 1
+        fetched = sum(series("ragserve_router_predicted_prompt_tokens_total", engine=e, source="fetched") for e in used)
+        assert fetched >= 16 * (prompt_blocks - 2)
+        reported = "ragserve_router_engine_prompt_tokens"  # the engines' own count, from their heartbeats
+        until(lambda: metrics(router.url, reported, engine=other.name, source="fetched") > 0, message=reported)
+    finally:
+        store.stop()
