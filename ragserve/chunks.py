@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ragserve.keys import chunk_key
 from ragserve.tokenizer import PromptTokenizer
 
 CHUNK_FIELD = "ragserve_chunk"
@@ -28,7 +29,15 @@ class ChunkedPrompt:
 
 
 def has_chunks(messages: list[dict]) -> bool:
-    return any(isinstance(p, dict) and p.get(CHUNK_FIELD) for m in messages for p in _parts(m))
+    """Whether any content part is a chunk; raises ValueError naming a marker that is not a boolean."""
+    found = False
+    for i, message in enumerate(messages):
+        for j, part in enumerate(_parts(message)):
+            marker = part.get(CHUNK_FIELD, False) if isinstance(part, dict) else False
+            if not isinstance(marker, bool):
+                raise ValueError(f"messages.{i}.content.{j}.{CHUNK_FIELD} must be true or false")
+            found = found or marker
+    return found
 
 
 def encode_chunked_chat(tokenizer: PromptTokenizer, messages: list[dict]) -> ChunkedPrompt:
@@ -55,6 +64,15 @@ def encode_chunked_chat(tokenizer: PromptTokenizer, messages: list[dict]) -> Chu
             spans.append((len(token_ids), len(token_ids) + len(ids)))
         token_ids += ids
     return ChunkedPrompt(token_ids, spans)
+
+
+def chunk_set_key(
+    tokenizer: PromptTokenizer, messages: list[dict], root: bytes, cache_salt: str | None = None
+) -> tuple[list[bytes], int]:
+    """The router's key for a chunked chat: its chunks' content keys, sorted (any order is the same set),
+    and the prompt's token count."""
+    prompt = encode_chunked_chat(tokenizer, messages)
+    return sorted({chunk_key(root, t, (), cache_salt) for t in prompt.chunk_tokens()}), len(prompt.token_ids)
 
 
 def _parts(message: dict) -> list:

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from ragserve.engine_args import EngineConfig
 from ragserve.tokenizer import PromptTokenizer
+from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheBlocks
@@ -57,9 +58,10 @@ class AsyncLLM:
         priority: int = 0,
         cache_salt: str | None = None,
         resume_token_ids: list[int] | None = None,
+        blend: BlendSpec | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
-        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt, resume_token_ids)
+        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt, resume_token_ids, blend)
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")

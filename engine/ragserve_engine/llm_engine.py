@@ -60,7 +60,10 @@ class LLMEngine:
             self.connector = CacheStoreConnector.from_config(config, self.layout.fingerprint(), self.runner.kv, self.kv)
         self.scheduler = Scheduler(config, self.kv, self.connector)
         root = root_hash(self.model_id)
-        self.blender = Blender(self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory)
+        store = self.connector.client if self.connector else None
+        self.blender = Blender(
+            self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory, cachestore=store
+        )
         self.load = LoadTracker(config.max_num_batched_tokens)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
@@ -94,7 +97,7 @@ class LLMEngine:
         """Tokenize and validate without touching engine state (safe from any thread).
 
         `resume_token_ids`: continue as if these output tokens had been generated already (migration);
-        they count for min_tokens, penalties and stop strings, not for max_tokens or the outputs.
+        penalties and stop strings see them; min_tokens, max_tokens and the outputs do not.
         """
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
@@ -255,7 +258,7 @@ class LLMEngine:
         rows = self._expand_forks(req, rows)
         sampling = []
         for seq, _ in rows:
-            short = len(seq.output_token_ids) < req.params.min_tokens
+            short = len(seq.output_token_ids) - req.num_resumed_tokens < req.params.min_tokens
             blocked = sorted(self.stop_criteria.eos_ids | set(req.params.stop_token_ids)) if short else []
             sampling.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
         results = self.sampler(torch.stack([logits for _, logits in rows]), sampling)

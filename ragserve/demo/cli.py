@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--model", default=None, help="model to ask (default: the first one /v1/models lists)")
     add_flag(parser, "--question", action="append", help="ask this instead of the built-in questions (repeatable)")
     add_flag(parser, "--top-k", type=positive_int, default=4, help="passages retrieved per question")
-    add_flag(parser, "--context", default="parent", choices=("parent", "passages"), help="what the model gets")
+    add_flag(
+        parser, "--context", default="parent", choices=("parent", "passages", "chunks"), help="what the model gets"
+    )
     add_flag(parser, "--corpus", default=None, help="directory of *.md documents (default: the shipped corpus)")
     add_flag(parser, "--max-tokens", type=positive_int, default=64, help="answer length limit")
     add_flag(parser, "--temperature", type=float, default=0.0, help="sampling temperature")

@@ -8,14 +8,24 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
+from ragserve.chunks import CHUNK_FIELD
+
 SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using only the context below. "
     "If the context does not contain the answer, say so. Be brief."
 )
 
 
-def rag_messages(title: str, context: str, question: str) -> list[dict]:
-    """The context goes first (system message), the question last: every question on a context shares its KV."""
+def rag_messages(title: str, context: str, question: str, chunks: list[str] = ()) -> list[dict]:
+    """The context goes first (system message), the question last: every question on a context shares its KV.
+
+    With `chunks`, each passage is a chunk content part of the user message instead (docs/blend.md)."""
+    if chunks:
+        parts = [{"type": "text", "text": f"Context ({title}):\n"}]
+        for text in chunks:
+            parts += [{"type": "text", "text": text, CHUNK_FIELD: True}, {"type": "text", "text": "\n\n"}]
+        parts.append({"type": "text", "text": question})
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
     system = f"{SYSTEM_PROMPT}\n\nContext ({title}):\n{context}"
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 

@@ -5,19 +5,21 @@ Context modes:
   passage is the context. Every question about one document then sends the same context, so
   its KV cache is computed once and reused (the point of ragserve).
 - `passages`: the top-k passages themselves, in corpus order (so the same set is the same prompt).
+- `chunks`: the top-k passages in rank order, each sent as a chunk (docs/blend.md): the engine reuses
+  each passage's KV wherever it appears, so any set and order of passages is cheap.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ragserve.demo.corpus import Document, Passage
 from ragserve.demo.embed import cached_encode
 
-CONTEXT_MODES = ("parent", "passages")
+CONTEXT_MODES = ("parent", "passages", "chunks")
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Context:
     passage_ids: list[str]
     title: str
     text: str
+    chunks: list[str] = field(default_factory=list)  # `chunks` mode: each passage apart
 
     @property
     def hash(self) -> str:
@@ -60,7 +63,10 @@ class Retriever:
         hits = self.search(question, k)
         if mode == "parent":
             return document_context(self.docs[hits[0][0].doc_id])
-        chosen = sorted((p for p, _ in hits), key=lambda p: self.passages.index(p))
+        chosen = [p for p, _ in hits]
+        if mode == "passages":
+            chosen.sort(key=lambda p: self.passages.index(p))
         doc_ids = list(dict.fromkeys(p.doc_id for p in chosen))
         title = "; ".join(self.docs[d].title for d in doc_ids)
-        return Context(doc_ids, [p.id for p in chosen], title, "\n\n".join(p.text for p in chosen))
+        chunks = [p.text for p in chosen] if mode == "chunks" else []
+        return Context(doc_ids, [p.id for p in chosen], title, "\n\n".join(p.text for p in chosen), chunks)

@@ -44,7 +44,7 @@ class DemoSession:
             context = retriever.context(question, self.args.top_k, self.args.context)
             body = {
                 "model": self.model,
-                "messages": rag_messages(context.title, context.text, question),
+                "messages": rag_messages(context.title, context.text, question, context.chunks),
                 "max_tokens": self.args.max_tokens,
                 "temperature": self.args.temperature,
             }

@@ -15,6 +15,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from ragserve.chunks import chunk_set_key, has_chunks
 from ragserve.keys import block_hashes, root_hash
 from ragserve.tokenizer import PromptTokenizer, normalize_messages
 from ragserve_router.engines import ModelSpec
@@ -65,13 +66,13 @@ def prompt_bytes(body: dict, chat: bool) -> bytes:
     if chat:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         parts = [f"{m.get('role', '')}\x1f{_message_text(m)}\x1e" for m in messages if isinstance(m, dict)]
-        return "".join(parts).encode()
+        return "".join(parts).encode("utf-8", "surrogatepass")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, list):
         return b"".join(struct.pack("<I", t & 0xFFFFFFFF) for t in prompt if isinstance(t, int))
-    return str(prompt or "").encode()
+    return str(prompt or "").encode("utf-8", "surrogatepass")
 
 
 def text_hashes(data: bytes, namespace: str, cache_salt: str | None = None) -> list[bytes]:
@@ -132,6 +133,9 @@ def token_key(
     tokenizer: PromptTokenizer, spec: ModelSpec, body: dict, chat: bool, salt: str | None
 ) -> RoutingKey | None:
     try:
+        if chat and isinstance(body.get("messages"), list) and has_chunks(body["messages"]):  # docs/blend.md
+            keys, num_tokens = chunk_set_key(tokenizer, body["messages"], root_hash(spec.model_id), salt)
+            return RoutingKey(keys, 0, num_tokens)  # the chunk set, not the prefix: approximate index
         tokens = prompt_tokens(tokenizer, body, chat)
     except (ValueError, TypeError, AttributeError) as exc:  # the engine will answer the client about it
         log.debug("cannot tokenize request for routing: %s", exc)

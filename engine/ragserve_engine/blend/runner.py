@@ -14,6 +14,7 @@ import torch
 
 from ragserve.keys import chunk_key
 from ragserve_engine.blend.forward import ReusePlan, blend_forward
+from ragserve_engine.blend.remote import RemoteChunks
 from ragserve_engine.blend.rope import rerotate
 from ragserve_engine.blend.spec import DEFAULT_CHECK_LAYER, BlendSpec
 from ragserve_engine.blend.store import ChunkStore
@@ -36,7 +37,9 @@ class Blender:
         store_bytes: int,
         canonical_prefix: list[int] = (),
         check_layer: int = DEFAULT_CHECK_LAYER,
+        cachestore=None,
     ) -> None:
+        """`cachestore`: a CacheStoreClient; chunks are then shared with every engine of the same layout."""
         self.runner = runner
         self.model = runner.model
         self.root = root
@@ -45,6 +48,7 @@ class Blender:
         self.canonical_prefix = list(canonical_prefix)
         self.check_layer = check_layer
         self.counters = BlendCounters()
+        self.remote = RemoteChunks(cachestore, runner.block_size) if cachestore is not None else None
 
     # ---- a step -------------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> ModelOutput:
@@ -104,12 +108,19 @@ class Blender:
 
     # ---- chunks -------------------------------------------------------------------------------
     def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> torch.Tensor:
-        """[num_layers, 2, n, kvh, d] of a chunk at the canonical position: from the store or computed now."""
+        """[num_layers, 2, n, kvh, d] of a chunk at the canonical position: from the store, the cachestore,
+        or computed now (and stored in both)."""
         key = chunk_key(self.root, token_ids, self.canonical_prefix, cache_salt)
         kv = self.store.get(key)
+        if kv is None and self.remote is not None:
+            kv = self.remote.get(key, len(token_ids), self.runner.dtype, self.runner.device)
+            if kv is not None:
+                self.store.put(key, kv)
         if kv is None:
             kv = self.compute_chunk(token_ids)
             self.store.put(key, kv)
+            if self.remote is not None:
+                self.remote.put(key, kv)
         return kv
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ragserve_engine.blend.api import usage_details
 from ragserve_engine.outputs import EngineError, RequestError, RequestOutput
 from ragserve_engine.server.errors import bad_request, failure, failure_event
 from ragserve_engine.server.generation import Generation
@@ -28,7 +29,7 @@ def usage(outputs: dict[int, RequestOutput]) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, **usage_details(outputs.values())},
     }
 
 
@@ -54,9 +55,11 @@ class OpenAIServing:
     def header(self, request_id: str, created: int) -> dict:
         return {"id": request_id, "object": self.object_name, "created": created, "model": self.server.model_name}
 
-    async def run(self, request: Request, req: SamplingRequest, prompts: list, params) -> Response:
+    async def run(self, request: Request, req: SamplingRequest, prompts: list, params, **extra) -> Response:
+        """`extra`: further generate() options (a chat's blend spec)."""
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         kw = {"priority": req.priority, "cache_salt": req.cache_salt, "resume_token_ids": req.resume_token_ids}
+        kw |= extra
         gen = Generation(self.server, prompts, params, request_id, **kw)
         created = int(time.time())
         try:

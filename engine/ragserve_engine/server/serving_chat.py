@@ -7,6 +7,7 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response
 
+from ragserve_engine.blend.api import chunked_chat
 from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
@@ -33,10 +34,17 @@ class ChatServing(OpenAIServing):
         try:
             size = sum(len(m.get("content") or "") for m in messages)
             encode = self.tokenizer.encode_chat
-            prompt = await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages)
+            blended = chunked_chat(self.tokenizer, [m.model_dump(exclude_unset=True) for m in req.messages], req)
+            if blended is None:  # no chunk parts
+                prompt, extra = (
+                    await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages),
+                    {},
+                )
+            else:
+                prompt, extra = blended
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
-        return await self.run(request, req, [prompt], params)
+        return await self.run(request, req, [prompt], params, **extra)
 
     def _logprobs(self, req: ChatCompletionRequest) -> LogprobFormatter | None:
         return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
