@@ -17,6 +17,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})  # chat roles a request may use
+
 
 def _raise(message: str):
     raise TemplateError(message)
@@ -50,6 +52,9 @@ class PromptTokenizer:
         return self.tokenizer.token_to_id(eos) if eos else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Raises ValueError (UnicodeEncodeError) on text that is not valid Unicode (a lone surrogate)."""
+        if not text.isascii():
+            text.encode("utf-8")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -95,9 +100,14 @@ class PromptTokenizer:
 
 
 def normalize_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI content given as a list of text parts becomes one string (what chat templates expect)."""
+    """OpenAI content given as a list of text parts becomes one string (what chat templates expect).
+
+    Raises ValueError on a role outside ROLES."""
     out = []
     for message in messages:
+        if message.get("role") not in ROLES:
+            role = str(message.get("role"))[:40]
+            raise ValueError(f"unknown chat role {role!r}; use one of {', '.join(sorted(ROLES))}")
         content = message.get("content")
         if isinstance(content, list):
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):

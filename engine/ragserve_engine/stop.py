@@ -21,13 +21,14 @@ class StopCriteria:
 
 
 def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
-    """Resumed tokens (migration) are output for min_tokens and stop strings, not for max_tokens."""
+    """Resumed tokens (migration) are output for stop strings, not for min_tokens and max_tokens
+    (the router sends what remains of both)."""
     p = req.params
     last = seq.token_ids[-1]
-    num_out = len(seq.output_token_ids)
+    num_new = len(seq.output_token_ids) - req.num_resumed_tokens
     decode = criteria.tokenizer.decode
     seq.output_text = decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
-    if num_out >= p.min_tokens:
+    if num_new >= p.min_tokens:
         if not p.ignore_eos and last in criteria.eos_ids:
             seq.output_text = decode(seq.output_token_ids[:-1], p.skip_special_tokens)
             seq.finish_reason = "stop"
@@ -37,7 +38,7 @@ def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
             return
         if p.stop and _stop_string(seq, p.stop, p.include_stop_str_in_output):
             return
-    if num_out - req.num_resumed_tokens >= p.max_tokens or seq.num_tokens >= criteria.max_model_len:
+    if num_new >= p.max_tokens or seq.num_tokens >= criteria.max_model_len:
         seq.finish_reason = "length"
 
 

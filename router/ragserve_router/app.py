@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
+from ragserve.http.limits import check_request
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.config import RouterConfig
@@ -85,6 +86,7 @@ def create_app(gw: Gateway) -> FastAPI:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
         body, model = parse_body(raw)
+        check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
         stream = body.get("stream") is True
         routed = Routed(request, request.state.request_id, model, path, raw, stream, None, None, started)
         return await _dispatch(gw, routed, body, chat)

@@ -53,9 +53,10 @@ def resume_everywhere(engine, path: str, body: dict) -> int:
         done = [i for _, chunk_ids, _ in full[:cut] for i in chunk_ids]
         if not done or len(done) == len(ids):
             continue
-        rest, usage = stream(
-            engine, path, {**body, "max_tokens": body["max_tokens"] - len(done), "resume_token_ids": done}
-        )
+        remaining = {"max_tokens": body["max_tokens"] - len(done), "resume_token_ids": done}
+        if "min_tokens" in body:  # the router sends what remains of both budgets
+            remaining["min_tokens"] = max(0, body["min_tokens"] - len(done))
+        rest, usage = stream(engine, path, {**body, **remaining})
         assert done + [i for _, chunk_ids, _ in rest for i in chunk_ids] == ids, cut
         assert sent + "".join(t for t, _, _ in rest) == text, cut
         assert rest[-1][2] == full[-1][2]
@@ -81,6 +82,17 @@ def test_seeded_sampling_resumes_too(engine):
     """The sampler draws one Exp(1) row per token from the request's generator: resume fast-forwards it."""
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.9, "seed": 1234, "ignore_eos": True}
     assert resume_everywhere(engine, "/v1/completions", body) >= 10
+
+
+def test_min_tokens_count_the_new_tokens_only(engine):
+    """A stop token blocked by min_tokens stays blocked after a resume exactly as long as without it."""
+    body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True}
+    full, _ = stream(engine, "/v1/completions", body)
+    ids = [i for _, chunk_ids, _ in full for i in chunk_ids]
+    stopped = {**body, "stop_token_ids": [ids[2]], "min_tokens": 10}
+    whole, _ = stream(engine, "/v1/completions", stopped)
+    assert len([i for _, chunk_ids, _ in whole for i in chunk_ids]) >= 10
+    assert resume_everywhere(engine, "/v1/completions", stopped) >= 8
 
 
 def test_stop_string_across_the_seam(engine):

@@ -80,7 +80,7 @@ def test_unknown_model_is_404(sdk, engine):
         ({"stop": [""]}, "stop"),
         ({"messages": []}, "messages"),
         ({"messages": [{"content": "no role"}]}, "messages.0.role"),
-        ({"logprobs": True, "top_logprobs": 50}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
     ],
 )
 def test_bad_chat_parameters_name_the_field(engine, body, param):

@@ -1,7 +1,8 @@
 """OpenAI request bodies (pydantic) and their translation to SamplingParams.
 
 Unknown fields are ignored like OpenAI does; features the engine lacks are refused with a
-400 rather than silently ignored.
+400 rather than silently ignored. Before any field is read, the body passes the request limits
+the router applies too (ragserve.http.limits: Unicode, sizes, roles, caps).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ragserve.http.limits import check_json, check_request
 from ragserve.tokenizer import normalize_messages
 from ragserve_engine.sampling_params import SamplingParams
 
@@ -18,6 +20,21 @@ Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class ApiRequest(Lenient):
+    """A whole request body."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            cls.check_limits(data)  # raises ApiError 400 naming the field
+        return data
+
+    @classmethod
+    def check_limits(cls, data: dict) -> None:
+        check_json(data)
 
 
 class ContentPart(Lenient):
@@ -38,7 +55,7 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class SamplingRequest(Lenient):
+class SamplingRequest(ApiRequest):
     """Fields shared by chat and completions (OpenAI's plus vLLM's extensions)."""
 
     model: str | None = None
@@ -122,6 +139,11 @@ class SamplingRequest(Lenient):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+
+    @classmethod
+    def check_limits(cls, data: dict) -> None:
+        check_request(data, chat=True)
+
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -148,6 +170,11 @@ class ChatCompletionRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
+
+    @classmethod
+    def check_limits(cls, data: dict) -> None:
+        check_request(data, chat=False)
+
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -175,7 +202,7 @@ class CompletionRequest(SamplingRequest):
         return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
 
 
-class TokenizeRequest(Lenient):
+class TokenizeRequest(ApiRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -189,12 +216,12 @@ class TokenizeRequest(Lenient):
         return self
 
 
-class DetokenizeRequest(Lenient):
+class DetokenizeRequest(ApiRequest):
     model: str | None = None
     tokens: list[int]
 
 
-class WarmupRequest(Lenient):
+class WarmupRequest(ApiRequest):
     """Prefixes to prefill into the prefix cache: raw texts, or chat-message prefixes."""
 
     model: str | None = None
