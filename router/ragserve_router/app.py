@@ -119,7 +119,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(gw.metrics.render(gw.pool.models()), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 
@@ -144,6 +144,8 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     routed.slot = gw.pool.reserve(decision.order[0])  # no await since the decision: the next one counts it
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
+    if prediction := decision.predictions.get(decision.order[0].engine_id):
+        gw.metrics.observe_prediction(decision.order[0].engine_id, prediction)
     request.state.policy = decision.policy
     if key.hashes:
         gw.background(_record(gw, key.hashes, decision.order[0].engine_id))
