@@ -23,6 +23,7 @@ def banner(stack, model_name: str) -> str:
         "ragserve is up: " + ", ".join(parts),
         f"  gateway (OpenAI API): {url}/v1",
         f"  metrics:              {url}/metrics",
+        *([f"  prometheus:           {stack.prometheus_url}"] if stack.prometheus_url else []),
         *(f"  {c.name}:{' ' * (20 - len(c.name))}{c.spec.url}" for c in stack.children if c.name.startswith("engine-")),
         "",
         "try:",

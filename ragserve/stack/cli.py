@@ -24,12 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--no-cachestore", action="store_true", help="run without the shared KV-block store")
     add_flag(g, "--cachestore-memory", type=parse_bytes, default="1GiB", help="cachestore RAM tier")
     add_flag(g, "--engine-arg", action="append", help="extra flag for every engine, e.g. --engine-arg=--seed=1")
-    add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--guard-abs=4")
+    add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--work-weight=1")
     add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
     add_flag(g, "--logs", action=argparse.BooleanOptionalAction, default=True, help="stream the processes' logs")
     add_flag(g, "--ready-timeout", type=float, default=600.0, help="seconds to wait for everything to be ready")
     add_flag(g, "--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL on shutdown")
     add_flag(g, "--state-file", default=None, help="write URLs and PIDs as JSON here once ready")
+    add_flag(g, "--monitoring", action="store_true", help="also start a local Prometheus scraping the stack")
+    add_flag(g, "--monitoring-interval", default="5s", help="with --monitoring: Prometheus scrape interval")
+    add_flag(g, "--monitoring-rules", action="append", help="with --monitoring: a Prometheus rule file to load")
     g = parser.add_argument_group("demo")
     add_flag(g, "--demo", action="store_true", help="run `ragserve demo` against the stack once it is ready")
     add_flag(g, "--exit-after-demo", action="store_true", help="with --demo: stop the stack when the demo ends")
@@ -56,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not stack.start(stop):
             return 130
+        if args.monitoring:
+            from ragserve.stack.monitoring import start_monitoring
+
+            start_monitoring(stack, args.monitoring_interval, stop, args.monitoring_rules or [])
         stack.sink.say(banner(stack, model_name))
         if args.state_file:
             Path(args.state_file).write_text(json.dumps(stack.state(), indent=2))

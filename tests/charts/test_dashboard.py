@@ -15,7 +15,8 @@ import pytest
 from ragserve.prom_text import metric_types, samples
 from tests.helpers import process
 
-OWNERS = {"vllm:": "engine", "ragserve_router_": "router", "ragserve_cachestore_": "cachestore"}
+OWNERS = {"vllm:": "engine", "ragserve:": "engine", "ragserve_engine_": "engine"}
+OWNERS |= {"ragserve_router_": "router", "ragserve_cachestore_": "cachestore"}
 NOT_OURS = {"up", "DCGM_FI_DEV_GPU_UTIL"}  # Prometheus' own series; the NVIDIA DCGM exporter's
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint", "le"}
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"} | {

@@ -46,34 +46,34 @@ class Panel:
     thresholds: list[float] = field(default_factory=list)
 
 
+def per_pod(metric: str, agg: str = "max") -> list[tuple[str, str]]:
+    return [("{{pod}}", f"{agg} by (pod) ({metric}{{{ENGINE}}})")]
+
+
+def quantiles(histogram: str, sel: str = ENGINE, qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> list[tuple[str, str]]:
+    return [(f"p{int(q * 100)}", quantile(q, histogram, sel)) for q in qs]
+
+
+ROUTER = "ragserve_router_"
+STORE = "ragserve_cachestore_"
+
+# One row per concern; add a Panel to a row (or a row) and run this script. tests/observability/test_prometheus.py
+# evaluates every query against a live stack and fails on one that returns nothing.
 ROWS: list[tuple[str, list[Panel]]] = [
     (
         "Latency",
         [
-            Panel(
-                "Time to first token (engine)",
-                [(f"p{int(q * 100)}", quantile(q, m.TIME_TO_FIRST_TOKEN)) for q in (0.5, 0.9, 0.99)],
-                "s",
-            ),
-            Panel(
-                "Inter-token latency",
-                [(f"p{int(q * 100)}", quantile(q, m.INTER_TOKEN_LATENCY)) for q in (0.5, 0.9, 0.99)],
-                "s",
-            ),
+            Panel("Time to first token (engine)", quantiles(m.TIME_TO_FIRST_TOKEN), "s"),
+            Panel("Inter-token latency", quantiles(m.INTER_TOKEN_LATENCY), "s"),
             Panel(
                 "Time to first token through the router",
-                [
-                    (f"p{int(q * 100)}", quantile(q, "ragserve_router_time_to_first_token_seconds", NS))
-                    for q in (0.5, 0.99)
-                ],
+                quantiles(ROUTER + "time_to_first_token_seconds", NS, (0.5, 0.99)),
                 "s",
                 "Includes routing (tokenize, hash, index lookup) and proxying.",
             ),
-            Panel(
-                "End-to-end request latency",
-                [(f"p{int(q * 100)}", quantile(q, m.E2E_REQUEST_LATENCY)) for q in (0.5, 0.99)],
-                "s",
-            ),
+            Panel("End-to-end request latency", quantiles(m.E2E_REQUEST_LATENCY, qs=(0.5, 0.99)), "s"),
+            Panel("Queue time", quantiles(m.REQUEST_QUEUE_TIME, qs=(0.5, 0.99)), "s", "Arrival to first scheduling."),
+            Panel("Routing time", quantiles(ROUTER + "routing_seconds", NS, (0.5, 0.99)), "s"),
         ],
     ),
     (
@@ -89,7 +89,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "KV cache usage",
                 # a pod's KV usage is its highest series (ragserve.prom_text), as the operator and router read it
-                [("{{pod}}", f"max by (pod) ({m.KV_CACHE_USAGE}{{{ENGINE}}})")],
+                per_pod(m.KV_CACHE_USAGE),
                 "percentunit",
                 "Above 85 % for 5 minutes raises RagserveKVCacheUsageHigh.",
                 [0.85],
@@ -104,6 +104,15 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "short",
                 "Tokens per second, all engines.",
             ),
+            Panel(
+                "Measured prefill speed",
+                per_pod(m.PREFILL_TOKENS_PER_SECOND),
+                "short",
+                "Prompt tokens per second each engine measured (0 until it has prefilled); the router's cost model.",
+            ),
+            Panel("Measured decode step time", per_pod(m.DECODE_STEP_SECONDS), "s"),
+            Panel("Queued prefill tokens", per_pod(m.QUEUED_PREFILL_TOKENS, "sum")),
+            Panel("Cachestore fetch cost per block", per_pod(m.CACHESTORE_FETCH_SECONDS_PER_BLOCK), "s"),
         ],
     ),
     (
@@ -121,27 +130,47 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "percentunit",
             ),
             Panel(
+                "Routing decisions",
+                [("{{policy}} {{reason}}", rate(ROUTER + "routing_decisions_total", NS, "policy, reason"))],
+                "ops",
+                "Why the router picked an engine (prefix_hit, cost, imbalance_guard, ...).",
+            ),
+            Panel(
+                "Predicted vs actual cached tokens",
+                [
+                    ("predicted", rate(ROUTER + "predicted_cached_tokens_total", NS)),
+                    ("actual", rate(ROUTER + "actual_cached_tokens_total", NS)),
+                    ("prompt", rate(ROUTER + "prompt_tokens_total", NS)),
+                ],
+                "short",
+                "Tokens per second: what the router expected engines to find cached, what they reported.",
+            ),
+            Panel(
                 "Routing accuracy",
                 [
                     (
-                        "actual / predicted",
-                        ratio(*(f"ragserve_router_{k}_cached_tokens_total" for k in ("actual", "predicted")), NS),
-                    ),
-                    (
                         "cached / prompt tokens",
-                        ratio("ragserve_router_actual_cached_tokens_total", "ragserve_router_prompt_tokens_total", NS),
+                        ratio(ROUTER + "actual_cached_tokens_total", ROUTER + "prompt_tokens_total", NS),
                     ),
                 ],
                 "percentunit",
-                "Cached tokens engines reported vs. what the router predicted when it picked them.",
+                "Share of prompt tokens engines found cached (locally or fetched) on the engine the router picked.",
+            ),
+            Panel("Router answers by status", [("{{code}}", rate(ROUTER + "requests_total", NS, "code"))], "reqps"),
+            Panel(
+                "Engine answers by status",
+                [("{{code}}", rate(total(m.ENGINE_REQUESTS), ENGINE, "code"))],
+                "reqps",
+                "499: the client (router) left first.",
             ),
             Panel(
-                "Router requests",
+                "Retries and migrations",
                 [
-                    ("{{code}}", rate("ragserve_router_requests_total", NS, "code")),
-                    ("retries", rate("ragserve_router_retries_total", NS)),
+                    ("retry {{reason}}", rate(ROUTER + "retries_total", NS, "reason")),
+                    ("migration {{outcome}}", rate(ROUTER + "migrations_total", NS, "outcome")),
                 ],
-                "reqps",
+                "ops",
+                "Retries before the first byte; broken answers resumed or resent on another engine.",
             ),
             Panel("Healthy engines", [("healthy", f"max (ragserve_router_engines_healthy{{{NS}}})")]),
         ],
@@ -154,18 +183,38 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 [
                     (
                         "{{tier}}",
-                        f"sum by (tier) (ragserve_cachestore_used_bytes{{{NS}}})"
-                        f" / sum by (tier) (ragserve_cachestore_capacity_bytes{{{NS}}})",
+                        f"sum by (tier) ({STORE}used_bytes{{{NS}}})"
+                        f" / clamp_min(sum by (tier) ({STORE}capacity_bytes{{{NS}}}), 1)",
                     )
                 ],
                 "percentunit",
             ),
+            Panel("Stored bytes by tier", [("{{tier}}", f"sum by (tier) ({STORE}used_bytes{{{NS}}})")], "bytes"),
             Panel(
                 "Hits and misses by tier",
                 [
-                    ("hits {{tier}}", rate("ragserve_cachestore_hits_total", NS, "tier")),
-                    ("misses {{tier}}", rate("ragserve_cachestore_misses_total", NS, "tier")),
-                    ("corrupt {{tier}}", rate("ragserve_cachestore_corrupt_total", NS, "tier")),
+                    ("hits {{tier}}", rate(STORE + "hits_total", NS, "tier")),
+                    ("misses {{tier}}", rate(STORE + "misses_total", NS, "tier")),
+                ],
+                "ops",
+            ),
+            Panel(
+                "Corruption and evictions",
+                [
+                    ("corrupt {{tier}}", rate(STORE + "corrupt_total", NS, "tier")),
+                    ("evicted {{tier}}", rate(STORE + "evictions_total", NS, "tier")),
+                    ("dropped", rate(STORE + "dropped_total", NS)),
+                ],
+                "ops",
+                "Blocks that failed verification (deleted), demoted or dropped.",
+            ),
+            Panel(
+                "Puts and lookups",
+                [
+                    ("puts", rate(STORE + "puts_total", NS)),
+                    ("puts skipped", rate(STORE + "puts_skipped_total", NS)),
+                    ("lookups", rate(STORE + "lookups_total", NS)),
+                    ("blocks found", rate(STORE + "block_hits_total", NS)),
                 ],
                 "ops",
             ),
@@ -227,7 +276,7 @@ def dashboard() -> dict:
     return {
         "uid": "ragserve-overview",
         "title": "ragserve",
-        "description": "ragserve: latency, load, KV cache, prefix hits, routing accuracy, cachestore tiers.",
+        "description": "ragserve: latency, load, KV cache, prefix hits, routing, answers, cachestore.",
         "tags": ["ragserve", "llm", "vllm"],
         "editable": True,
         "schemaVersion": 39,
