@@ -126,7 +126,8 @@ def scrapes(stack, tmp_path_factory) -> dict[str, str]:
     )
     router = stack.start(
         "router",
-        ["router", "--host", "127.0.0.1", "--port", str(r_port), "--grpc-port", str(r_grpc)],
+        ["router", "--host", "127.0.0.1", "--port", str(r_port), "--grpc-port", str(r_grpc)]
+        + ["--registry-allow-unauthenticated"],
         f"http://127.0.0.1:{r_port}",
     )
     cachestore.wait_http("/metrics", 60)

@@ -97,15 +97,8 @@ def buckets(pages: list[dict], name: str) -> dict[float, float]:
 def stack(module_cluster, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(f"{KEY} name=test\n{LIMITED} name=limited rps=0.001 burst=1\n")
-    router = module_cluster.router(
-        "--api-keys-file",
-        str(keys),
-        "--max-body-bytes",
-        "32KiB",
-        "--allow-policy-header",
-        "--heartbeat-interval-ms",
-        "300",
-    )
+    flags = ["--api-keys-file", str(keys), "--max-body-bytes", "32KiB", "--allow-policy-header"]
+    router = module_cluster.router(*flags, "--heartbeat-interval-ms", "300", "--registry-allow-unauthenticated")
     engines = module_cluster.real_engines(router, 2)
     client = Client(router.url)
     from tests.helpers.process import until
