@@ -7,11 +7,11 @@
    from usage.prompt_tokens_details.cached_tokens) and TTFT p50/p95 for round_robin, least_loaded,
    prefix and kv_aware; ratios kv_aware vs. round_robin.
 
-    .venv/bin/python bench/router.py [--quick] [--engine real|stub] [--model DIR]
+    .venv/bin/python bench/router.py [--quick] [--model DIR] [--tag TAG]
 
---engine real (default when `ragserve engine` exists) runs real engine processes on the tiny test
-model. --engine stub runs tests/helpers/fake_engine.py, which computes real block hashes but only
-*simulates* prefill time (--prefill-delay seconds per uncached block): its TTFT is a simulation.
+Every engine is a real `ragserve engine` process (default: the tiny test model, so the hop and the
+routing are measured, not model speed). Results go to bench/results/router[-TAG].{json,md} with the
+command that produced them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import httpx
 from tests.helpers.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-STUB = ROOT / "tests" / "helpers" / "fake_engine.py"
 COMPARED = ("round_robin", "least_loaded", "prefix", "kv_aware")  # the policies a default run compares
 WORDS = ("cache", "block", "prefix", "engine", "router", "token", "layer", "query", "answer", "vector")
 
@@ -76,6 +75,7 @@ def start_stack(procs: Procs, args, policy: str, n_engines: int, num_blocks: int
     port, grpc_port = free_port(), free_port()
     router = f"http://127.0.0.1:{port}"
     flags = f"--host 127.0.0.1 --port {port} --grpc-port {grpc_port} --policy {policy} --log-level warning"
+    flags += " --registry-allow-unauthenticated"  # loopback only
     procs.start(
         f"router-{policy}", [sys.executable, "-m", "ragserve.cli", "router", *flags.split(), *args.router_flags]
     )
@@ -84,14 +84,9 @@ def start_stack(procs: Procs, args, policy: str, n_engines: int, num_blocks: int
     for i in range(n_engines):
         p = free_port()
         urls.append(f"http://127.0.0.1:{p}")
-        if args.engine == "real":
-            flags = f"--host 127.0.0.1 --port {p} --served-model-name tiny --num-gpu-blocks {num_blocks} "
-            flags += f"--router 127.0.0.1:{grpc_port} --advertise-url {urls[-1]} --device cpu"
-            argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", str(args.model), *flags.split()]
-        else:
-            flags = f"--port {p} --engine-id stub-{policy}-{i} --num-blocks {num_blocks} "
-            flags += f"--prefill-delay {args.prefill_delay} --router 127.0.0.1:{grpc_port}"
-            argv = [sys.executable, str(STUB), "--model-dir", str(args.model), *flags.split()]
+        flags = f"--host 127.0.0.1 --port {p} --served-model-name tiny --num-gpu-blocks {num_blocks} "
+        flags += f"--router 127.0.0.1:{grpc_port} --advertise-url {urls[-1]} --device cpu"
+        argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", str(args.model), *flags.split()]
         procs.start(f"engine-{policy}-{i}", argv)
     wait_until(lambda: httpx.get(router + "/ready").json()["engines"] == n_engines, f"{n_engines} engines", 600)
     return router, urls
@@ -102,7 +97,7 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def overhead(args) -> None:
+def overhead(args) -> dict:
     procs = Procs(args.logs)
     try:
         router, [engine] = start_stack(procs, args, "kv_aware", 1, 4096)
@@ -121,13 +116,14 @@ def overhead(args) -> None:
                         times[name].append(time.perf_counter() - t0)
         p50 = {k: statistics.median(v) * 1000 for k, v in times.items()}
         p99 = {k: pct(v, 0.99) * 1000 for k, v in times.items()}
-        print(f"\n== router overhead ({len(times['router'])} short requests, kv_aware, {args.engine} engine)")
+        print(f"\n== router overhead ({len(times['router'])} short requests each, interleaved, kv_aware, real engine)")
         print(f"{'':8} {'p50 ms':>9} {'p99 ms':>9}")
         for name in times:
             print(f"{name:8} {p50[name]:9.2f} {p99[name]:9.2f}")
         added = p50["router"] - p50["direct"]
         ratio = p50["router"] / p50["direct"]
         print(f"added at p50: {added:.2f} ms (target < 2 ms); router/direct p50 ratio {ratio:.2f}x")
+        return {"requests": len(times["router"]), "p50_ms": p50, "p99_ms": p99, "added_p50_ms": added}
     finally:
         procs.stop()
 
@@ -193,11 +189,11 @@ def run_trace(router: str, docs: list[str], picks: list[int], concurrency: int) 
     }
 
 
-def quality(args) -> None:
+def quality(args) -> dict:
     docs, picks = make_trace(args)
     print(
         f"\n== routing quality: {args.docs} docs, Zipf {args.zipf}, {args.requests} requests, "
-        f"concurrency {args.concurrency}, 3 engines x {args.num_blocks} KV blocks, {args.engine} engine"
+        f"concurrency {args.concurrency}, 3 engines x {args.num_blocks} KV blocks, real engines"
     )
     results = {}
     for policy in args.policies:
@@ -212,23 +208,44 @@ def quality(args) -> None:
             f"{policy:13} hit {r['hit_rate']:6.1%}  TTFT p50 {r['ttft_p50'] * 1000:8.1f} ms  "
             f"p95 {r['ttft_p95'] * 1000:8.1f} ms  errors {r['errors']}"
         )
-    if not {"kv_aware", "round_robin"} <= set(results):
-        return
-    kv, rr = results["kv_aware"], results["round_robin"]
-    print(
-        f"kv_aware vs round_robin: hit rate {kv['hit_rate'] / max(rr['hit_rate'], 1e-9):.2f}x (target >= 3x), "
-        f"TTFT p95 {rr['ttft_p95'] / kv['ttft_p95']:.2f}x better (target >= 3x)"
-    )
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    if {"kv_aware", "round_robin"} <= set(results):
+        kv, rr = results["kv_aware"], results["round_robin"]
+        print(
+            f"kv_aware vs round_robin: hit rate {kv['hit_rate'] / max(rr['hit_rate'], 1e-9):.2f}x (target >= 3x), "
+            f"TTFT p95 {rr['ttft_p95'] / kv['ttft_p95']:.2f}x better (target >= 3x)"
+        )
+    return results
+
+
+def write_results(args, report: dict) -> None:
+    """bench/results/router[-TAG].json and .md, each with the command that produced it."""
+    out = Path(args.out)
+    name = "router" + (f"-{args.tag}" if args.tag else "")
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = ["# Router benchmark", "", f"Command: `{report['command']}`", ""]
+    if "overhead" in report:
+        o = report["overhead"]
+        lines += [f"Overhead: {o['requests']} short chat requests each way, interleaved, one real engine.", ""]
+        lines += ["| path | p50 ms | p99 ms |", "|---|---:|---:|"]
+        lines += [f"| {k} | {o['p50_ms'][k]:.2f} | {o['p99_ms'][k]:.2f} |" for k in ("direct", "router")]
+        lines += ["", f"Added at p50: {o['added_p50_ms']:.2f} ms.", ""]
+    if "quality" in report:
+        lines += [
+            f"Routing quality: {args.docs} documents, Zipf {args.zipf}, {args.requests} requests, "
+            f"concurrency {args.concurrency}, 3 real engines x {args.num_blocks} KV blocks.",
+            "",
+            "| policy | prompt tokens from cache | TTFT p50 ms | TTFT p95 ms | errors |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for policy, r in report["quality"].items():
+            ttft = f"{r['ttft_p50'] * 1000:.1f} | {r['ttft_p95'] * 1000:.1f}"
+            lines.append(f"| {policy} | {r['hit_rate']:.1%} | {ttft} | {r['errors']} |")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / name}.json and .md")
 
 
 def main() -> None:
-    has_engine = (
-        subprocess.run([sys.executable, "-m", "ragserve.cli", "engine", "--help"], capture_output=True).returncode == 0
-    )
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", choices=("real", "stub"), default="real" if has_engine else "stub")
     p.add_argument("--model", default=None, help="HF model directory (default: the tiny llama test model)")
     p.add_argument("--quick", action="store_true", help="fewer requests")
     p.add_argument("--docs", type=int, default=24)
@@ -236,16 +253,15 @@ def main() -> None:
     p.add_argument("--zipf", type=float, default=1.0)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--num-blocks", type=int, default=400, help="KV blocks per engine (~4 documents)")
-    p.add_argument("--prefill-delay", type=float, default=0.002, help="stub only: seconds per uncached block")
     p.add_argument("--overhead-requests", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", choices=("overhead", "quality"), default=None)
     p.add_argument("--policies", type=lambda t: t.split(","), default=list(COMPARED), help="comma-separated")
-    p.add_argument("--out", default=None, help="write the quality results as JSON here")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for router[-TAG].json/.md")
+    p.add_argument("--tag", default="", help="suffix of the result file names")
     p.add_argument("--router-flags", type=str.split, default=[], help="extra router flags, e.g. '--load-weight 8'")
     args = p.parse_args()
-    if args.engine == "real" and not has_engine:
-        raise SystemExit("`ragserve engine` does not exist yet; use --engine stub")
+    command = "python bench/router.py " + " ".join(sys.argv[1:])
     if args.model is None:
         from tests.helpers.tiny_models import tiny_model
 
@@ -254,10 +270,12 @@ def main() -> None:
         args.requests, args.overhead_requests = 90, 100
     args.logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-router-"))
     print(f"process logs: {args.logs}")
+    report: dict = {"command": command.strip()}
     if args.skip != "overhead":
-        overhead(args)
+        report["overhead"] = overhead(args)
     if args.skip != "quality":
-        quality(args)
+        report["quality"] = quality(args)
+    write_results(args, report)
 
 
 if __name__ == "__main__":
