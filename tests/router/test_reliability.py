@@ -131,7 +131,7 @@ def test_engine_killed_under_load(cluster, metrics, until):
 
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(load, i) for i in range(6)]
-        labels = {"model": "tiny", "engine": "eng-0", "policy": "least_loaded", "code": "200"}
+        labels = {"model": "tiny", "engine": "eng-0", "policy": "least_loaded", "code": "200", "reason": ""}
         until(lambda: metrics(router.url, "ragserve_router_requests_total", **labels) >= 3, message="victim busy")
         victim.stop(signal.SIGKILL)
         until(lambda: ready(router)["engines"] == 2, message="dead engine dropped after missed heartbeats")
