@@ -146,6 +146,27 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Tokens per second: what the router expected engines to find cached, what they reported.",
             ),
             Panel(
+                "Predicted vs actual TTFT (kv_aware)",
+                [
+                    ("predicted p50", quantile(0.5, ROUTER + "predicted_ttft_seconds", NS)),
+                    ("actual p50", quantile(0.5, ROUTER + "engine_ttft_seconds", NS)),
+                ],
+                "s",
+                "The cost model's TTFT for the engine it chose, and the TTFT that engine then delivered.",
+            ),
+            Panel(
+                "Prompt tokens: predicted split",
+                [("{{source}}", rate(ROUTER + "predicted_prompt_tokens_total", NS, "source"))],
+                "short",
+                "Tokens per second kv_aware expected to be local hits, fetched from the cachestore, or computed.",
+            ),
+            Panel(
+                "Prompt tokens engines fetched or computed",
+                [("{{source}}", f"sum by (source) ({ROUTER}engine_prompt_tokens{{{NS}}})")],
+                "short",
+                "Cumulative, from the engines' heartbeats: compare with the predicted split.",
+            ),
+            Panel(
                 "Routing accuracy",
                 [
                     (
