@@ -75,6 +75,7 @@ def stack(tmp_path_factory, rules_file):
     try:
         state = up.wait_ready(300)
         assert state.get("prometheus"), up.output()
+        assert f"prometheus:           {state['prometheus']}" in up.output()  # printed next to the gateway
         yield up, state
     finally:
         up.cleanup()
@@ -270,3 +271,9 @@ def test_promtool_checks_the_generated_config(stack, tmp_path):
     config.write_text(json.dumps(monitoring.prometheus_config(monitoring.stack_targets(state))))
     out = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_without_prometheus_installed_up_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no prometheus binary here
+    with pytest.raises(FileNotFoundError, match="prometheus is not installed .*apt-get install prometheus"):
+        monitoring.prometheus_spec(tmp_path, 9090, [])
