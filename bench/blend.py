@@ -196,6 +196,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--fraction", type=float, default=0.15, help="the fraction timed")
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--sets", default="corpus,stdlib", help="quality prompt sets to run")
+    parser.add_argument("--merge", action="store_true", help="keep --out's TTFT and other sets; add these")
     parser.add_argument("--out", default="bench/results/blend")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -203,14 +205,18 @@ def main() -> None:
     cached = LLM(args.model, **common)
     uncached = LLM(args.model, loaded_model=cached.engine.runner.model, enable_prefix_caching=False, **common)
     result = {"model": args.model, "fractions": list(FRACTIONS), "max_tokens": args.max_tokens}
-    pool = [t for texts in corpus_docs(cached.tokenizer).values() for t in texts[:1]][:9]
-    result["ttft"] = speed(cached, uncached, pool, args.fraction, args.requests)
-    print(json.dumps(result["ttft"], indent=1), flush=True)
-    save(result, args.out)
+    if args.merge:
+        result = json.loads(Path(args.out + ".json").read_text())
+    else:
+        pool = [t for texts in corpus_docs(cached.tokenizer).values() for t in texts[:1]][:9]
+        result["ttft"] = speed(cached, uncached, pool, args.fraction, args.requests)
+        print(json.dumps(result["ttft"], indent=1), flush=True)
+        save(result, args.out)
     if not args.skip_quality:
         sets = prompt_sets(cached.tokenizer, args.prompts, seed=0)
-        result["quality"] = {}
-        for name, prompts in sets.items():
+        result.setdefault("quality", {})
+        for name in args.sets.split(","):
+            prompts = sets[name]
             result["quality"][name] = quality(cached, prompts, args.max_tokens)
             print(name, json.dumps(result["quality"][name], indent=1), flush=True)
             save(result, args.out)
