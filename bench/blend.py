@@ -137,14 +137,14 @@ def rouge_l(a: str, b: str) -> float:
     return 2 * p * r / (p + r)
 
 
-def quality(llm: LLM, prompts: list[ChunkedPrompt], max_tokens: int) -> dict:
+def quality(llm: LLM, prompts: list[ChunkedPrompt], max_tokens: int, fractions=FRACTIONS) -> dict:
     tok = llm.tokenizer
-    rows = {f: {"first": [], "exact": [], "rouge": [], "kl": []} for f in FRACTIONS}
+    rows = {f: {"first": [], "exact": [], "rouge": [], "kl": []} for f in fractions}
     for prompt in prompts:
         ref = greedy(llm, prompt, None, max_tokens)
         ref_text = tok.decode(ref)
         ref_lp = answer_logprobs(llm, prompt, ref, None)
-        for f in FRACTIONS:
+        for f in fractions:
             got = greedy(llm, prompt, f, max_tokens)
             text = tok.decode(got)
             lp = answer_logprobs(llm, prompt, ref, f)
@@ -198,16 +198,22 @@ def main() -> None:
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--sets", default="corpus,stdlib", help="quality prompt sets to run")
     parser.add_argument("--merge", action="store_true", help="keep --out's TTFT and other sets; add these")
+    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="recompute fractions measured")
+    parser.add_argument("--canonical-prefix", default="", help="text chunks are computed after (ablation)")
     parser.add_argument("--out", default="bench/results/blend")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     common = dict(num_gpu_blocks=2048, max_num_batched_tokens=4096, enforce_eager=True)
     cached = LLM(args.model, **common)
     uncached = LLM(args.model, loaded_model=cached.engine.runner.model, enable_prefix_caching=False, **common)
-    result = {"model": args.model, "fractions": list(FRACTIONS), "max_tokens": args.max_tokens}
+    fractions = [float(f) for f in args.fractions.split(",")]
+    prefix = cached.tokenizer.encode(args.canonical_prefix, add_special_tokens=False) if args.canonical_prefix else []
+    cached.engine.blender.canonical_prefix = prefix
+    result = {"model": args.model, "fractions": fractions, "max_tokens": args.max_tokens, "canonical_prefix": prefix}
     if args.merge:
         result = json.loads(Path(args.out + ".json").read_text())
-    else:
+    elif not args.skip_ttft:
         pool = [t for texts in corpus_docs(cached.tokenizer).values() for t in texts[:1]][:9]
         result["ttft"] = speed(cached, uncached, pool, args.fraction, args.requests)
         print(json.dumps(result["ttft"], indent=1), flush=True)
@@ -217,7 +223,7 @@ def main() -> None:
         result.setdefault("quality", {})
         for name in args.sets.split(","):
             prompts = sets[name]
-            result["quality"][name] = quality(cached, prompts, args.max_tokens)
+            result["quality"][name] = quality(cached, prompts, args.max_tokens, fractions)
             print(name, json.dumps(result["quality"][name], indent=1), flush=True)
             save(result, args.out)
 
@@ -228,18 +234,23 @@ def save(result: dict, out: str) -> None:
 
 
 def render(result: dict) -> str:
-    t = result["ttft"]
     lines = [f"# CacheBlend on {result['model']} (bench/blend.py)", ""]
-    lines += [
-        f"## TTFT ({t['requests']} requests of 3-6 documents, {t['prompt_tokens_mean']:.0f} prompt tokens on average, "
-        f"recompute {t['fraction']:.0%})",
-        "",
-        "| mode | median TTFT (s) | mean TTFT (s) | speed-up vs prefix caching |",
-        "|---|---|---|---|",
-    ]
-    base = t["prefix_caching"]["median_s"]
-    for mode in ("full_prefill", "prefix_caching", "blend"):
-        m = t[mode]
+    if result.get("canonical_prefix"):
+        lines += [f"Chunks computed after the canonical prefix token ids {result['canonical_prefix']}.", ""]
+    t = result.get("ttft")
+    lines += (
+        []
+        if t is None
+        else [
+            f"## TTFT ({t['requests']} requests of 3-6 documents, {t['prompt_tokens_mean']:.0f} prompt tokens on "
+            f"average, recompute {t['fraction']:.0%})",
+            "",
+            "| mode | median TTFT (s) | mean TTFT (s) | speed-up vs prefix caching |",
+            "|---|---|---|---|",
+        ]
+    )
+    for mode in ("full_prefill", "prefix_caching", "blend") if t else ():
+        m, base = t[mode], t["prefix_caching"]["median_s"]
         lines.append(f"| {mode} | {m['median_s']:.3f} | {m['mean_s']:.3f} | {base / m['median_s']:.2f}x |")
     for name, rows in result.get("quality", {}).items():
         lines += ["", f"## Quality vs full prefill: {name} set ({next(iter(rows.values()))['prompts']} prompts)", ""]
