@@ -86,7 +86,7 @@ def decode_rates(t: Table, row: str, sys_name: str, batch: int, full: float, pre
     t.add(row, f"{sys_name} decode", batch * (NEW_TOKENS - 1) / max(full - prefill, 1e-9))
 
 
-def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table) -> None:
+def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table, save) -> None:
     rng = random.Random(17)
     warm = rand_prompts(rng, 2, 160)  # a step of >= 128 tokens: the fused ops get compiled (or loaded) here
     ours_run(fresh_llm(args, model), warm, [4, 4]), hf_generate(hf, warm, 4), cpp and cpp.generate(warm[0], 4)
@@ -117,11 +117,11 @@ def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table) 
             if cpp:
                 t.add(row, "llama.cpp", cpp.prefill(prompt))
             t.add(row, "limit", roof.prefill_s(m, n))
-        print(f"repeat {rep + 1} done", flush=True)
+        save(f"{rep + 1} of {args.repeats} repeats")
 
 
-def part_mixed(args, model, hf, m: Machine, roof: Roofline, t: Table) -> None:
-    n, prompt_range, out_range = (16, (64, 256), (8, 32)) if args.quick else (64, (64, 384), (16, 64))
+def part_mixed(args, model, hf, m: Machine, roof: Roofline, t: Table, save) -> None:
+    n, prompt_range, out_range = (16, (64, 256), (8, 32)) if args.quick else (64, (64, 256), (16, 48))
     row = f"mixed: {n} requests, prompts {prompt_range[0]}–{prompt_range[1]}, outputs {out_range[0]}–{out_range[1]}"
     t.notes[row] = "tokens/s = (prompt + output tokens) / wall; HF is credited with every token it computed"
     warm = rand_prompts(random.Random(1), 2, 160)
@@ -138,10 +138,10 @@ def part_mixed(args, model, hf, m: Machine, roof: Roofline, t: Table) -> None:
         limit_s = sum(roof.prefill_s(m, len(p)) for p in prompts) + max(outputs) * len(prompts) / roof.decode_tok_s(
             m, len(prompts), 256)  # fmt: skip
         t.add(row, "limit", requested / limit_s)
-        print(f"repeat {rep + 1} done", flush=True)
+        save(f"{rep + 1} of {args.repeats} repeats")
 
 
-def part_precision(args, model_fp32, cpp, m: Machine, t: Table) -> None:
+def part_precision(args, model_fp32, cpp, m: Machine, t: Table, save) -> None:
     """Single-stream decode with bf16 and int8 weights vs llama.cpp; greedy agreement with fp32."""
     rng = random.Random(5)
     llms = {"float32": fresh_llm(args, model_fp32)}
@@ -171,7 +171,7 @@ def part_precision(args, model_fp32, cpp, m: Machine, t: Table) -> None:
         if cpp:
             full, pre = cpp.generate(prompt, NEW_TOKENS), cpp.prefill(prompt)
             t.add(row, "llama.cpp Q4_1", (NEW_TOKENS - 1) / (full - pre))
-        print(f"repeat {rep + 1} done", flush=True)
+        save(f"{rep + 1} of {args.repeats} repeats")
     for name, b in bytes_per_param.items():
         t.add(row, f"limit {name}", Roofline.of(model_fp32, b).decode_tok_s(m, 1, PROMPT_LEN + NEW_TOKENS // 2))
 
@@ -225,21 +225,25 @@ def main() -> None:
     m, roof = measure_machine(), Roofline.of(model)
     cpp = None if args.no_llama_cpp or source.kind != "gguf" else LlamaCpp(str(source.path), threads=2)
     t = Table()
+    name = f"engine-{args.part}{'-quick' if args.quick else ''}"
+
+    def save(progress: str) -> None:
+        """Written after every repeat, so a run cut short by its time limit still leaves its samples."""
+        text = render(args, t, m, (load0, os.getloadavg()[0]), started) + f"\nCompleted: {progress}.\n"
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{name}.md").write_text(text)
+        raw = {"machine": vars(m), "samples": t.samples, "args": vars(args), "completed": progress}
+        (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+        print(text, flush=True)
+
     if args.part == "precision":
-        part_precision(args, model, cpp, m, t)
+        part_precision(args, model, cpp, m, t, save)
     else:
         hf = load_hf(source)
         if args.part == "throughput":
-            part_throughput(args, model, hf, cpp, m, roof, t)
+            part_throughput(args, model, hf, cpp, m, roof, t, save)
         else:
-            part_mixed(args, model, hf, m, roof, t)
-    text = render(args, t, m, (load0, os.getloadavg()[0]), started)
-    print(text)
-    name = f"engine-{args.part}{'-quick' if args.quick else ''}"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.md").write_text(text + "\n")
-    raw = {"machine": vars(m), "samples": t.samples, "args": vars(args)}
-    (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+            part_mixed(args, model, hf, m, roof, t, save)
 
 
 if __name__ == "__main__":

@@ -129,14 +129,16 @@ class TorchAttentionBackend:
 def gather_padded_kv(cache: LayerKVCache, block_ids: torch.Tensor, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the blocks block_ids [G, NB] as [G, key_len, num_kv_heads, head_dim], dequantized."""
     g, nb = block_ids.shape
+    flat_ids = block_ids.reshape(-1)
     out = []
     for i, scale in ((0, cache.k_scale), (1, cache.v_scale)):
-        x = cache.data[:, i][block_ids]  # [G, NB, bs, KVH, D], contiguous
-        x = x.view(g, nb * x.shape[2], *x.shape[3:])[:, :key_len]
+        # index_select copies whole blocks (several times faster here than advanced indexing)
+        x = cache.data[:, i].index_select(0, flat_ids)  # [G * NB, bs, KVH, D], contiguous
+        x = x.view(g, nb * x.shape[1], *x.shape[2:])[:, :key_len]
         s = None
         if cache.scales is not None:
-            s = cache.scales[:, i][block_ids]
-            s = s.view(g, nb * s.shape[2], s.shape[3])[:, :key_len]
+            s = cache.scales[:, i].index_select(0, flat_ids)
+            s = s.view(g, nb * s.shape[1], s.shape[2])[:, :key_len]
         out.append(quant.dequantize(x, cache.kv_dtype, scale, s))
     return out[0], out[1]
 
