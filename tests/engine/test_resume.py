@@ -146,3 +146,11 @@ def test_bad_resume_is_400(engine, extra, fragment):
     resp = httpx.post(engine.url + "/v1/completions", json=body, timeout=60)
     assert resp.status_code == 400 and fragment in resp.text, resp.text
     assert resp.headers["x-ragserve-error-scope"] == "request"
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_chat_resumes_after_any_chunk(tmp_path):
+    args = ["--model", "smollm2-135m", "--num-gpu-blocks", "64", "--max-model-len", "256"]
+    with running_engine(tmp_path, *args) as smol:
+        body = {"messages": CHAT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        assert resume_everywhere(smol, "/v1/chat/completions", body) >= 10
