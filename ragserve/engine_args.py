@@ -105,6 +105,7 @@ class ServerConfig(FromArgs):
     router_tls_key: str | None = option(None, "client key for mutual TLS with the router", "cluster")
     registry_token_file: str | None = option(None, "file holding the router registry's shared token", "cluster")
     log_level: str = option("info", "log level", "server", choices=LOG_LEVELS)
+    otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "server")
 
     def __post_init__(self) -> None:
         if not self.engine_id:

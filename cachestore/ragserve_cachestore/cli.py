@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 
+from ragserve import tracing
 from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve.logs import LOG_LEVELS, setup_logging
 
@@ -33,12 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--max-message-bytes", type=parse_bytes, default="64MiB", help="largest gRPC message")
     add_flag(g, "--max-blocks-per-call", type=positive_int, default=8192, help="most blocks in one call")
     add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, type=str.lower, help="log level")
+    add_flag(g, "--otlp-traces-endpoint", default=None, help="OTLP/gRPC collector for traces (off when unset)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
 
     setup_logging(args.log_level)
+    tracing.setup(args.otlp_traces_endpoint, "ragserve-cachestore")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -47,4 +50,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"ragserve cachestore listening on {args.host}:{port}", flush=True)
     stop.wait()
     server.stop(grace=2.0)
+    tracing.shutdown()
     return 0

@@ -7,6 +7,7 @@ retried after a backoff. Only programming errors (a malformed block) raise.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from ragserve import tracing
 from ragserve.tls import channel_credentials
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
@@ -235,14 +237,14 @@ class CacheStoreClient:
         jobs = [(self.replicas[i], items) for i, items in shards.items()]
         if len(jobs) == 1:
             return [fn(*jobs[0])]
-        return [f.result() for f in [self._pool.submit(fn, *job) for job in jobs]]
+        return [f.result() for f in [self._pool.submit(contextvars.copy_context().run, fn, *job) for job in jobs]]
 
     def _chunks(self, items: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
         n = self.max_blocks_per_call
         return [items[i : i + n] for i in range(0, len(items), n)]
 
     def _kw(self) -> dict:
-        return {"timeout": self.timeout_s, "metadata": self._metadata}
+        return {"timeout": self.timeout_s, "metadata": tracing.grpc_metadata(self._metadata)}
 
     @staticmethod
     def _check_keys(hashes: Sequence[bytes]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from ragserve import tracing
 from ragserve.keys import store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
@@ -28,10 +29,17 @@ class CacheStoreServicer(pb_grpc.CacheStoreServicer):
         self.limits = limits or Limits()
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
-        tiers = self.store.lookup(self._store_keys(request.layout, request.keys, context))
+        with _span("cachestore.lookup", context, len(request.keys)) as span:
+            tiers = self.store.lookup(self._store_keys(request.layout, request.keys, context))
+            if span is not None:
+                span.set_attribute("ragserve.prefix_blocks", len(tiers))
         return pb.LookupResponse(prefix_len=len(tiers), tiers=tiers)
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.Block]:
+        with _span("cachestore.get", context, len(request.keys)):
+            yield from self._get(request, context)
+
+    def _get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> Iterator[pb.Block]:
         keys = list(request.keys)
         served = []
         for key, skey in zip(keys, self._store_keys(request.layout, keys, context), strict=True):
@@ -44,6 +52,13 @@ class CacheStoreServicer(pb_grpc.CacheStoreServicer):
         self.store.touch_chain(served)
 
     def Put(self, request_iterator: Iterable[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
+        with _span("cachestore.put", context) as span:
+            response = self._put(request_iterator, context)
+            if span is not None:
+                span.set_attributes({"ragserve.stored_blocks": response.stored, "ragserve.skipped": response.skipped})
+        return response
+
+    def _put(self, request_iterator: Iterable[pb.PutRequest], context: grpc.ServicerContext) -> pb.PutResponse:
         stored = skipped = seen = 0
         chain: list[bytes] = []
         for request in request_iterator:
@@ -111,3 +126,11 @@ class CacheStoreServicer(pb_grpc.CacheStoreServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{count} blocks in one call exceeds the limit of {self.limits.max_blocks_per_call}; split the call",
             )
+
+
+def _span(name: str, context: grpc.ServicerContext, num_keys: int | None = None):
+    """The call's span, a child of the caller's `traceparent` metadata (a no-op with tracing off)."""
+    if not tracing.enabled():
+        return tracing.span(name)
+    attributes = {"ragserve.keys": num_keys} if num_keys is not None else None
+    return tracing.span(name, tracing.extract(context.invocation_metadata()), attributes)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ragserve import tracing
 from ragserve_engine.attention.kv_cache import KVCacheTensors
 from ragserve_engine.block_pool import KVCacheBlock
 from ragserve_engine.kv_cache_manager import KVCacheManager
@@ -50,6 +51,7 @@ class PendingFetch:
     num_local: int
     future: Future
     deadline: float
+    request_id: str = ""
 
     def done(self) -> bool:
         return self.future.done()
@@ -94,16 +96,16 @@ class CacheStoreConnector:
         return cls(client, kv_cache, kv_manager)
 
     # ---- fetch ------------------------------------------------------------------------------------
-    def start_fetch(self, hashes: list[bytes], num_local_hits: int) -> PendingFetch | None:
+    def start_fetch(self, hashes: list[bytes], num_local_hits: int, request_id: str = "") -> PendingFetch | None:
         """Download blocks hashes[num_local_hits:] in the background; None when there is nothing to ask."""
         missing = hashes[num_local_hits:]
         self._fetching = {f for f in self._fetching if not f.done()}
         if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
             return None
         self.stats.queries += len(missing) * self.block_size
-        future = self._fetch_pool.submit(self._download, missing)
+        future = self._fetch_pool.submit(self._download, missing, tracing.live.get(request_id))
         self._fetching.add(future)
-        return PendingFetch(hashes, num_local_hits, future, time.monotonic() + self.fetch_deadline_s)
+        return PendingFetch(hashes, num_local_hits, future, time.monotonic() + self.fetch_deadline_s, request_id)
 
     def wait(self, pending: PendingFetch, timeout: float) -> bool:
         try:
@@ -112,12 +114,13 @@ class CacheStoreConnector:
             return False
         return True
 
-    def _download(self, missing: list[bytes]) -> tuple[list, float]:
+    def _download(self, missing: list[bytes], span=None) -> tuple[list, float]:
         """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread."""
         t0 = time.perf_counter()
         try:
-            n = self.client.lookup(missing)
-            blocks = self.client.get(missing[:n]) if n else []
+            with tracing.use(span):  # the cachestore calls carry the request's traceparent
+                n = self.client.lookup(missing)
+                blocks = self.client.get(missing[:n]) if n else []
         except Exception:  # a broken store costs a miss, never a request
             log.exception("cachestore fetch failed")
             blocks = []
@@ -137,6 +140,8 @@ class CacheStoreConnector:
         for h in fetched:
             self._remember(h)
         self.stats.hits += len(blocks) * self.block_size
+        if span := tracing.live.get(pending.request_id):
+            span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.block_size)
         cost = (seconds + time.perf_counter() - t0) / len(blocks)
         old = self.stats.fetch_s_per_block
         self.stats.fetch_s_per_block = cost if old == 0 else FETCH_COST_DECAY * old + (1 - FETCH_COST_DECAY) * cost
@@ -166,8 +171,9 @@ class CacheStoreConnector:
             sdst.copy_(raw[size:].view(sdst.dtype).view(sdst.shape).to(sdst.device))
 
     # ---- offload ----------------------------------------------------------------------------------
-    def offload(self, blocks: list[tuple[KVCacheBlock, bytes]]) -> None:
-        """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread."""
+    def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
+        """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread.
+        The put is traced under the first traced request of the step (`scheduled`)."""
         todo = [(b, h) for b, h in blocks if h not in self._seen]
         if not todo:
             return
@@ -183,9 +189,10 @@ class CacheStoreConnector:
         if self.kv_cache.scales is not None:
             scales = self.kv_cache.scales.index_select(0, ids).to("cpu", non_blocking=True)
         ready = _copy_event(self.kv_cache.data.device)
+        span = next((tracing.live[r] for r in (s.request.request_id for s in scheduled) if r in tracing.live), None)
         for i, (_, h) in enumerate(todo):
             try:
-                self._queue.put_nowait((h, data, scales, i, ready))
+                self._queue.put_nowait((h, data, scales, i, ready, span))
                 self._remember(h)
             except queue.Full:
                 self.stats.dropped += 1
@@ -200,15 +207,16 @@ class CacheStoreConnector:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            blocks = []
-            for h, data, scales, i, ready in (item for item in batch if item is not None):
+            blocks, span = [], next((item[-1] for item in batch if item is not None), None)
+            for h, data, scales, i, ready, _ in (item for item in batch if item is not None):
                 if ready is not None:
                     ready.synchronize()
                 raw = _raw_bytes(data, scales, i)
                 blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
             try:
                 if blocks:
-                    self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
+                    with tracing.use(span):
+                        self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
             except Exception:
                 log.exception("cachestore offload failed")
             for _ in batch:

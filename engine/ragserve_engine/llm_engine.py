@@ -190,7 +190,7 @@ class LLMEngine:
         self.scheduler.update_after_step(out)
         self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens())
         if self.connector is not None and out.newly_cached:
-            self.connector.offload(out.newly_cached)
+            self.connector.offload(out.newly_cached, out.scheduled)
         return self._process(out, model_out)
 
     def _process(self, out: SchedulerOutput, model_out: ModelOutput) -> list[RequestOutput]:

@@ -216,7 +216,8 @@ class Scheduler:
         if req.params.prompt_logprobs is not None:
             return 0
         seq = req.live_seqs[0]
-        pending = self.connector.start_fetch(seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size], num_local)
+        hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size]
+        pending = self.connector.start_fetch(hashes, num_local, req.request_id)
         if pending is None:
             return 0
         if self.connector.wait(pending, INLINE_FETCH_WAIT_S):

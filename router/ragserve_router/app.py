@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from ragserve import tracing
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
@@ -152,7 +153,19 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     routed.decision, routed.key = decision, key
     reason = unresumable(body, chat, routed.stream, gw.cfg.migration_limit, decision.order[0])
     routed.plan = ResumePlan(body, routed.body, chat, reason)
-    return await gw.proxy.forward(routed)
+    attributes = _trace_attributes(routed) if tracing.enabled() else None
+    with tracing.span("router.route", tracing.extract(request.headers), attributes):
+        return await gw.proxy.forward(routed)
+
+
+def _trace_attributes(routed: Routed) -> dict:
+    """The routing decision on the router's span: policy, reason, engine and its predicted cached tokens."""
+    d, engine_id = routed.decision, routed.decision.order[0].engine_id
+    attrs = {"ragserve.request_id": routed.request_id, "ragserve.policy": d.policy, "ragserve.reason": d.reason}
+    attrs["ragserve.engine"] = engine_id
+    if (predicted := d.predicted_cached_tokens(engine_id, routed.key)) is not None:
+        attrs["ragserve.predicted_cached_tokens"] = predicted
+    return attrs
 
 
 async def _record(gw: Gateway, hashes: list[bytes], engine_id: str) -> None:

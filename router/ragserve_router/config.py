@@ -61,6 +61,7 @@ class RouterConfig:
     drain_delay: float = 0.0
     drain_timeout: float = 30.0
     log_level: str = "info"
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.router_id:
@@ -107,6 +108,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, type=str.lower, help="log level")
     add_flag(g, "--drain-delay", type=float, default=0.0, help="seconds /ready reports 503 before stopping")
     add_flag(g, "--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests")
+    add_flag(g, "--otlp-traces-endpoint", default=None, help="OTLP/gRPC collector for traces (off when unset)")
     g = parser.add_argument_group("engines")
     add_flag(g, "--static-engines", type=_url_list, default=[], help="comma-separated OpenAI base URLs")
     add_flag(g, "--k8s-selector", default=None, help="discover ready pods by label selector")

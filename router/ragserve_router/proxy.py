@@ -18,6 +18,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve_router.config import RouterConfig
 from ragserve_router.engines import EngineRecord
@@ -94,7 +95,7 @@ class Proxy:
             headers["Accept"] = accept
         if self.cfg.engine_api_key:
             headers["Authorization"] = f"Bearer {self.cfg.engine_api_key}"
-        return headers
+        return headers | tracing.headers()
 
     async def connect(self, r: Routed, engines: list[EngineRecord], body: bytes) -> tuple[EngineRecord, httpx.Response]:
         """Send to engines in order (at most --max-attempts) until one answers or fails for the request's own

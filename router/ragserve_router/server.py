@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import uvicorn
 from grpc_health.v1 import health_pb2
 
+from ragserve import tracing
 from ragserve.http.auth import ApiKeys
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
@@ -69,6 +70,7 @@ class RouterServer(DrainingServer):
 
 async def serve(cfg: RouterConfig) -> int:
     setup_logging(cfg.log_level)
+    tracing.setup(cfg.otlp_traces_endpoint, "ragserve-router")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
     if cfg.k8s_selector:
@@ -135,4 +137,5 @@ async def serve(cfg: RouterConfig) -> int:
         for closer in (gateway.proxy.close, pool.close, state.close):
             with contextlib.suppress(Exception):
                 await closer()
+        tracing.shutdown()
     return 0 if server.started else 1

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from ragserve import tracing
 from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.server.metrics import EngineMetrics
@@ -67,6 +68,8 @@ class RequestTracker:
 
 
 class Generation:
+    trace_parent = None  # the caller's trace context (tracing on, `traceparent` sent)
+
     def __init__(self, server, prompts: list[str | list[int]], params: SamplingParams, request_id: str, **kw) -> None:
         self.server = server
         self.request_id = request_id
@@ -78,6 +81,8 @@ class Generation:
         tracker = RequestTracker(self.server.metrics, rid)
         gen = self.server.llm.generate(prompt, params, rid, **kw)
         last = None
+        if span := tracing.start("engine.request", self.trace_parent, {"ragserve.request_id": rid}):
+            tracing.live[rid] = span
         self.server.inflight += 1
         try:
             async for out in gen:
@@ -88,6 +93,7 @@ class Generation:
             self.server.inflight -= 1
             await gen.aclose()  # aborts the engine request if it did not finish
             tracker.finish(last)
+            _end_span(tracing.live.pop(rid, None), last)
 
     async def start(self) -> None:
         """Submit every prompt and wait for each first output; raises the first error (ValueError: 400)."""
@@ -141,6 +147,23 @@ class Generation:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.close()
+
+
+def _end_span(span, out: RequestOutput | None) -> None:
+    """The engine's span gets queue, prefill and decode children from the request's recorded times."""
+    if span is None:
+        return
+    t = out.metrics if out is not None else None
+    if t is not None:
+        cached, prompt = out.num_cached_tokens, len(out.prompt_token_ids)
+        fetched = span.attributes.get(tracing.FETCHED_TOKENS, 0)
+        prefill = {"ragserve.prompt_tokens": prompt, "ragserve.cached_tokens": cached}
+        prefill |= {tracing.FETCHED_TOKENS: fetched, "ragserve.computed_tokens": prompt - cached}
+        tracing.record("engine.queue", span, t.arrival_time, t.first_scheduled_time)
+        tracing.record("engine.prefill", span, t.first_scheduled_time, t.first_token_time, prefill)
+        decode = {"ragserve.generation_tokens": sum(len(o.token_ids) for o in out.outputs)}
+        tracing.record("engine.decode", span, t.first_token_time, t.finished_time or time.monotonic(), decode)
+    span.end()
 
 
 def _copy(params: SamplingParams) -> SamplingParams:

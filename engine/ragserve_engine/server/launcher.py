@@ -12,6 +12,7 @@ import logging
 
 import uvicorn
 
+from ragserve import tracing
 from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
@@ -96,11 +97,13 @@ async def run_server(server: EngineServer) -> int:
             await server.registration.stop("shutdown")
         if server.llm is not None:
             server.llm.shutdown()
+        tracing.shutdown()
     return uv.exit_code if uv.started else 1
 
 
 def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
     setup_logging(cfg.log_level)
+    tracing.setup(cfg.otlp_traces_endpoint, "ragserve-engine")
     source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
     server = EngineServer(cfg, engine_config, source.name)
     log.info("engine %s: http %s:%d, model %s loading", cfg.engine_id, cfg.host, cfg.port, source.name)

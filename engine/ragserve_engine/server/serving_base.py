@@ -9,6 +9,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ragserve import tracing
 from ragserve_engine.blend.api import usage_details
 from ragserve_engine.outputs import EngineError, RequestError, RequestOutput
 from ragserve_engine.server.errors import bad_request, failure, failure_event
@@ -61,6 +62,7 @@ class OpenAIServing:
         kw = {"priority": req.priority, "cache_salt": req.cache_salt, "resume_token_ids": req.resume_token_ids}
         kw |= extra
         gen = Generation(self.server, prompts, params, request_id, **kw)
+        gen.trace_parent = tracing.extract(request.headers)
         created = int(time.time())
         try:
             await until_disconnect(request, gen.start())
