@@ -1,0 +1,67 @@
+"""Redis is a cache of the router's state, not its owner: a restart without persistence (as the chart and
+`ragserve up` run it) under load costs no request, and the router publishes its engines again."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import redis
+
+from ragserve.stack import health
+from ragserve.stack.spec import redis_spec
+from tests.helpers.net import free_port
+from tests.helpers.process import start
+from tests.reliability.conftest import ready, start_engines
+
+
+def test_redis_restart_under_load_costs_no_request(cluster, metrics, until, tmp_path):
+    (tmp_path / "redis").mkdir()
+    spec = redis_spec(shutil.which("redis-server"), free_port(), str(tmp_path / "redis"), "warning")
+
+    def start_redis():
+        proc = start("redis", spec.argv, tmp_path / "redis.log")
+        until(lambda: health.check(spec.probe), message="redis PING")
+        return proc
+
+    server = start_redis()
+    router = cluster.router("--redis", spec.url, "--heartbeat-interval-ms", "300")
+    start_engines(cluster, router, ["rr-a", "rr-b"], "--max-model-len", "256")
+    until(lambda: ready(router)["engines"] == 2, timeout=60, message="two engines registered")
+    store = redis.Redis.from_url(spec.url)
+    stop = threading.Event()
+    done = [0]
+
+    def load(i: int) -> list[int]:
+        codes = []
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                stream = len(codes) % 2 == 0
+                body = {"model": "tiny", "prompt": f"client {i} asks {len(codes)}", "max_tokens": 4, "stream": stream}
+                resp = client.post(router.url + "/v1/completions", json=body)
+                ended = not stream or resp.text.rstrip().endswith("data: [DONE]")
+                codes.append(resp.status_code if ended else -1)
+                done[0] += 1
+        return codes
+
+    with ThreadPoolExecutor(4) as pool:
+        clients = [pool.submit(load, i) for i in range(4)]
+        try:
+            until(lambda: done[0] >= 20, timeout=60, message="load running")
+            server.stop(signal.SIGKILL)
+            server = start_redis()
+            until(lambda: store.hlen("ragserve:engines") == 2, message="the router published its engines again")
+            before = done[0]
+            until(lambda: done[0] >= before + 20, timeout=60, message="load after the restart")
+        finally:
+            stop.set()
+        codes = [c for f in clients for c in f.result()]
+    assert codes and set(codes) == {200}, sorted(set(codes))
+    assert ready(router)["engines"] == 2
+    # the engines were asked to register again, so their KV blocks are back in the index
+    until(lambda: metrics(router.url, "ragserve_router_registrations_total") >= 4, message="engines re-registered")
+    until(lambda: store.scard("ragserve:blocks:rr-a") + store.scard("ragserve:blocks:rr-b") > 0, message="KV index")
+    server.stop()
