@@ -41,7 +41,7 @@ def blend_forward(
             residual, h = x, layer.input_layernorm(x)
         else:
             h, residual = layer.input_layernorm(x, residual)
-        q, k, v = project_qkv(attn, positions[rows], h)
+        q, k, v = attn.project(positions[rows], h)
         if plan is not None and i == plan.check_layer:
             keep = select_rows(k, plan.old_kv[i, 0], plan.reusable, plan.num_recompute)
             q, residual, rows = q[keep], residual[keep], rows[keep]
@@ -54,17 +54,6 @@ def blend_forward(
         x = layer.mlp(x)
     x, _ = model.norm(x, residual)
     return x, rows
-
-
-def project_qkv(attn, positions: torch.Tensor, h: torch.Tensor):
-    """The Attention layer's projections, q/k norm and rotary, without its paged-cache step."""
-    q, k, v = attn.qkv_proj(h).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-    q = q.view(-1, attn.num_heads, attn.head_dim)
-    k = k.view(-1, attn.num_kv_heads, attn.head_dim)
-    v = v.view(-1, attn.num_kv_heads, attn.head_dim)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    return (*attn.rotary(positions, q, k), v)
 
 
 def select_rows(k: torch.Tensor, old_k: torch.Tensor, reusable: torch.Tensor, num_recompute: int) -> torch.Tensor:

@@ -45,7 +45,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v for x: projections, q/k norm and rotary, without the paged-cache step."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -53,6 +54,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
+        return q, k, v
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self.project(positions, x)
         cache = ctx.kv_caches[self.layer_idx]
         ctx.backend.write_kv(k, v, cache, ctx.meta.slot_mapping)
         out = ctx.backend.forward(q, k, v, cache, ctx.meta, self.scale)
