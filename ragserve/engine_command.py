@@ -35,6 +35,7 @@ class EnginePod:
     port: int = ENGINE_PORT
     router: str | None = None  # registry HOST:PORT; the pod then advertises its own IP
     router_tls: TLSFiles = TLSFiles()
+    registry_token_file: str | None = None  # the router registry's shared token (--registry-token-file)
     cachestore: tuple[str, ...] = ()  # every cachestore pod's HOST:PORT (the client shards over them)
     cachestore_tls: TLSFiles = TLSFiles()
     cachestore_token_file: str | None = None
@@ -79,7 +80,7 @@ def engine_command(pod: EnginePod) -> list[str]:
     args += arg("served_model_name", pod.served_model_name) + spec_flags(pod.engine)
     if pod.router:
         args += arg("router", pod.router) + arg("advertise_url", ADVERTISE_URL.format(port=pod.port))
-        args += tls_flags("router", pod.router_tls)
+        args += arg("registry_token_file", pod.registry_token_file) + tls_flags("router", pod.router_tls)
     if pod.cachestore:
         args += arg("cachestore", ",".join(pod.cachestore)) + tls_flags("cachestore", pod.cachestore_tls)
         args += arg("cachestore_token_file", pod.cachestore_token_file)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ragserve.engine_args import ENGINE_PORT
 from ragserve.engine_command import EnginePod, engine_command
-from ragserve_operator.mounts import Mounts, cachestore_client, registry_token
+from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
@@ -43,7 +43,7 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             cachestore_tls=cachestore_tls,
             cachestore_token_file=cachestore_token,
             max_body_bytes=pool.raw.get("maxBodyBytes"),
-            extra_args=tuple(registry_token(spec).args),
+            registry_token_file=registry_token_file(spec),
         )
     )
 

@@ -64,10 +64,17 @@ def cachestore_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles, str | None]
     return out, tls, token
 
 
+def registry_token_file(spec: RAGServeSpec) -> str | None:
+    """Where router and engines read the registry token (--registry-token-file), when one is set."""
+    ref = (spec.router.get("registryAuth") or {}).get("tokenSecret")
+    return f"{REGISTRY_TOKEN_DIR}/{ref['key']}" if ref else None
+
+
 def registry_token(spec: RAGServeSpec) -> Mounts:
-    """The registry token, for the router and every engine alike (--registry-token-file)."""
+    """The registry token's Secret mount and flag, for the router and every engine alike."""
     out = Mounts()
-    if ref := (spec.router.get("registryAuth") or {}).get("tokenSecret"):
+    if path := registry_token_file(spec):
+        ref = spec.router["registryAuth"]["tokenSecret"]
         out.secret("registry-token", ref["name"], REGISTRY_TOKEN_DIR, ref["key"])
-        out.args += ["--registry-token-file", f"{REGISTRY_TOKEN_DIR}/{ref['key']}"]
+        out.args += ["--registry-token-file", path]
     return out

@@ -18,6 +18,7 @@ SERVER_FLAGS = {
     "--port",
     "--router",
     "--advertise-url",
+    "--registry-token-file",
     "--cachestore",
     "--max-body-bytes",
     "--drain-timeout",

@@ -75,6 +75,9 @@ def expected(values: dict, pool: dict) -> list[str]:
         port=pool["port"],
         router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,
         router_tls=tls(router, "router"),
+        registry_token_file=f"/etc/ragserve/registry-token/{router['registryAuth']['key']}"
+        if registers and router["registryAuth"]["enabled"]
+        else None,
         cachestore=tuple(cachestore) if stores else (),
         cachestore_tls=tls(store, "cachestore"),
         cachestore_token_file=token or None,

@@ -178,8 +178,10 @@ def test_default_stack_is_the_local_stack(render):
     docs = render({})
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == sorted(
-        ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "ServiceAccount", "StatefulSet"]
+        ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "StatefulSet"]
     )
+    # Like `ragserve up`, the registry takes only engines that hold its generated token.
+    assert [d["metadata"]["name"] for d in of_kind(docs, "Secret")] == ["rs-ragserve-registry-token"]
     names = {d["metadata"]["name"] for d in workloads(docs)}
     assert names == {"rs-ragserve-router", "rs-ragserve-engine-default", "rs-ragserve-cachestore"}
     assert not of_kind(docs, "HorizontalPodAutoscaler") and not of_kind(docs, "ScaledObject")
