@@ -200,3 +200,20 @@ def test_same_flags_as_the_local_stack(render, scenarios):
     for component, argv in local.items():
         flags = {a for a in argv if a.startswith("--")} - {"--engine-id"}
         assert flags <= set(chart[component]), (component, sorted(flags - set(chart[component])))
+
+
+def test_tracing_endpoint_reaches_every_component(render):
+    endpoint = "otel-collector.observability:4317"
+    traced = ragserve_containers(render({"monitoring": {"tracing": {"otlpEndpoint": endpoint}}}))
+    assert {name.split("/")[0] for name, _ in traced} == {
+        "rs-ragserve-router",
+        "rs-ragserve-engine-default",
+        "rs-ragserve-cachestore",
+    }
+    for name, c in traced:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("RAGSERVE_OTLP_TRACES_ENDPOINT") == endpoint, name
+        # the component reads it as its --otlp-traces-endpoint default
+        assert "RAGSERVE_OTLP_TRACES_ENDPOINT" in subcommand_env_names(c["args"][0]), name
+    for name, c in ragserve_containers(render({})):
+        assert "RAGSERVE_OTLP_TRACES_ENDPOINT" not in {e["name"] for e in c.get("env", [])}, name

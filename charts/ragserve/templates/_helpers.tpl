@@ -166,3 +166,11 @@ securityContext:
     items: [{key: {{ .Values.router.registryAuth.key }}, path: {{ .Values.router.registryAuth.key }}}]
     defaultMode: 0440
 {{- end }}
+
+{{/* ragserve.tracingEnv: RAGSERVE_OTLP_TRACES_ENDPOINT for router, engines and cachestore when tracing is on */}}
+{{- define "ragserve.tracingEnv" -}}
+{{- with .Values.monitoring.tracing.otlpEndpoint }}
+- name: RAGSERVE_OTLP_TRACES_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
