@@ -11,6 +11,7 @@ bounded queue, which serializes and sends them (dropped under backpressure).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -129,7 +130,8 @@ class CacheStoreConnector:
     def finish_fetch(self, pending: PendingFetch) -> int:
         """On the step thread, once the download is done: cache its blocks; returns how many were added."""
         blocks, seconds = pending.future.result()
-        blocks = [b for b in blocks if self._fits(b)][: self.kv_manager.num_importable_blocks()]
+        # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
+        blocks = list(itertools.takewhile(self._fits, blocks))[: self.kv_manager.num_importable_blocks()]
         if not blocks:
             return 0
         t0 = time.perf_counter()

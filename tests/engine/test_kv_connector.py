@@ -3,15 +3,17 @@ a stalled store never stalls the step loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import pytest
 
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
+from ragserve_engine.kv_connector import PendingFetch
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.sequence import Status
@@ -179,3 +181,23 @@ def test_a_stalled_cachestore_never_stalls_other_requests(stalling_store):
     assert outputs["stalled"].num_cached_tokens == 0  # nothing came from the store: it recomputed
     assert eng.connector.stats.abandoned == 1 and eng.connector.stats.hits == 0
     assert len(outputs["bystander"].outputs[0].token_ids) == 400
+
+
+def test_a_block_that_does_not_fit_ends_the_fetched_chain(cachestore):
+    """A wrong-size block mid-chain (a fault the store's own checks never let through) must not shift the
+    blocks after it onto the wrong hashes: only the blocks before it are imported."""
+    address, _ = cachestore
+    a = engine(address)
+    a.generate([CONTEXT + [11, 12, 13]], GREEDY)
+    a.engine.connector.flush()
+    b = engine(address, loaded_model=a.engine.runner.model)
+    conn = b.engine.connector
+    hashes = b.engine.kv.hash_blocks(CONTEXT, None)
+    blocks = conn.client.get(hashes[:4])
+    assert len(blocks) == 4
+    blocks[2] = dataclasses.replace(blocks[2], data=blocks[2].data[:-1])
+    done: Future = Future()
+    done.set_result((blocks, 0.01))
+    assert conn.finish_fetch(PendingFetch(hashes, 0, done, deadline=0.0)) == 2
+    cached = [b.engine.kv.pool.get_cached_block(h) is not None for h in hashes[:4]]
+    assert cached == [True, True, False, False]
