@@ -32,6 +32,14 @@ def test_redis_restart_under_load_costs_no_request(cluster, metrics, until, tmp_
     start_engines(cluster, router, ["rr-a", "rr-b"], "--max-model-len", "256")
     until(lambda: ready(router)["engines"] == 2, timeout=60, message="two engines registered")
     store = redis.Redis.from_url(spec.url)
+
+    def indexed() -> int:
+        return store.scard("ragserve:blocks:rr-a") + store.scard("ragserve:blocks:rr-b")
+
+    # full KV blocks on an engine (the load's prompts are shorter than a block), so the index has entries
+    long_prompt = {"model": "tiny", "prompt": "the cached context " * 30, "max_tokens": 2}
+    assert httpx.post(router.url + "/v1/completions", json=long_prompt, timeout=60).status_code == 200
+    until(lambda: indexed() > 0, message="KV index before the restart")
     stop = threading.Event()
     done = [0]
 
@@ -63,5 +71,5 @@ def test_redis_restart_under_load_costs_no_request(cluster, metrics, until, tmp_
     assert ready(router)["engines"] == 2
     # the engines were asked to register again, so their KV blocks are back in the index
     until(lambda: metrics(router.url, "ragserve_router_registrations_total") >= 4, message="engines re-registered")
-    until(lambda: store.scard("ragserve:blocks:rr-a") + store.scard("ragserve:blocks:rr-b") > 0, message="KV index")
+    until(lambda: indexed() > 0, message="KV index rebuilt after the restart")
     server.stop()
