@@ -39,26 +39,22 @@ class RouterMetrics:
             p + "actual_cached_tokens", "Cached prompt tokens engines reported (usage)", ["engine"], registry=r
         )
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens engines reported", ["engine"], registry=r)
-        self.ttft = Histogram(
-            p + "time_to_first_token_seconds",
+
+        def latency(name: str, doc: str, label: str) -> Histogram:
+            return Histogram(p + name, doc, [label], buckets=LATENCY_BUCKETS, registry=r)
+
+        self.ttft = latency(
+            "time_to_first_token_seconds",
             "Time from request arrival to the first streamed byte from the engine",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            "model",
         )
-        self.predicted_ttft = Histogram(
-            p + "predicted_ttft_seconds",
+        self.predicted_ttft = latency(
+            "predicted_ttft_seconds",
             "kv_aware's predicted time to first token on the engine it chose (compare engine_ttft_seconds)",
-            ["engine"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            "engine",
         )
-        self.engine_ttft = Histogram(
-            p + "engine_ttft_seconds",
-            "Time from request arrival to the first streamed byte, by engine",
-            ["engine"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.engine_ttft = latency(
+            "engine_ttft_seconds", "Time from request arrival to the first streamed byte, by engine", "engine"
         )
         self.predicted_tokens = Counter(
             p + "predicted_prompt_tokens",
@@ -72,9 +68,7 @@ class RouterMetrics:
             ["engine", "source"],
             registry=r,
         )
-        self.latency = Histogram(
-            p + "request_duration_seconds", "End-to-end request latency", ["model"], buckets=LATENCY_BUCKETS, registry=r
-        )
+        self.latency = latency("request_duration_seconds", "End-to-end request latency", "model")
         self.routing_latency = Histogram(
             p + "routing_seconds",
             "Time spent choosing an engine (tokenize, hash, index lookup)",
