@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
-from dataclasses import dataclass
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -30,6 +31,10 @@ class Health:
     inflight: int = 0
     failures: int = 0  # consecutive engine-side 5xx: at --breaker-failures the engine is probed at once
     healthy: bool = True
+    left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
+
+    def left_since(self, t: float) -> int:
+        return sum(1 for at in self.left_at if at > t)
 
 
 class Slot:
@@ -55,6 +60,7 @@ class Slot:
         health = self.pool.health.get(self.engine.engine_id)
         if health is not None:
             health.inflight = max(0, health.inflight - 1)
+            health.left_at.append(time.time())
 
 
 class EnginePool:
@@ -102,7 +108,11 @@ class EnginePool:
         return None
 
     def load(self, record: EngineRecord) -> float:
-        return max(record.load.active, self.health[record.engine_id].inflight)
+        """The engine's reported queue less our requests that finished since that report (a report taken while
+        they ran is stale after), or our own in-flight count if higher."""
+        health = self.health[record.engine_id]
+        reported = max(0, record.load.active - health.left_since(record.load.reported_at))
+        return max(reported, health.inflight)
 
     def kv_usage(self, record: EngineRecord) -> float:
         return record.load.kv_usage

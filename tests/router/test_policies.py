@@ -13,7 +13,9 @@ from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, 
 from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
 from ragserve_router.memory_state import MemoryState
+from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Policies, RouteRequest
+from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import RoutingKey
 from ragserve_router.state import STORED, KVOp
 
@@ -230,3 +232,18 @@ async def test_kv_aware_spreads_new_documents_that_share_a_system_prompt():
     assert set(firsts.values()) == set(IDS)  # not all on one engine because block 0 is shared
     again = {d: (await policies.decide("kv_aware", req(doc(d, 1)), records)).order[0].engine_id for d in range(30)}
     assert again == firsts  # a burst of one new document stays together even before any event
+
+
+def test_pool_load_discounts_requests_that_finished_after_the_report():
+    """A heartbeat taken while our request ran says active=1; once it is released the engine is idle again,
+    so a sequence of pinned requests is not pushed off its engine by a stale report."""
+    pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
+    record = EngineRecord("e0", "http://127.0.0.1:1", ["m"])
+    slot = pool.reserve(record)
+    record.load = Load(num_running=1, reported_at=time.time())
+    assert pool.load(record) == 1
+    time.sleep(0.01)
+    slot.release()
+    assert pool.load(record) == 0
+    record.load = Load(num_running=2, reported_at=time.time())  # a newer report: others' requests count again
+    assert pool.load(record) == 2
