@@ -4,8 +4,6 @@ cachestore costs only misses, and corrupted disk blocks are never served (output
 from __future__ import annotations
 
 import signal
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -15,6 +13,7 @@ from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.engine_server import start_engine
 from tests.helpers.net import free_port
 from tests.helpers.process import until
+from tests.reliability.conftest import under_load
 
 PROMPTS = [[1000 + 97 * k + j for j in range(16 * 10 + 3)] for k in range(3)]  # 10 full blocks each
 
@@ -71,26 +70,13 @@ def test_a_sigkilled_cachestore_costs_only_misses(tmp_path):
     try:
         engine.wait_ready()
         reference = [complete(engine.url, ids) for ids in PROMPTS]
-        stop, done = threading.Event(), [0]
 
-        def load(i: int) -> list[list[int]]:
-            outputs = []
-            while not stop.is_set():
-                outputs.append(complete(engine.url, PROMPTS[(i + len(outputs)) % len(PROMPTS)]))
-                outputs.append(complete(engine.url, [7, i, len(outputs), *PROMPTS[i][3:]]))  # new blocks to offload
-                done[0] += 1
-            return outputs
+        def call(i: int, n: int) -> list[int]:
+            if n % 2 == 0:
+                return complete(engine.url, PROMPTS[(i + n) % len(PROMPTS)])
+            return complete(engine.url, [7, i, n, *PROMPTS[i][3:]])  # new blocks to offload
 
-        with ThreadPoolExecutor(3) as pool:
-            clients = [pool.submit(load, i) for i in range(3)]
-            try:
-                until(lambda: done[0] >= 3, timeout=60, what="load running")
-                store.stop(signal.SIGKILL)
-                before = done[0]
-                until(lambda: done[0] >= before + 6, timeout=60, what="load after the cachestore died")
-            finally:
-                stop.set()
-            answers = [a for f in clients for a in f.result()]  # complete() asserted every one was a 200
+        answers = under_load(call, 3, lambda: store.stop(signal.SIGKILL), warmup=6, after=12)
         assert len(answers) >= 12
         assert [complete(engine.url, ids) for ids in PROMPTS] == reference
         assert httpx.get(engine.url + "/ready").status_code == 200

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import redis
@@ -15,7 +13,7 @@ from ragserve.stack import health
 from ragserve.stack.spec import redis_spec
 from tests.helpers.net import free_port
 from tests.helpers.process import start
-from tests.reliability.conftest import ready, start_engines
+from tests.reliability.conftest import ready, start_engines, under_load
 
 
 def test_redis_restart_under_load_costs_no_request(cluster, metrics, until, tmp_path):
@@ -40,33 +38,21 @@ def test_redis_restart_under_load_costs_no_request(cluster, metrics, until, tmp_
     long_prompt = {"model": "tiny", "prompt": "the cached context " * 30, "max_tokens": 2}
     assert httpx.post(router.url + "/v1/completions", json=long_prompt, timeout=60).status_code == 200
     until(lambda: indexed() > 0, message="KV index before the restart")
-    stop = threading.Event()
-    done = [0]
 
-    def load(i: int) -> list[int]:
-        codes = []
-        with httpx.Client(timeout=60) as client:
-            while not stop.is_set():
-                stream = len(codes) % 2 == 0
-                body = {"model": "tiny", "prompt": f"client {i} asks {len(codes)}", "max_tokens": 4, "stream": stream}
-                resp = client.post(router.url + "/v1/completions", json=body)
-                ended = not stream or resp.text.rstrip().endswith("data: [DONE]")
-                codes.append(resp.status_code if ended else -1)
-                done[0] += 1
-        return codes
+    def call(i: int, n: int) -> int:
+        stream = n % 2 == 0
+        body = {"model": "tiny", "prompt": f"client {i} asks {n}", "max_tokens": 4, "stream": stream}
+        resp = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+        ended = not stream or resp.text.rstrip().endswith("data: [DONE]")
+        return resp.status_code if ended else -1
 
-    with ThreadPoolExecutor(4) as pool:
-        clients = [pool.submit(load, i) for i in range(4)]
-        try:
-            until(lambda: done[0] >= 20, timeout=60, message="load running")
-            server.stop(signal.SIGKILL)
-            server = start_redis()
-            until(lambda: store.hlen("ragserve:engines") == 2, message="the router published its engines again")
-            before = done[0]
-            until(lambda: done[0] >= before + 20, timeout=60, message="load after the restart")
-        finally:
-            stop.set()
-        codes = [c for f in clients for c in f.result()]
+    def restart() -> None:
+        nonlocal server
+        server.stop(signal.SIGKILL)
+        server = start_redis()
+        until(lambda: store.hlen("ragserve:engines") == 2, message="the router published its engines again")
+
+    codes = under_load(call, 4, restart, warmup=20, after=20)
     assert codes and set(codes) == {200}, sorted(set(codes))
     assert ready(router)["engines"] == 2
     # the engines were asked to register again, so their KV blocks are back in the index
