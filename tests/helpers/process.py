@@ -144,7 +144,7 @@ def start_redis(tmp: Path) -> tuple[Proc, str]:
     """A throwaway redis-server on a free loopback port, no persistence: (process, URL of database 0)."""
     exe = shutil.which("redis-server")
     if exe is None:
-        pytest.skip("redis-server is not installed")
+        pytest.fail("redis-server is not installed: `apt-get install redis-server` (.ci/run does)")
     port = free_port()
     data = tmp / f"redis-{port}"
     data.mkdir()

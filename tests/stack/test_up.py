@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +14,6 @@ import pytest
 
 from tests.helpers.process import alive, wait_gone
 from tests.helpers.stack import ROOT, Up, tiny
-
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
 
 @pytest.fixture(scope="module")
