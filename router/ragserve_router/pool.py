@@ -174,7 +174,12 @@ class EnginePool:
         resp = await self.probe_client.get(record.url + "/metrics")
         if resp.status_code == 200:
             load = engine_load(resp.text, required=False)
-            record.load = Load(num_running=int(load.running), num_waiting=int(load.waiting), kv_usage=load.kv_usage)
+            record.load = Load(
+                num_running=int(load.running),
+                num_waiting=int(load.waiting),
+                kv_usage=load.kv_usage,
+                reported_at=time.time(),
+            )
 
     async def probe_due(self) -> None:
         """Probe engines whose breaker is open, and every engine that does not heartbeat."""
