@@ -70,14 +70,10 @@ class EngineConfig(FromArgs):
     cachestore_token_file: str | None = option(None, "file holding the cachestore's shared token", "cluster")
 
     def __post_init__(self) -> None:
+        self.check_choices()
         sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
         checks = [
             (self.block_size in BLOCK_SIZES, f"block_size must be {sizes}, got {self.block_size}"),
-            (self.quantization in QUANTIZATIONS, f"quantization must be one of {QUANTIZATIONS}"),
-            (self.kv_cache_dtype in KV_CACHE_DTYPES, f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}"),
-            (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {ATTENTION_BACKENDS}"),
-            (self.preemption_mode in PREEMPTION_MODES, f"preemption_mode must be one of {PREEMPTION_MODES}"),
-            (self.scheduling_policy in SCHEDULING_POLICIES, f"scheduling_policy must be one of {SCHEDULING_POLICIES}"),
             (self.max_num_seqs > 0, "max_num_seqs must be positive"),
             (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
             (self.swap_space >= 0, "swap_space must be >= 0"),

@@ -138,3 +138,10 @@ class FromArgs:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Any:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+    def check_choices(self) -> None:
+        """Raise ValueError for an option() field outside its choices (for configs built in code, not by flags)."""
+        for f in options(type(self)):
+            choices = f.metadata["choices"]
+            if choices is not None and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {tuple(choices)}, got {getattr(self, f.name)!r}")

@@ -124,3 +124,15 @@ def test_tls_names_the_flag_of_an_unreadable_file(tmp_path):
     with pytest.raises(ValueError, match="cannot read --router-tls-ca"):
         channel_credentials(missing, flags="--router-tls-")
     assert channel_credentials() is not None  # system roots
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quantization", "int3"), ("kv_cache_dtype", "fp4"), ("attention_backend", "cuda"), ("dtype", "float8")],
+)
+def test_engine_config_built_in_code_checks_each_choice(field, value):
+    """Flags are checked by argparse; a config made in code (LLM(...), tests) by the same choices."""
+    from ragserve.engine_args import EngineConfig
+
+    with pytest.raises(ValueError, match=f"{field} must be one of"):
+        EngineConfig(**{field: value})
