@@ -185,6 +185,42 @@ def test_cachestore_client_security_is_wired(render):
         assert {"cachestore-ca", "cachestore-client", "cachestore-token"} <= mounts
 
 
+def test_router_reaches_a_secured_cachestore(render, scenarios):
+    """kv_aware looks up the cachestore itself: with TLS, mTLS and a token the router gets the same CA, client
+    certificate and token as the engines (parsed by its own CLI), and the cachestore's NetworkPolicy admits it."""
+    docs = render(scenarios["tls"])
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rs-ragserve-router"]
+    pod = router["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ns = parse(container["args"])
+    assert isinstance(ns, argparse.Namespace), ns
+    assert (ns.cachestore_tls_ca, ns.cachestore_tls_cert, ns.cachestore_tls_key, ns.cachestore_token_file) == (
+        "/etc/ragserve/cachestore-ca/ca.crt",
+        "/etc/ragserve/cachestore-client/tls.crt",
+        "/etc/ragserve/cachestore-client/tls.key",
+        "/etc/ragserve/cachestore-token/token",
+    )
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert secrets["cachestore-ca"] == {"secretName": "cachestore-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert secrets["cachestore-client"]["secretName"] == "engine-cachestore-client"
+    assert secrets["cachestore-token"]["secretName"] == "cachestore-token"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for flag, path in (
+        ("ca", ns.cachestore_tls_ca),
+        ("client", ns.cachestore_tls_key),
+        ("token", ns.cachestore_token_file),
+    ):
+        assert path.startswith(mounts[f"cachestore-{flag}"] + "/"), flag
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "rs-ragserve-cachestore")
+    (grpc,) = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": "grpc"}]]
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    assert any(set(peer["podSelector"]["matchLabels"].items()) <= set(labels.items()) for peer in grpc["from"])
+
+    plain = next(c for w, c in ragserve_containers(render({})) if "-router/" in w)
+    assert not [a for a in plain["args"] if a.startswith("--cachestore-")]
+    assert not [m for m in plain["volumeMounts"] if m["name"].startswith("cachestore-")]
+
+
 def test_same_flags_as_the_local_stack(render, scenarios):
     """Every flag `ragserve up` gives a process, the chart gives it too (except the per-process engine id)."""
     from ragserve.stack.spec import Ports, StackConfig, cachestore_spec, engine_spec, router_spec

@@ -1,6 +1,7 @@
 """kv_aware's cost model on real engines and a real cachestore: a hot shared prefix held by one engine and
 by the store no longer pins every request to that engine; the other fetches it and serves too, and the
-router's /metrics shows predicted vs actual TTFT and the fetched/computed split per engine."""
+router's /metrics shows predicted vs actual TTFT and the fetched/computed split per engine. The store requires
+a token (as the chart's `cachestore.auth` makes it), so the router's own Lookups prove they carry it."""
 
 from __future__ import annotations
 
@@ -30,17 +31,24 @@ def engine_metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
 
 
+TOKEN = "store-token-for-router-tests"
+
+
 def stored_blocks(address: str) -> int:
-    with CacheStoreClient(address, LAYOUT) as client:
+    with CacheStoreClient(address, LAYOUT, token=TOKEN) as client:
         stats = client.stats()[address]
     return sum(t.blocks for t in stats.tiers) if stats else 0
 
 
 def test_hot_prefix_is_fetched_by_the_other_engine_instead_of_pinning_one(cluster, metrics, until, tmp_path):
-    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB").wait_serving()
+    token = tmp_path / "store-token"
+    token.write_text(TOKEN + "\n")
+    auth = ["--auth-token-file", str(token)]
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB", *auth).wait_serving()
     try:
-        router = cluster.router("--heartbeat-interval-ms", "200")
+        router = cluster.router("--heartbeat-interval-ms", "200", "--cachestore-token-file", str(token))
         flags = ["--num-gpu-blocks", "512", "--max-model-len", "4096", "--cachestore", store.address]
+        flags += ["--cachestore-token-file", str(token)]
         engines = cluster.real_engines(router, 2, *flags, ids=["hot-0", "hot-1"])
         until(lambda: httpx.get(router.url + "/ready", timeout=5).json()["engines"] == 2, timeout=60)
         first = httpx.post(router.url + "/v1/chat/completions", json=chat("warm up"), timeout=120)

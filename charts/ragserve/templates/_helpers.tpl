@@ -174,3 +174,62 @@ securityContext:
   value: {{ . | quote }}
 {{- end }}
 {{- end }}
+
+{{/* ragserve.cachestoreClientArgs: how a cachestore client (engines; the router, for store-aware Lookup)
+verifies the store and proves itself: the CA, the client certificate under mutual TLS, the shared token. */}}
+{{- define "ragserve.cachestoreClientArgs" -}}
+{{- $cs := .Values.cachestore -}}
+{{- if $cs.tls.enabled }}
+{{- include "ragserve.arg" (list "--cachestore-tls-ca" "/etc/ragserve/cachestore-ca/ca.crt") }}
+{{- if $cs.tls.clientAuth }}
+{{- include "ragserve.arg" (list "--cachestore-tls-cert" "/etc/ragserve/cachestore-client/tls.crt") }}
+{{- include "ragserve.arg" (list "--cachestore-tls-key" "/etc/ragserve/cachestore-client/tls.key") }}
+{{- end }}
+{{- end }}
+{{- if $cs.auth.existingSecret }}
+{{- include "ragserve.arg" (list "--cachestore-token-file" (printf "/etc/ragserve/cachestore-token/%s" $cs.auth.key)) }}
+{{- end }}
+{{- end }}
+
+{{/* ragserve.cachestoreClientMounts / ragserve.cachestoreClientVolumes: the files cachestoreClientArgs names */}}
+{{- define "ragserve.cachestoreClientMounts" -}}
+{{- $cs := .Values.cachestore -}}
+{{- if $cs.tls.enabled }}
+- name: cachestore-ca
+  mountPath: /etc/ragserve/cachestore-ca
+  readOnly: true
+{{- if $cs.tls.clientAuth }}
+- name: cachestore-client
+  mountPath: /etc/ragserve/cachestore-client
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- if $cs.auth.existingSecret }}
+- name: cachestore-token
+  mountPath: /etc/ragserve/cachestore-token
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "ragserve.cachestoreClientVolumes" -}}
+{{- $cs := .Values.cachestore -}}
+{{- if $cs.tls.enabled }}
+- name: cachestore-ca
+  secret:
+    secretName: {{ $cs.tls.secretName }}
+    items: [{key: ca.crt, path: ca.crt}]
+{{- if $cs.tls.clientAuth }}
+- name: cachestore-client
+  secret:
+    secretName: {{ $cs.tls.engineClientSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- if $cs.auth.existingSecret }}
+- name: cachestore-token
+  secret:
+    secretName: {{ $cs.auth.existingSecret }}
+    items: [{key: {{ $cs.auth.key }}, path: {{ $cs.auth.key }}}]
+    defaultMode: 0440
+{{- end }}
+{{- end }}

@@ -42,16 +42,7 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- end }}
 {{- if and $.Values.cachestore.enabled $p.useCachestore }}
 {{- include "ragserve.arg" (list "--cachestore" (include "ragserve.cachestoreAddresses" $)) }}
-{{- if $.Values.cachestore.tls.enabled }}
-{{- include "ragserve.arg" (list "--cachestore-tls-ca" "/etc/ragserve/cachestore-ca/ca.crt") }}
-{{- if $.Values.cachestore.tls.clientAuth }}
-{{- include "ragserve.arg" (list "--cachestore-tls-cert" "/etc/ragserve/cachestore-client/tls.crt") }}
-{{- include "ragserve.arg" (list "--cachestore-tls-key" "/etc/ragserve/cachestore-client/tls.key") }}
-{{- end }}
-{{- end }}
-{{- if $.Values.cachestore.auth.existingSecret }}
-{{- include "ragserve.arg" (list "--cachestore-token-file" (printf "/etc/ragserve/cachestore-token/%s" $.Values.cachestore.auth.key)) }}
-{{- end }}
+{{- include "ragserve.cachestoreClientArgs" $ }}
 {{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $p.maxBodyBytes) }}
 {{- include "ragserve.arg" (list "--log-level" $.Values.logLevel) }}

@@ -26,6 +26,9 @@
 {{- else if $r.registryAuth.allowUnauthenticated }}
 - --registry-allow-unauthenticated
 {{- end }}
+{{- if .Values.cachestore.enabled }}
+{{- include "ragserve.cachestoreClientArgs" . }}
+{{- end }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}
