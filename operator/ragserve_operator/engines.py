@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ragserve.engine_args import ENGINE_PORT
 from ragserve.engine_command import EnginePod, engine_command
-from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file
+from ragserve_operator.mounts import Mounts, cachestore_client, registry_tls_client, registry_token, registry_token_file
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
@@ -44,14 +44,15 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             cachestore_token_file=cachestore_token,
             max_body_bytes=pool.raw.get("maxBodyBytes"),
             registry_token_file=registry_token_file(spec),
+            router_tls=registry_tls_client(spec)[1],
         )
     )
 
 
 def secret_mounts(spec: RAGServeSpec) -> Mounts:
-    """The Secrets an engine pod reads: the cachestore's CA / client certificate / token, the registry token."""
-    cachestore, registry = cachestore_client(spec)[0], registry_token(spec)
-    return Mounts(cachestore.volumes + registry.volumes, cachestore.mounts + registry.mounts)
+    """The Secrets an engine pod reads: the cachestore's and the registry's CA / client certificate, their tokens."""
+    parts = [cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec)]
+    return Mounts([v for p in parts for v in p.volumes], [m for p in parts for m in p.mounts])
 
 
 def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int) -> dict:

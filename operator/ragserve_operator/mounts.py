@@ -1,5 +1,5 @@
 """Secrets mounted as files, and the flags that point at them: the cachestore's TLS and token (both sides)
-and the router registry's token (both sides). Paths are the chart's, so the pods look alike either way."""
+and the router registry's TLS and token (both sides). Paths are the chart's, so the pods look alike either way."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from ragserve.engine_command import TLSFiles
 from ragserve_operator.spec import RAGServeSpec
 
-CACHESTORE_TLS_DIR = "/etc/ragserve/tls"
+SERVING_TLS_DIR = "/etc/ragserve/tls"  # a server's own certificate: the cachestore's, or the router registry's
 CACHESTORE_AUTH_DIR = "/etc/ragserve/auth"
-CACHESTORE_CA_DIR = "/etc/ragserve/cachestore-ca"
-CACHESTORE_CLIENT_DIR = "/etc/ragserve/cachestore-client"
 CACHESTORE_TOKEN_DIR = "/etc/ragserve/cachestore-token"
 REGISTRY_TOKEN_DIR = "/etc/ragserve/registry-token"
 
@@ -33,14 +31,31 @@ class Mounts:
         self.mounts.append({"name": volume, "mountPath": path, "readOnly": True})
 
 
+def serving_tls(tls: dict, out: Mounts) -> None:
+    """A server's certificate (and, with clientAuth, the CA client certificates must chain to) and its flags."""
+    if tls["enabled"]:
+        out.secret("tls", tls["secretName"], SERVING_TLS_DIR)
+        out.args += ["--tls-cert", f"{SERVING_TLS_DIR}/tls.crt", "--tls-key", f"{SERVING_TLS_DIR}/tls.key"]
+        if tls["clientAuth"]:
+            out.args += ["--tls-client-ca", f"{SERVING_TLS_DIR}/ca.crt"]
+
+
+def client_tls(tls: dict, peer: str, out: Mounts) -> TLSFiles:
+    """A client's side of `peer`'s TLS: the CA it verifies the server with and, for mutual TLS, its certificate."""
+    if not tls.get("enabled"):
+        return TLSFiles()
+    ca_dir, client_dir = f"/etc/ragserve/{peer}-ca", f"/etc/ragserve/{peer}-client"
+    out.secret(f"{peer}-ca", tls["secretName"], ca_dir, "ca.crt")
+    if not tls.get("clientAuth"):
+        return TLSFiles(ca=f"{ca_dir}/ca.crt")
+    out.secret(f"{peer}-client", tls["engineClientSecret"], client_dir)
+    return TLSFiles(f"{ca_dir}/ca.crt", f"{client_dir}/tls.crt", f"{client_dir}/tls.key")
+
+
 def cachestore_server(spec: RAGServeSpec) -> Mounts:
     """The cachestore's serving certificate (and client CA for mutual TLS), and its token."""
     cs, out = spec.cachestore, Mounts()
-    if cs["tls"]["enabled"]:
-        out.secret("tls", cs["tls"]["secretName"], CACHESTORE_TLS_DIR)
-        out.args += ["--tls-cert", f"{CACHESTORE_TLS_DIR}/tls.crt", "--tls-key", f"{CACHESTORE_TLS_DIR}/tls.key"]
-        if cs["tls"]["clientAuth"]:
-            out.args += ["--tls-client-ca", f"{CACHESTORE_TLS_DIR}/ca.crt"]
+    serving_tls(cs["tls"], out)
     if secret := cs["auth"].get("existingSecret"):
         out.secret("auth", secret, CACHESTORE_AUTH_DIR, cs["auth"]["key"])
         out.args += ["--auth-token-file", f"{CACHESTORE_AUTH_DIR}/{cs['auth']['key']}"]
@@ -48,20 +63,21 @@ def cachestore_server(spec: RAGServeSpec) -> Mounts:
 
 
 def cachestore_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles, str | None]:
-    """An engine's side: the CA it verifies the cachestore with, its client certificate, the token file."""
-    cs, out, tls, token = spec.cachestore, Mounts(), TLSFiles(), None
+    """A client's side (engines, and the router's store lookups): CA, client certificate, the token file."""
+    cs, out, token = spec.cachestore, Mounts(), None
     if not cs["enabled"]:
-        return out, tls, token
-    if cs["tls"]["enabled"]:
-        out.secret("cachestore-ca", cs["tls"]["secretName"], CACHESTORE_CA_DIR, "ca.crt")
-        tls = TLSFiles(ca=f"{CACHESTORE_CA_DIR}/ca.crt")
-        if cs["tls"]["clientAuth"]:
-            out.secret("cachestore-client", cs["tls"]["engineClientSecret"], CACHESTORE_CLIENT_DIR)
-            tls = TLSFiles(tls.ca, f"{CACHESTORE_CLIENT_DIR}/tls.crt", f"{CACHESTORE_CLIENT_DIR}/tls.key")
+        return out, TLSFiles(), token
+    tls = client_tls(cs["tls"], "cachestore", out)
     if secret := cs["auth"].get("existingSecret"):
         out.secret("cachestore-token", secret, CACHESTORE_TOKEN_DIR, cs["auth"]["key"])
         token = f"{CACHESTORE_TOKEN_DIR}/{cs['auth']['key']}"
     return out, tls, token
+
+
+def registry_tls_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles]:
+    """An engine's side of the router registry's TLS (the chart's router.tls)."""
+    out = Mounts()
+    return out, client_tls(spec.router.get("tls") or {}, "router", out)
 
 
 def registry_token_file(spec: RAGServeSpec) -> str | None:

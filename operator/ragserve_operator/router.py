@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ragserve_operator.mounts import registry_token
+from ragserve.engine_command import tls_flags
+from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, serving_tls
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env
 from ragserve_operator.spec import RAGServeSpec
@@ -10,23 +11,36 @@ from ragserve_operator.spec import RAGServeSpec
 API_KEYS_DIR = "/etc/ragserve/api-keys"
 
 
+def router_secrets(spec: RAGServeSpec) -> Mounts:
+    """Registry TLS and token, the cachestore's CA / client certificate / token (for store lookups), API keys."""
+    r, out = spec.router, Mounts()
+    serving_tls(r.get("tls") or {"enabled": False}, out)
+    token = registry_token(spec)
+    # without a token or mutual TLS anyone in the cluster may register an engine: said explicitly, as the router asks
+    mtls = (r.get("tls") or {}).get("enabled") and r["tls"].get("clientAuth")
+    out.args += token.args or ([] if mtls else ["--registry-allow-unauthenticated"])
+    store, store_tls, store_token = cachestore_client(spec)
+    out.args += tls_flags("cachestore", store_tls) + (["--cachestore-token-file", store_token] if store_token else [])
+    if secret := r.get("apiKeySecret"):
+        out.secret("api-keys", secret["name"], API_KEYS_DIR)
+        out.args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
+    out.volumes += token.volumes + store.volumes
+    out.mounts += token.mounts + store.mounts
+    return out
+
+
 def router_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
     r = spec.router
     args = ["router", "--host", "0.0.0.0", "--port", str(r["port"]), "--grpc-port", str(r["grpcPort"])]
     args += ["--policy", r["policy"]] + redis_args(owner, spec, db=0)
-    if secret := r.get("apiKeySecret"):
-        args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
     if r.get("maxBodyBytes"):
         args += ["--max-body-bytes", str(r["maxBodyBytes"])]
-    # without a registry token anyone in the cluster may register an engine: said explicitly, as the router asks
-    return args + (registry_token(spec).args or ["--registry-allow-unauthenticated"])
+    return args + router_secrets(spec).args
 
 
 def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
     r = spec.router
-    secrets = registry_token(spec)
-    if secret := r.get("apiKeySecret"):
-        secrets.secret("api-keys", secret["name"], API_KEYS_DIR)
+    secrets = router_secrets(spec)
     volumes, mounts = secrets.volumes, secrets.mounts
     router = container(
         "router",

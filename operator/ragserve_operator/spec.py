@@ -34,6 +34,14 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         lambda s: not s["cachestore"]["redisTier"] or s["redis"]["mode"] != "off",
     ),
     (
+        "router.tls.enabled needs router.tls.secretName",
+        lambda s: not s["router"]["tls"]["enabled"] or bool(s["router"]["tls"].get("secretName")),
+    ),
+    (
+        "router.tls.clientAuth needs router.tls.engineClientSecret",
+        lambda s: not s["router"]["tls"]["clientAuth"] or bool(s["router"]["tls"].get("engineClientSecret")),
+    ),
+    (
         "cachestore.tls.enabled needs cachestore.tls.secretName",
         lambda s: not s["cachestore"]["tls"]["enabled"] or bool(s["cachestore"]["tls"].get("secretName")),
     ),

@@ -48,6 +48,12 @@ SPECS = {
             "auth": {"existingSecret": "store-token"},
         },
     },
+    "registry-mtls": {
+        "engines": [{"name": "a", "model": "m"}],
+        "router": {
+            "tls": {"enabled": True, "secretName": "router-tls", "clientAuth": True, "engineClientSecret": "eng"}
+        },
+    },
 }
 
 
@@ -273,6 +279,34 @@ def test_registry_token_for_router_and_engines():
         by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
     )
     assert router.registry_token_file is None and router.registry_allow_unauthenticated is True
+
+
+def test_router_store_lookups_get_the_cachestore_tls_and_token():
+    """The router looks blocks up in the cachestore for store-aware routing, so it is one of the store's clients."""
+    pod = by_name(children("secure"), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    router, args = pod["containers"][0], parse(pod["containers"][0])
+    assert mounted(pod, router, args.cachestore_tls_ca)["secretName"] == "store-tls"
+    assert mounted(pod, router, args.cachestore_tls_cert)["secretName"] == "engine-tls"
+    assert mounted(pod, router, args.cachestore_token_file)["secretName"] == "store-token"
+
+
+def test_registry_mutual_tls_for_router_and_engines():
+    """The chart's router.tls: the router serves the registry with its certificate and requires the engines'; mTLS
+    authenticates engines, so the router is not told to accept unauthenticated registrations."""
+    objs = children("registry-mtls")
+    router_pod = by_name(objs, "Deployment", "demo-router")["spec"]["template"]["spec"]
+    router = router_pod["containers"][0]
+    args = parse(router)
+    assert mounted(router_pod, router, args.tls_cert)["secretName"] == "router-tls"
+    assert (args.tls_key, args.tls_client_ca) == ("/etc/ragserve/tls/tls.key", "/etc/ragserve/tls/ca.crt")
+    assert args.registry_allow_unauthenticated is False and args.registry_token_file is None
+    engine_pod = by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]
+    engine = engine_pod["containers"][0]
+    args = parse(engine)
+    assert mounted(engine_pod, engine, args.router_tls_ca)["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert mounted(engine_pod, engine, args.router_tls_ca)["secretName"] == "router-tls"
+    assert mounted(engine_pod, engine, args.router_tls_cert)["secretName"] == "eng"
+    assert args.router_tls_key == "/etc/ragserve/router-client/tls.key"
 
 
 def test_no_cachestore():

@@ -48,6 +48,11 @@ def test_pool_image_overrides_the_engine_image_field_by_field():
             {"engines": [POOL], "cachestore": {"tls": {"enabled": True, "secretName": "s", "clientAuth": True}}},
             "cachestore.tls.clientAuth needs cachestore.tls.engineClientSecret",
         ),
+        ({"engines": [POOL], "router": {"tls": {"enabled": True}}}, "router.tls.enabled needs router.tls.secretName"),
+        (
+            {"engines": [POOL], "router": {"tls": {"enabled": True, "secretName": "s", "clientAuth": True}}},
+            "router.tls.clientAuth needs router.tls.engineClientSecret",
+        ),
         ({"engines": [POOL], "redis": {"mode": "external", "url": "http://x"}}, "spec.redis.url: 'http://x' does not"),
         ({"engines": [POOL], "cachestore": {"disk": "5PiB"}}, "spec.cachestore.disk: '5PiB' does not match"),
         ({}, "'engines' is a required property"),
