@@ -11,6 +11,7 @@ import torch
 
 from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVCacheBlock
+from ragserve_engine.detokenizer import DetokState
 from ragserve_engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -37,6 +38,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     output_text: str = ""
+    detok: DetokState = field(default_factory=DetokState)  # incremental output text (stop.py)
     generator: torch.Generator | None = None
     index: int = 0  # position in the request's outputs
     swapped_table: list[int] = field(default_factory=list)  # host slots while swapped out
@@ -65,6 +67,7 @@ class Sequence:
         child.num_computed_tokens = self.num_computed_tokens
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
+        child.output_text, child.detok = self.output_text, self.detok.copy()
         if self.generator is not None:
             child.generator = torch.Generator().set_state(self.generator.get_state())
         return child

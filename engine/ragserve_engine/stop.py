@@ -22,17 +22,18 @@ class StopCriteria:
 
 def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
     """Resumed tokens (migration) are output for stop strings, not for min_tokens and max_tokens
-    (the router sends what remains of both)."""
+    (the router sends what remains of both). The text is decoded incrementally (DetokState) and
+    stop strings are searched only where a new match can be: linear in the output length."""
     p = req.params
     last = seq.token_ids[-1]
     num_new = len(seq.output_token_ids) - req.num_resumed_tokens
-    decode = criteria.tokenizer.decode
-    seq.output_text = decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+    decode, ids, skip = criteria.tokenizer.decode, seq.output_token_ids, p.skip_special_tokens
+    if num_new >= p.min_tokens and not p.ignore_eos and last in criteria.eos_ids:
+        seq.output_text = seq.detok.peek(decode, ids[:-1], skip)  # the text without the EOS token
+        seq.finish_reason = "stop"
+        return
+    seq.output_text = seq.detok.step(decode, ids, skip)
     if num_new >= p.min_tokens:
-        if not p.ignore_eos and last in criteria.eos_ids:
-            seq.output_text = decode(seq.output_token_ids[:-1], p.skip_special_tokens)
-            seq.finish_reason = "stop"
-            return
         if last in p.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", last
             return
@@ -43,8 +44,12 @@ def check_stop(req: Request, seq: Sequence, criteria: StopCriteria) -> None:
 
 
 def _stop_string(seq: Sequence, stops: list[str], include: bool) -> bool:
-    found = [(seq.output_text.find(s), s) for s in stops]
+    """The earliest match in the whole text, searching only from where the last search left off
+    (less the longest stop string: a match may straddle the boundary)."""
+    start = max(0, seq.detok.stop_checked - max(map(len, stops)) + 1)
+    found = [(seq.output_text.find(s, start), s) for s in stops]
     found = [(i, s) for i, s in found if i >= 0]
+    seq.detok.stop_checked = len(seq.detok.text)
     if not found:
         return False
     idx, stop = min(found)

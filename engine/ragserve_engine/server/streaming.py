@@ -20,7 +20,7 @@ def sse(data: dict | str) -> str:
 class ChoiceCursor:
     """What of one choice's text, tokens and logprobs has been streamed so far.
 
-    The engine re-decodes the whole output each step: a trailing incomplete UTF-8 character
+    The engine's text is that of all output tokens so far: a trailing incomplete UTF-8 character
     or the start of a stop string may still change, so they are held back until final.
 
     A resumed request (migration) starts where the interrupted stream stopped sending: the
