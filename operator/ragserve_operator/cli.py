@@ -22,6 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="http://0.0.0.0:8080/healthz",
         help="liveness endpoint URL, empty to disable",
     )
+    add_flag(
+        parser,
+        "--metrics-address",
+        default="0.0.0.0:9090",
+        help="HOST:PORT to serve Prometheus /metrics on (reconciles, conflicts, scaling), empty to disable",
+    )
     add_flag(parser, "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     add_flag(parser, "--peering", default=None, help="kopf peering name to run several replicas (default: standalone)")
     add_flag(parser, "--verbose", action="store_true", help="debug logging")
@@ -60,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"no Kubernetes API to talk to (not in a pod, no usable kubeconfig): {exc}") from exc
 
     setup_logging("debug" if args.verbose else "info")
+    if args.metrics_address:
+        from ragserve_operator.metrics import serve
+
+        serve(args.metrics_address)
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     kopf.run(
         clusterwide=args.all_namespaces,

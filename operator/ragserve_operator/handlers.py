@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 
+from ragserve_operator import metrics
 from ragserve_operator.apply import Emit
 from ragserve_operator.kube import Kube, load_config
 from ragserve_operator.names import MANAGED_BY, MANAGED_BY_LABEL, owner_of
@@ -81,5 +82,6 @@ async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Me
                 last_resync = loop.time()
                 await asyncio.to_thread(reconcile, memo.kube, meta["namespace"], meta["name"], emitter)
         except Exception:  # a failed pass must not end the loop: the next one retries
+            metrics.autoscaler_failures.inc()
             log.exception("autoscaler pass for %s failed", meta.get("name"))
         await stopped.wait(interval_of(dict(body)))

@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ragserve_operator import metrics
 from ragserve_operator.apply import Applied, Emit, NotOwnedError, apply_all, contains, prune
 from ragserve_operator.children import OWNED_KINDS, desired_children
 from ragserve_operator.kube import Kube, KubeError
@@ -71,21 +72,29 @@ def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], E
         body = kube.get("RAGServe", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
-        owner, emit = Owner.of(body), emitter(body)
-        generation = body["metadata"].get("generation")
-        previous = body.get("status") or {}
-        try:
-            spec = parse_spec(body.get("spec"), owner.name)
-            applied = apply_spec(kube, owner, spec, emit)
-            components = [component(obj) for (kind, _), obj in applied.live.items() if kind in WORKLOADS]
-            status = healthy_status(previous, generation, components, applied.conflicts)
-        except SpecError as exc:
-            status = degraded_status(previous, generation, "InvalidSpec", f"invalid spec: {exc}")
-        except (KubeError, NotOwnedError) as exc:
-            log.warning("reconcile %s/%s failed: %s", owner.namespace, owner.name, exc)
-            status = degraded_status(previous, generation, "ApplyFailed", str(exc))
-        _announce(previous, status, emit)
-        write_status(kube, owner, previous, status)
+        with metrics.reconcile_seconds.time():
+            return _reconcile(kube, body, emitter)
+
+
+def _reconcile(kube: Kube, body: dict, emitter: Callable[[dict], Emit]) -> dict:
+    owner, emit = Owner.of(body), emitter(body)
+    generation = body["metadata"].get("generation")
+    previous = body.get("status") or {}
+    outcome = "ok"
+    try:
+        spec = parse_spec(body.get("spec"), owner.name)
+        applied = apply_spec(kube, owner, spec, emit)
+        components = [component(obj) for (kind, _), obj in applied.live.items() if kind in WORKLOADS]
+        status = healthy_status(previous, generation, components, applied.conflicts)
+        metrics.apply_conflicts.inc(len(applied.conflicts))
+    except SpecError as exc:
+        outcome, status = "invalid_spec", degraded_status(previous, generation, "InvalidSpec", f"invalid spec: {exc}")
+    except (KubeError, NotOwnedError) as exc:
+        log.warning("reconcile %s/%s failed: %s", owner.namespace, owner.name, exc)
+        outcome, status = "apply_failed", degraded_status(previous, generation, "ApplyFailed", str(exc))
+    metrics.reconciles.labels(outcome).inc()
+    _announce(previous, status, emit)
+    write_status(kube, owner, previous, status)
     return status
 
 

@@ -255,7 +255,7 @@ async def kube(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeSim]:
         yield sim
 
 
-def start_operator(sim: KubeSim, tmp_path: Path, port: int) -> Proc:
+def start_operator(sim: KubeSim, tmp_path: Path, port: int, metrics_port: int) -> Proc:
     config = kubeconfig(str(sim.url).rstrip("/"), tmp_path / "kubeconfig.yaml")
     args = [
         "operator",
@@ -265,13 +265,15 @@ def start_operator(sim: KubeSim, tmp_path: Path, port: int) -> Proc:
         str(config),
         "--liveness",
         f"http://127.0.0.1:{port}/healthz",
+        "--metrics-address",
+        f"127.0.0.1:{metrics_port}",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") and k != "KUBECONFIG"}
     return start("operator", [sys.executable, "-m", "ragserve.cli", *args], tmp_path / "operator.log", env=env)
 
 
 @pytest_asyncio.fixture
-async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterator[Callable]:
+async def run_operator(kube: KubeSim, tmp_path: Path, port: int, metrics_port: int) -> AsyncIterator[Callable]:
     """Start the operator (stopping the previous one first); every process is stopped at teardown, without
     blocking the loop: kmock serves the operator's last requests meanwhile."""
     procs: list[Proc] = []
@@ -280,7 +282,7 @@ async def run_operator(kube: KubeSim, tmp_path: Path, port: int) -> AsyncIterato
         for old in procs:
             await old.stop_async()
         kube._requests.clear()  # so the readiness check below sees this process's watches
-        proc = start_operator(kube, tmp_path, port)
+        proc = start_operator(kube, tmp_path, port, metrics_port)
         procs.append(proc)
         await until_async(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
         # kmock's watches ignore resourceVersion (events between a list and its watch are lost): wait for them
@@ -318,6 +320,12 @@ async def _alive(proc: Proc, port: int) -> bool:
     line = await reader.readline()
     writer.close()
     return b" 200 " in line
+
+
+@pytest.fixture
+def metrics_port() -> int:
+    """Where the operator under test serves its Prometheus /metrics."""
+    return _free_ports(1)[0]
 
 
 @pytest.fixture

@@ -22,7 +22,15 @@ def operator(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
 def test_help_lists_the_flags():
     out = operator("--help")
     assert out.returncode == 0
-    for flag in ("--namespace", "--all-namespaces", "--liveness", "--kubeconfig", "--peering", "--print-crd"):
+    for flag in (
+        "--namespace",
+        "--all-namespaces",
+        "--liveness",
+        "--kubeconfig",
+        "--peering",
+        "--print-crd",
+        "--metrics-address",
+    ):
         assert flag in out.stdout
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import kubernetes_validate
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from ragserve_operator.metrics import OUTCOMES
 from ragserve_operator.spec import GROUP, VERSION
 from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, RAGSERVES, ragserve
 
@@ -127,7 +130,16 @@ async def test_full_loop(kube, operator, eventually):
     await eventually(lambda: reasons <= {e["reason"] for e in kube.events()}, what="events")
 
 
-async def test_invalid_spec_degrades_and_operator_keeps_running(kube, operator, eventually):
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url, timeout=5).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+async def test_invalid_spec_degrades_and_operator_keeps_running(kube, operator, eventually, metrics_port):
     pool = {"name": "a", "model": "m", "minReplicas": 3, "maxReplicas": 2, "engine": {"kvCacheDtype": "fp4"}}
     bad = {"engines": [pool]}
     await kube.call("POST", BASE, ragserve("bad", bad))
@@ -146,6 +158,12 @@ async def test_invalid_spec_degrades_and_operator_keeps_running(kube, operator, 
     assert kube.obj(DEPLOYMENTS, "bad-engine-a")
     assert any(e["type"] == "Warning" and e["reason"] == "InvalidSpec" for e in kube.events())
     assert operator.poll() is None
+
+    # and its /metrics says so: invalid passes counted apart from good ones, failures at 0 (present)
+    scraped = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+    outcomes = {o: scraped[("ragserve_operator_reconciles_total", (("outcome", o),))] for o in OUTCOMES}
+    assert outcomes["invalid_spec"] >= 1 and outcomes["ok"] >= 2 and outcomes["apply_failed"] == 0
+    assert 0 < scraped[("ragserve_operator_reconcile_duration_seconds_count", ())] <= sum(outcomes.values())
 
 
 async def test_restart_resumes_and_deletion_is_not_blocked(kube, run_operator, eventually):

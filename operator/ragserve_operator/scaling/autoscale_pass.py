@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from ragserve_operator import metrics
 from ragserve_operator.apply import Emit, contains
 from ragserve_operator.kube import Kube
 from ragserve_operator.names import Owner
@@ -82,6 +83,7 @@ async def autoscale_once(
         if decision is None:
             continue
         if decision.desired != decision.current:
+            metrics.scale_changes.labels(pool.name).inc()
             emit(
                 "Normal",
                 "Scaled",
