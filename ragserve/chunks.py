@@ -8,7 +8,9 @@ Engine and router both tokenize chunked chats here.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import struct
 from dataclasses import dataclass
 
 from ragserve.keys import chunk_key
@@ -68,11 +70,17 @@ def encode_chunked_chat(tokenizer: PromptTokenizer, messages: list[dict]) -> Chu
 
 def chunk_set_key(
     tokenizer: PromptTokenizer, messages: list[dict], root: bytes, cache_salt: str | None = None
-) -> tuple[list[bytes], int]:
-    """The router's key for a chunked chat: its chunks' content keys, sorted (any order is the same set),
-    and the prompt's token count."""
+) -> tuple[list[tuple[bytes, int]], int]:
+    """The router's key for a chunked chat: its chunks' (content key, token count), sorted by key (any order
+    is the same set), and the prompt's token count."""
     prompt = encode_chunked_chat(tokenizer, messages)
-    return sorted({chunk_key(root, t, (), cache_salt) for t in prompt.chunk_tokens()}), len(prompt.token_ids)
+    chunks = {chunk_key(root, t, (), cache_salt): len(t) for t in prompt.chunk_tokens()}
+    return sorted(chunks.items()), len(prompt.token_ids)
+
+
+def chunk_record_keys(key: bytes, num_tokens: int, block_size: int) -> list[bytes]:
+    """A chunk's cachestore records: ceil(num_tokens / block_size) keys SHA-256(chunk key | u32le(i))."""
+    return [hashlib.sha256(key + struct.pack("<I", i)).digest() for i in range(-(-num_tokens // block_size))]
 
 
 def _parts(message: dict) -> list:

@@ -6,6 +6,7 @@ hands out the least recently freed block first, and removes a hit block in O(1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -77,6 +78,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.events: list[KVEvent] = []
         self.record_events = False  # turned on by whoever publishes them
+        self.external_keys: Callable[[], list[bytes]] = list  # keys held outside the pool (blend chunks)
 
     @property
     def num_blocks(self) -> int:
@@ -144,15 +146,21 @@ class BlockPool:
             block.block_hash = None
         self.cached.clear()
         self._event(KVEvent("cleared"))
+        for key in self.external_keys():  # still held: the router must not forget them
+            self._event(KVEvent("stored", [key]))
         return True
 
     def _event(self, event: KVEvent) -> None:
         if self.record_events:
             self.events.append(event)
 
+    def external_event(self, event: KVEvent) -> None:
+        """A key held outside the pool was stored or removed: published in order with the pool's events."""
+        self._event(event)
+
     def take_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events
 
     def snapshot(self) -> KVSnapshot:
-        return KVSnapshot(list(self.cached), len(self.events))
+        return KVSnapshot([*self.cached, *self.external_keys()], len(self.events))

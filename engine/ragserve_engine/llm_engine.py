@@ -64,6 +64,8 @@ class LLMEngine:
         self.blender = Blender(
             self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory, cachestore=store
         )
+        self.blender.store.listener = self.pool.external_event  # chunk keys reach the router with block events
+        self.pool.external_keys = lambda: list(self.blender.store.entries)
         self.load = LoadTracker(config.max_num_batched_tokens)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
@@ -186,6 +188,9 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         model_out = self.blender.execute(out)
+        for rid, exc in self.blender.take_failed().items():  # out no longer holds them
+            self.failed[rid] = exc
+            self._drop(rid)
         seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
         self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens())

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from ragserve.chunks import chunk_record_keys
 from ragserve_router.cost_model import PendingWork, Prediction, calibrate, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
@@ -163,8 +164,10 @@ class KVAware(Policy):
 
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         key = req.key
-        cached = await self._cached_blocks(key, cands)
-        stored = await self._stored_blocks(key, cands)
+        if key.chunk_tokens:
+            cached, stored = await self._chunk_blocks(key, cands)
+        else:
+            cached, stored = await self._cached_blocks(key, cands), await self._stored_blocks(key, cands)
         bs = key.block_tokens or TEXT_CHUNK_TOKENS
         prompt = key.num_prompt_tokens if key.num_prompt_tokens is not None else (len(key.hashes) + 1) * bs
         fleet, out = [r.load for r in cands], output_tokens(req.body)
@@ -223,6 +226,28 @@ class KVAware(Policy):
             if layout:
                 found[(address, layout)] = await self.ctx.store.leading(address, layout, key.hashes)
         return {r.engine_id: found.get((r.load.cachestore, r.layout_fingerprint), 0) for r in cands}
+
+    async def _chunk_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> tuple[dict, dict]:
+        """A chunk set (docs/blend.md): per engine, the blocks' worth of its chunks it holds (KV events, else
+        routing history), and of those it holds or can fetch from its cachestore. Any order counts."""
+        held = dict.fromkeys((r.engine_id for r in cands), 0)
+        reach = dict(held)
+        for h, n in zip(key.hashes, key.chunk_tokens, strict=True):
+            here = await self._cached_blocks(RoutingKey([h], key.block_tokens, n), cands)  # one chunk: exact
+            stores = await self._chunk_in_stores(h, n, key.block_tokens, cands)
+            for r in cands:
+                held[r.engine_id] += n * bool(here.get(r.engine_id))
+                reach[r.engine_id] += n * bool(here.get(r.engine_id) or stores.get(r.engine_id))
+        bs = key.block_tokens
+        return {e: t // bs for e, t in held.items()}, {e: t // bs for e, t in reach.items()}
+
+    async def _chunk_in_stores(self, key: bytes, n: int, bs: int, cands: list[EngineRecord]) -> dict[str, bool]:
+        records = chunk_record_keys(key, n, bs)
+        found = {}
+        for address, layout in {(r.load.cachestore, r.layout_fingerprint) for r in cands if r.load.cachestore}:
+            if layout:
+                found[(address, layout)] = await self.ctx.store.leading(address, layout, records) == len(records)
+        return {r.engine_id: found.get((r.load.cachestore, r.layout_fingerprint), False) for r in cands}
 
 
 POLICIES = tuple(POLICY_CLASSES)

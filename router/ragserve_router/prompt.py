@@ -31,10 +31,12 @@ class RoutingKey:
     hashes: list[bytes]
     block_tokens: int  # tokens per hash; 0 when the hashes are of text chunks
     num_prompt_tokens: int | None = None
+    chunk_tokens: tuple[int, ...] = ()  # a chunk set (docs/blend.md): hashes are chunk keys, of these lengths
 
     @property
     def exact(self) -> bool:
-        return self.block_tokens > 0
+        """Hashes of the prompt's leading blocks, as the engine computes them."""
+        return self.block_tokens > 0 and not self.chunk_tokens
 
 
 def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[int] | None:
@@ -134,8 +136,10 @@ def token_key(
 ) -> RoutingKey | None:
     try:
         if chat and isinstance(body.get("messages"), list) and has_chunks(body["messages"]):  # docs/blend.md
-            keys, num_tokens = chunk_set_key(tokenizer, body["messages"], root_hash(spec.model_id), salt)
-            return RoutingKey(keys, 0, num_tokens)  # the chunk set, not the prefix: approximate index
+            chunks, num_tokens = chunk_set_key(tokenizer, body["messages"], root_hash(spec.model_id), salt)
+            if chunks:  # the chunk set, not the prefix
+                keys, lengths = zip(*chunks, strict=True)
+                return RoutingKey(list(keys), spec.block_size, num_tokens, tuple(lengths))
         tokens = prompt_tokens(tokenizer, body, chat)
     except (ValueError, TypeError, AttributeError) as exc:  # the engine will answer the client about it
         log.debug("cannot tokenize request for routing: %s", exc)

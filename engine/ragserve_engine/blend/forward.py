@@ -10,6 +10,7 @@ at every layer: a plain causal prefill.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +26,20 @@ KVSink = Callable[[int, torch.Tensor, torch.Tensor], None]  # (layer, K [N, kvh,
 class ReusePlan:
     old_kv: torch.Tensor  # [num_layers, 2, N, kvh, d]: stored chunk K/V, keys at their real positions
     reusable: torch.Tensor  # [N] bool: rows that have stored K/V (chunk tokens)
-    num_recompute: int  # how many reusable rows to recompute, chosen by key deviation at check_layer
+    num_recompute: int  # how many reusable rows to recompute in the end, chosen by KV deviation
     check_layer: int = 1
+    filter_layers: int = 1  # gradual filtering: select at this many layers from check_layer on...
+    filter_start: float = 1.0  # ...keeping filter_start x num_recompute rows at the first, num_recompute at the last
+    value_weight: float = 0.0  # deviation: key distance + value_weight x value distance (see deviation)
+
+    def keep_at(self, layer: int) -> int | None:
+        """Reusable rows kept by the selection at `layer`; None where no selection happens."""
+        j = layer - self.check_layer
+        if not 0 <= j < self.filter_layers:
+            return None
+        steps = max(1, self.filter_layers - 1)
+        factor = self.filter_start + (1.0 - self.filter_start) * min(j, steps) / steps
+        return math.ceil(self.num_recompute * (factor if self.filter_layers > 1 else 1.0))
 
 
 def blend_forward(
@@ -42,11 +55,14 @@ def blend_forward(
         else:
             h, residual = layer.input_layernorm(x, residual)
         q, k, v = attn.project(positions[rows], h)
-        if plan is not None and i == plan.check_layer:
-            keep = select_rows(k, plan.old_kv[i, 0], plan.reusable, plan.num_recompute)
-            q, residual, rows = q[keep], residual[keep], rows[keep]
-        elif plan is not None and i > plan.check_layer:
+        if plan is not None and len(rows) < len(input_ids):
             k, v = _merge(plan.old_kv[i, 0], k, rows), _merge(plan.old_kv[i, 1], v, rows)
+        keep_count = plan.keep_at(i) if plan is not None else None
+        if keep_count is not None:  # rows not kept still use this layer's fresh K/V
+            old = plan.old_kv[i][:, rows]
+            dev = deviation(k[rows], v[rows], old[0], old[1], plan.value_weight)
+            keep = select_rows(dev, plan.reusable[rows], keep_count)
+            q, residual, rows = q[keep], residual[keep], rows[keep]
         sink(i, k, v)
         out = attend(q, k, v, positions[rows], positions, attn.scale)
         x = attn.o_proj(out.reshape(len(rows), -1))
@@ -56,11 +72,25 @@ def blend_forward(
     return x, rows
 
 
-def select_rows(k: torch.Tensor, old_k: torch.Tensor, reusable: torch.Tensor, num_recompute: int) -> torch.Tensor:
-    """Sorted row indices: every non-reusable row plus the num_recompute reusable rows of largest key deviation."""
-    deviation = (k.float() - old_k.float()).pow(2).sum(dim=(-2, -1))
+def deviation(
+    k: torch.Tensor, v: torch.Tensor, old_k: torch.Tensor, old_v: torch.Tensor, value_weight: float
+) -> torch.Tensor:
+    """Per row ([N, kvh, d] in, [N] out): squared distance of fresh from stored keys, plus value_weight x that
+    of values; each scaled by the stored rows' mean squared norm, so keys and values weigh alike."""
+
+    def dist(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        old = old.float()
+        d = (new.float() - old).pow(2).sum(dim=(-2, -1))
+        return d / old.pow(2).sum(dim=(-2, -1)).mean().clamp_min(1e-12)
+
+    dev = dist(k, old_k)
+    return dev + value_weight * dist(v, old_v) if value_weight else dev
+
+
+def select_rows(deviation: torch.Tensor, reusable: torch.Tensor, num_recompute: int) -> torch.Tensor:
+    """Sorted row indices: every non-reusable row plus the num_recompute reusable rows of largest deviation."""
     deviation = deviation.masked_fill(~reusable, float("inf"))
-    count = min(len(k), int((~reusable).sum()) + num_recompute)
+    count = min(len(deviation), int((~reusable).sum()) + num_recompute)
     return deviation.topk(count).indices.sort().values
 
 

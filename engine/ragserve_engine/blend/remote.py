@@ -7,14 +7,14 @@ the engine's layout namespace like its prefix blocks. Stores happen on a backgro
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ragserve.chunks import chunk_record_keys
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,8 +35,7 @@ class RemoteChunks:
         self._puts = ThreadPoolExecutor(1, thread_name_prefix="chunk-offload")
 
     def record_keys(self, key: bytes, num_tokens: int) -> list[bytes]:
-        count = -(-num_tokens // self.block_size)
-        return [hashlib.sha256(key + struct.pack("<I", i)).digest() for i in range(count)]
+        return chunk_record_keys(key, num_tokens, self.block_size)
 
     def get(self, key: bytes, num_tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         keys = self.record_keys(key, num_tokens)

@@ -9,6 +9,7 @@ into the sequence's paged blocks, so decoding continues like any other request.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
@@ -16,10 +17,12 @@ from ragserve.keys import chunk_key
 from ragserve_engine.blend.forward import ReusePlan, blend_forward
 from ragserve_engine.blend.remote import RemoteChunks
 from ragserve_engine.blend.rope import rerotate
-from ragserve_engine.blend.spec import DEFAULT_CHECK_LAYER, BlendSpec
+from ragserve_engine.blend.spec import BlendSpec, Selection
 from ragserve_engine.blend.store import ChunkStore
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -36,8 +39,8 @@ class Blender:
         recompute_fraction: float,
         store_bytes: int,
         canonical_prefix: list[int] = (),
-        check_layer: int = DEFAULT_CHECK_LAYER,
         cachestore=None,
+        selection: Selection | None = None,
     ) -> None:
         """`cachestore`: a CacheStoreClient; chunks are then shared with every engine of the same layout."""
         self.runner = runner
@@ -46,12 +49,15 @@ class Blender:
         self.recompute_fraction = recompute_fraction
         self.store = ChunkStore(store_bytes)
         self.canonical_prefix = list(canonical_prefix)
-        self.check_layer = check_layer
+        self.selection = selection or Selection()
         self.counters = BlendCounters()
+        self.failed: dict[str, Exception] = {}  # request id -> what failed its blended prefill this step
         self.remote = RemoteChunks(cachestore, runner.block_size) if cachestore is not None else None
 
     # ---- a step -------------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> ModelOutput:
+        """The step's outputs. A blended prefill that raises fails its request alone: it leaves
+        out.scheduled and is reported by take_failed (the engine then drops it)."""
         blended = [s for s in out.scheduled if _is_blend_prefill(s)]
         if not blended:
             return self.runner.execute(out)
@@ -60,7 +66,14 @@ class Blender:
         base = self.runner.execute(rest) if rest.scheduled else None
         if base is None:
             self.runner.copy_blocks(rest)
-        mine = {id(s): self.prefill(s.seq.token_ids, s.seq.block_table, s.request.blend) for s in blended}
+        mine = {}
+        for s in blended:
+            try:
+                mine[id(s)] = self.prefill(s.seq.token_ids, s.seq.block_table, s.request.blend)
+            except Exception as exc:  # noqa: BLE001 - this request's alone
+                log.exception("blended prefill of request %s failed", s.request.request_id)
+                self.failed[s.request.request_id] = exc
+        out.scheduled[:] = [s for s in out.scheduled if s.request.request_id not in self.failed]
         rows, i = [], 0
         for s in out.scheduled:
             if id(s) in mine:
@@ -68,7 +81,12 @@ class Blender:
             elif s.sample:
                 rows.append(base.logits[i])
                 i += 1
-        return ModelOutput(torch.stack(rows), base.prompt_logits if base else {})
+        logits = torch.stack(rows) if rows else torch.empty(0, device=self.runner.device)
+        return ModelOutput(logits, base.prompt_logits if base else {})
+
+    def take_failed(self) -> dict[str, Exception]:
+        failed, self.failed = self.failed, {}
+        return failed
 
     # ---- one blended prefill ------------------------------------------------------------------
     @torch.inference_mode()
@@ -101,10 +119,14 @@ class Blender:
             kv = self.chunk_kv(token_ids[start:stop], spec.cache_salt)
             old[:, 0, start:stop] = rerotate(kv[:, 0], start - len(self.canonical_prefix), rotary)
             old[:, 1, start:stop] = kv[:, 1]
-            reusable[start:stop] = True
+            reusable[start + min(self.selection.sink_tokens, stop - start) : stop] = True
         reusable[n - 1] = False  # the last token's logits are sampled: always computed
-        num = spec.num_recompute(int(reusable.sum()), self.recompute_fraction)
-        return ReusePlan(old, reusable, num, min(self.check_layer, cfg.num_layers - 1))
+        num_chunk = sum(b - a for a, b in spec.spans)
+        forced = num_chunk - int(reusable.sum())  # sink tokens (and a last token in a chunk) count as recomputed
+        num = max(0, spec.num_recompute(num_chunk, self.recompute_fraction) - forced)
+        sel = self.selection
+        check = min(sel.check_layer, cfg.num_layers - 1)
+        return ReusePlan(old, reusable, num, check, sel.filter_layers, sel.filter_start, sel.value_weight)
 
     # ---- chunks -------------------------------------------------------------------------------
     def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> torch.Tensor:

@@ -6,7 +6,17 @@ import math
 from dataclasses import dataclass, field
 
 DEFAULT_RECOMPUTE_FRACTION = 0.15
-DEFAULT_CHECK_LAYER = 1
+
+
+@dataclass
+class Selection:
+    """How a blended prefill picks the chunk tokens it recomputes (docs/blend.md, quality levers)."""
+
+    sink_tokens: int = 0  # each chunk's first tokens, always recomputed (attention sinks at position 0)
+    filter_layers: int = 1  # gradual filtering over this many layers from the check layer
+    filter_start: float = 1.0  # rows kept at the first filtering layer, x the final count
+    value_weight: float = 0.0  # value deviation's weight next to key deviation
+    check_layer: int = 1  # layers before it compute every row; selection starts here
 
 
 @dataclass

@@ -1,11 +1,18 @@
-"""The engine's chunk KV store: content key -> K/V computed at the canonical position, LRU within a byte budget."""
+"""The engine's chunk KV store: content key -> K/V computed at the canonical position, LRU within a byte budget.
+
+Each key stored or evicted is told to `listener` as a KV event (the engine passes them on with its block
+events, so the router's exact index knows where chunks live).
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from ragserve_engine.block_pool import KVEvent
 
 
 @dataclass
@@ -21,6 +28,7 @@ class ChunkStore:
         self.used = 0
         self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.stats = StoreStats()
+        self.listener: Callable[[KVEvent], None] | None = None
 
     def get(self, key: bytes) -> torch.Tensor | None:
         kv = self.entries.get(key)
@@ -36,15 +44,23 @@ class ChunkStore:
         size = _nbytes(kv)
         if size > self.capacity:
             return False
-        if key in self.entries:
+        known = key in self.entries
+        if known:
             self.used -= _nbytes(self.entries.pop(key))
         while self.used + size > self.capacity:
-            _, old = self.entries.popitem(last=False)
+            old_key, old = self.entries.popitem(last=False)
             self.used -= _nbytes(old)
             self.stats.evictions += 1
+            self._tell(KVEvent("removed", [old_key]))
         self.entries[key] = kv
         self.used += size
+        if not known:
+            self._tell(KVEvent("stored", [key]))
         return True
+
+    def _tell(self, event: KVEvent) -> None:
+        if self.listener is not None:
+            self.listener(event)
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.entries
