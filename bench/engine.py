@@ -6,6 +6,7 @@ weights, in one run, with this machine's measured limits.
     python bench/engine.py --part precision    # bf16 / int8 weights: single-stream decode, token agreement
     python bench/engine.py --part features     # prefix-cache TTFT, KV waste, forked sequences
     python bench/engine.py --part profile      # torch.profiler top-10 of decode steps at batch 32
+    python bench/engine.py --part linear       # decode-sized matmuls: nn.Linear vs oneDNN prepacked
     add --quick for a short run
 
 Each configuration runs `--repeats` times (default 3), the three systems interleaved so they see the
@@ -205,7 +206,7 @@ def render(args, t: Table, m: Machine, load: tuple[float, float], started: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["throughput", "mixed", "precision", "features", "profile"],
+    parser.add_argument("--part", choices=["throughput", "mixed", "precision", "features", "profile", "linear"],
                         default="throughput")  # fmt: skip
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
@@ -214,10 +215,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started, load0 = time.time(), os.getloadavg()[0]
-    if args.part in ("features", "profile"):
-        from engine_features import run_features, run_profile
+    if args.part in ("features", "profile", "linear"):
+        from engine_features import run_features, run_linear, run_profile
 
-        (run_features if args.part == "features" else run_profile)(args)
+        {"features": run_features, "profile": run_profile, "linear": run_linear}[args.part](args)
         return
     source = resolve_model(args.model)
     llm = LLM(args.model)

@@ -109,3 +109,54 @@ def run_profile(args, batch: int = 32, steps: int = 10) -> None:
     )
     print(text)
     (RESULTS / f"profile-decode{batch}.txt").write_text(text + "\n")
+
+
+def run_linear(args, layers: int = 30, repeats: int = 5) -> None:
+    """Decode-sized matmuls: nn.Linear (MKL sgemm) vs oneDNN on a prepacked weight (PackedLinear), float32,
+    SmolLM2-135M's shapes, 30 distinct weights per shape (read from memory as in a real step)."""
+    import torch
+
+    from engine import RESULTS
+    from ragserve_engine.layers.packed_linear import BATCH_HINT
+
+    shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+    lines = [f"`python bench/engine.py --part linear` (float32, CPU, {torch.get_num_threads()} threads): "
+             f"ms per decode step for each projection summed over {layers} layers (lm_head once), "
+             f"best of {repeats}; oneDNN weights packed for {BATCH_HINT} rows", "",
+             "| rows | projection | nn.Linear ms | packed ms | speed-up |", "|---:|---|---:|---:|---:|"]  # fmt: skip
+    with torch.inference_mode():
+        for rows in (1, 8, 32, 512):
+            total = [0.0, 0.0]
+            for name, (n, k) in shapes.items():
+                ws = [torch.randn(n, k) * 0.02 for _ in range(1 if name == "lm_head" else layers)]
+                x = torch.randn(rows, k)
+                ms = [_best_ms(repeats, x, ws, packed=False), _best_ms(repeats, x, ws, packed=True)]
+                total = [total[0] + ms[0], total[1] + ms[1]]
+                lines.append(f"| {rows} | {name} | {ms[0]:.2f} | {ms[1]:.2f} | {ms[0] / ms[1]:.2f}x |")
+            lines.append(f"| {rows} | **all** | {total[0]:.1f} | {total[1]:.1f} | {total[0] / total[1]:.2f}x |")
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / "profile-linear.txt").write_text(text + "\n")
+
+
+def _best_ms(repeats: int, x, weights: list, packed: bool) -> float:
+    """Best time of one pass over all weights: F.linear, or oneDNN's linear on weights packed beforehand."""
+    import torch
+    import torch.nn.functional as F
+
+    from ragserve_engine.layers.packed_linear import BATCH_HINT
+
+    if packed:
+        weights = [torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT) for w in weights]
+    run = (
+        (lambda w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+        if packed
+        else (lambda w: F.linear(x, w))
+    )
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up
+        t0 = time.perf_counter()
+        for w in weights:
+            run(w)
+        times.append(time.perf_counter() - t0)
+    return min(times[1:]) * 1e3

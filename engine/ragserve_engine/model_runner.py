@@ -14,6 +14,7 @@ from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache
 from ragserve_engine.attention.selector import get_attention_backend
 from ragserve_engine.layers import fused
 from ragserve_engine.layers.attention import ForwardContext
+from ragserve_engine.layers.packed_linear import can_pack, pack_weights
 from ragserve_engine.layers.quant_linear import quantize_weights
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.models.loader import load_model
@@ -54,6 +55,8 @@ class ModelRunner:
         self.model = model or load_model(source, self.dtype, self.device)
         if config.quantization != "none" and model is None:
             quantize_weights(self.model, config.quantization)
+        elif model is None and not config.enforce_eager and can_pack(self.device, self.dtype):
+            pack_weights(self.model)
         self.model_config = self.model.config
         fused.set_compile(not config.enforce_eager)
         self.backend = get_attention_backend(config.attention_backend, self.device, config.kv_cache_dtype)

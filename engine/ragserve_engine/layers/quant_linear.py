@@ -7,6 +7,8 @@ back to the model dtype, so norms, rotary, attention and the KV cache keep their
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -31,12 +33,16 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def quantize_weights(model: nn.Module, method: str) -> nn.Module:
+def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
     """Replace every nn.Linear (lm_head included; a tied embedding keeps its own full-precision copy)."""
-    if method not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child))
+                setattr(module, child_name, make(child))
     return model
+
+
+def quantize_weights(model: nn.Module, method: str) -> nn.Module:
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
+    return replace_linears(model, Int8Linear)
