@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -30,6 +31,7 @@ SYSTEM_HEAD = (
 class ChatTurn:
     user: int
     round: int
+    start_s: float = 0.0  # perf_counter when sent
 
     @property
     def first(self) -> bool:  # the user's first request: nothing of its history was seen yet
@@ -91,8 +93,9 @@ async def run_chat(url: str, model: str, system: str, users: list[ChatUser], ans
             messages.append({"role": "user", "content": question})
             body = {"model": model, "messages": messages, "max_tokens": answer_tokens}
             body.update(temperature=0.0, ignore_eos=True)
+            start = time.perf_counter()
             result = await stream_chat(http, url, body)
-            results.append((ChatTurn(user.index, r), result))
+            results.append((ChatTurn(user.index, r, start), result))
             messages.append({"role": "assistant", "content": result.text or "(no answer)"})
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as http:

@@ -36,7 +36,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -66,6 +66,7 @@ class TraceRequest:
     doc_id: str
     question: str
     first: bool  # first request of its document in the trace
+    start_s: float = 0.0  # perf_counter when sent (set on a copy per run)
 
 
 @dataclass
@@ -95,6 +96,8 @@ class ConfigResult:
     engine_shares: dict = field(default_factory=dict)  # engine -> {"requests": share, "prompt_tokens": share}
     min_request_share: float = 0.0
     ratios: dict = field(default_factory=dict)
+    preemptions: int = 0  # engines' vllm:num_preemptions over the run
+    per_request: list = field(default_factory=list)  # one record per request, in send order (see request_rows)
 
 
 def make_trace(docs: list[Document], n: int, zipf_s: float, per_doc: int, seed: int) -> list[TraceRequest]:
@@ -152,7 +155,8 @@ async def run_trace(stack: Stack, model: str, trace, docs, clients: int, max_tok
             ctx = contexts[r.doc_id]
             body = {"model": model, "messages": rag_messages(ctx.title, ctx.text, r.question)}
             body.update(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-            results.append((r, await stream_chat(http, stack.url, body, {"X-Context-Hash": ctx.hash})))
+            sent = replace(r, start_s=time.perf_counter())
+            results.append((sent, await stream_chat(http, stack.url, body, {"X-Context-Hash": ctx.hash})))
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
@@ -184,6 +188,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     policy, cachestore = CONFIGS[name]
     engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
     engine_flags += ["--block-size", str(args.block_size), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    engine_flags += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
     cfg = StackConfig(
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
@@ -240,8 +245,24 @@ def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
         latency_p50_s=percentile(latencies, 50), latency_p95_s=percentile(latencies, 95),
         output_tokens_per_s=sum(res.completion_tokens for _, res in ok) / wall, engine_shares=shares,
         min_request_share=min((v["requests"] for v in shares.values()), default=0.0),
+        preemptions=delta("vllm:num_preemptions"), per_request=request_rows(results),
     )  # fmt: skip
     return result
+
+
+def request_rows(results) -> list[dict]:
+    """Per request, in send order: when it was sent (s after the first), what it was, where it went, how it went."""
+    t0 = min((r.start_s for r, _ in results), default=0.0)
+    rows = []
+    for r, res in sorted(results, key=lambda pair: pair[0].start_s):
+        what = {"user": r.user, "round": r.round} if hasattr(r, "user") else {"doc": r.doc_id}
+        rows.append({
+            "sent_s": round(r.start_s - t0, 3), **what, "first": r.first, "engine": res.engine,
+            "prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens,
+            "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 3), "latency_s": round(res.latency_s, 3),
+            "ok": res.ok,
+        })  # fmt: skip
+    return rows
 
 
 def engine_shares(results: list[ChatResult]) -> dict[str, dict[str, float]]:
@@ -281,7 +302,13 @@ def markdown(results: list[ConfigResult], args) -> str:
     head = (
         f"# Cluster benchmark: {args.scenario}{' (quick)' if args.quick else ''}\n\n"
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
-        f"and a {args.max_num_batched_tokens}-token step budget per engine; {workload}; seed {args.seed}.\n"
+        f"and a {args.max_num_batched_tokens}-token step budget per engine"
+        + (
+            f" (a long prefill takes at most {args.long_prefill_token_threshold} while others wait)"
+            if args.long_prefill_token_threshold
+            else ""
+        )
+        + f"; {workload}; seed {args.seed}.\n"
         f"Ratios are against `{BASELINE}` in the same run (baseline / config: higher is better).\n\n"
         "| config | TTFT mean | TTFT p50 | TTFT p95 | latency mean | latency p95 | req/s | output tok/s "
         "| prompt tok | local | fetched | computed | cached after 1st | min engine share |\n"
@@ -314,7 +341,8 @@ def markdown(results: list[ConfigResult], args) -> str:
         for r in results
     ]
     sources = {r.fetched_source for r in results if r.fetched_source}
-    foot = f"\nfetched tokens from: {', '.join(sorted(sources))}\n" if sources else ""
+    foot = "\nPreemptions (KV full): " + ", ".join(f"{r.name} {r.preemptions}" for r in results) + "\n"
+    foot += f"\nfetched tokens from: {', '.join(sorted(sources))}\n" if sources else ""
     return (
         head
         + "\n".join(rows)
@@ -389,6 +417,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine token budget per step")
+    p.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="engine: a long prefill's tokens per step while others wait",
+    )
     p.add_argument("--tag", default="", help="suffix of the output file names")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

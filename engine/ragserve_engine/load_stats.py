@@ -4,7 +4,9 @@ Updated on the step thread after every step; read from any thread (plain numbers
 exponentially weighted over recent steps:
 
 - decode step time as a line over the decode batch, `step_s = a + b * num_decoding`, fitted on
-  decode-only steps (so `a` is also the fixed cost every step pays);
+  decode-only steps (so `a` is also the fixed cost every step pays) and on the decode share of
+  mixed steps: an engine that is never without prefill work (a queue of cold prompts) keeps its
+  decode estimate current instead of reporting the speed it had when idle;
 - prefill throughput: prefill tokens over the time a step spent beyond its decode share.
 """
 
@@ -69,7 +71,15 @@ class LoadTracker:
         if prefill == 0:
             self._decode.add(decodes, seconds)
         elif prefill >= MIN_PREFILL_SAMPLE:
-            spent = max(seconds - (self._decode.at(decodes) if self._decode.w else 0.0), 0.25 * seconds)
+            decode_s = self._decode.at(decodes) if self._decode.w else 0.0
+            if decodes and decode_s > 0 and self.prefill_tokens_per_s > 0:
+                # split the step in the proportions the current estimates predict, so a machine that got
+                # slower (or faster) moves both estimates instead of charging it all to prefill
+                share = decode_s / (decode_s + prefill / self.prefill_tokens_per_s)
+                self._decode.add(decodes, share * seconds)
+                spent = (1 - share) * seconds
+            else:
+                spent = max(seconds - decode_s, 0.25 * seconds)
             self._prefill_tokens = DECAY * self._prefill_tokens + prefill
             self._prefill_s = DECAY * self._prefill_s + spent
         self.num_decoding = decodes

@@ -142,7 +142,9 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     t0 = time.monotonic()
     key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
-    routed.slot = gw.pool.reserve(decision.order[0])  # no await since the decision: the next one counts it
+    chosen = decision.predictions.get(decision.order[0].engine_id)
+    prefill = chosen.computed_tokens if chosen else 0
+    routed.slot = gw.pool.reserve(decision.order[0], prefill)  # no await since the decision: the next one counts it
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
     if prediction := decision.predictions.get(decision.order[0].engine_id):

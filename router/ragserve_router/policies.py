@@ -65,6 +65,7 @@ class Context:
     load: Callable[[EngineRecord], float]
     kv_usage: Callable[[EngineRecord], float]
     store: StoreIndex
+    prefilling: Callable[[EngineRecord], int] = lambda r: 0  # our prompt tokens there without a first token
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -174,7 +175,8 @@ class KVAware(Policy):
 
         def prediction(r: EngineRecord) -> Prediction:
             local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)
-            queued, speed = self.pending.queued(r), calibrate(r.load, fleet, bs)
+            queued = max(self.pending.queued(r), self.ctx.prefilling(r))  # the heartbeat's queue may predate ours
+            speed = calibrate(r.load, fleet, bs)
             return predict(prompt, bs, local, stored_blocks, queued, self.ctx.load(r), out, speed, self.cfg.work_weight)
 
         predictions = {r.engine_id: prediction(r) for r in cands}
@@ -262,9 +264,10 @@ class Policies:
         state: RouterState,
         load: Callable[[EngineRecord], float],
         kv_usage: Callable[[EngineRecord], float],
+        prefilling: Callable[[EngineRecord], int] = lambda r: 0,
     ) -> None:
         self.store = StoreIndex(cfg)
-        ctx = Context(cfg, state, load, kv_usage, self.store)
+        ctx = Context(cfg, state, load, kv_usage, self.store, prefilling)
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -32,35 +32,56 @@ class Health:
     failures: int = 0  # consecutive engine-side 5xx: at --breaker-failures the engine is probed at once
     healthy: bool = True
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
+    prefilling: int = 0  # prompt tokens of our requests there still to compute: sent, no first token yet
 
     def left_since(self, t: float) -> int:
         return sum(1 for at in self.left_at if at > t)
 
 
 class Slot:
-    """One request's reservation on an engine's in-flight count; moved on retries, released exactly once."""
+    """One request's reservation on an engine's in-flight count; moved on retries, released exactly once.
 
-    def __init__(self, pool: EnginePool, engine: EngineRecord) -> None:
-        self.pool, self.engine, self.held = pool, engine, True
-        pool.health[engine.engine_id].inflight += 1
+    It also holds the prompt tokens the engine must compute for it until the first token arrives: an
+    engine admits new requests only between steps and reports its queue after one, so for a step's
+    duration (seconds, on a CPU) the heartbeat cannot show what was just sent there."""
+
+    def __init__(self, pool: EnginePool, engine: EngineRecord, prefill_tokens: int = 0) -> None:
+        self.pool, self.engine, self.held, self.prefill_tokens = pool, engine, True, prefill_tokens
         pool.metrics.inflight.inc()
+        self._join()
 
     def move(self, engine: EngineRecord) -> None:
         self._leave()
         self.engine = engine
-        self.pool.health[engine.engine_id].inflight += 1
+        self._join()
+
+    def first_token(self) -> None:
+        """The engine finished this prompt's prefill."""
+        if self.held and self.prefill_tokens:
+            self._prefilling(-self.prefill_tokens)
+            self.prefill_tokens = 0
 
     def release(self) -> None:
         if self.held:
-            self.held = False
             self._leave()
+            self.held = False
             self.pool.metrics.inflight.dec()
+
+    def _join(self) -> None:
+        self.pool.health[self.engine.engine_id].inflight += 1
+        self._prefilling(self.prefill_tokens)
 
     def _leave(self) -> None:
         health = self.pool.health.get(self.engine.engine_id)
         if health is not None:
             health.inflight = max(0, health.inflight - 1)
             health.left_at.append(time.time())
+        self._prefilling(-self.prefill_tokens)
+
+    def _prefilling(self, tokens: int) -> None:
+        health = self.pool.health.get(self.engine.engine_id)
+        if health is not None:
+            health.prefilling = max(0, health.prefilling + tokens)
 
 
 class EnginePool:
@@ -97,9 +118,14 @@ class EnginePool:
         self.served_models |= models
         return sorted(models)
 
-    def reserve(self, engine: EngineRecord) -> Slot:
-        """Count a request against the engine now, before any await, so the next decision sees it."""
-        return Slot(self, engine)
+    def reserve(self, engine: EngineRecord, prefill_tokens: int = 0) -> Slot:
+        """Count a request (and the prompt tokens it makes the engine compute) against the engine now,
+        before any await, so the next decision sees it."""
+        return Slot(self, engine, prefill_tokens)
+
+    def prefilling(self, record: EngineRecord) -> int:
+        """Prompt tokens of this replica's requests on the engine that have not produced a first token."""
+        return self.health[record.engine_id].prefilling
 
     def spec(self, model: str) -> ModelSpec | None:
         for record in self.registered.values():

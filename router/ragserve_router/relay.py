@@ -75,6 +75,7 @@ class Relay:
                     if (out := self._event(event)) is not None:
                         if not self.sent_any:
                             self.sent_any = True
+                            self.r.slot.first_token()
                             elapsed = time.monotonic() - self.r.started
                             self.proxy.metrics.ttft.labels(self.r.model).observe(elapsed)
                             self.proxy.metrics.engine_ttft.labels(self.engine.engine_id).observe(elapsed)

@@ -36,3 +36,19 @@ def test_decode_steps_fit_a_line_and_prefill_throughput_excludes_the_decode_shar
     assert load.queued_prefill_tokens == 700 and load.computed_prompt_tokens == 1000
     load.observe(step(8, 2), 0.5, queued_prefill_tokens=0)  # a tiny chunk says nothing about throughput
     assert load.prefill_tokens_per_s == pytest.approx(1000.0) and load.computed_prompt_tokens == 1008
+
+
+def test_an_engine_always_prefilling_keeps_its_decode_estimate_current():
+    """Measured idle (20 ms steps), then only mixed steps at 5x the cost (a contended machine): the decode
+    estimate moves with it (before, it stayed at the idle speed for as long as the queue lasted) and the
+    two estimates together predict the slower steps."""
+    load = LoadTracker(step_token_budget=2048)
+    for _ in range(5):
+        load.observe(step(0, 2), 0.03, queued_prefill_tokens=0)
+        load.observe(step(0, 6), 0.05, queued_prefill_tokens=0)
+    load.observe(step(1000, 2), 1.03, queued_prefill_tokens=5000)  # throughput 1,000 tokens/s
+    assert load.decode_step_s(4) == pytest.approx(0.04)  # the mixed step agreed with the line
+    for _ in range(40):  # everything 5x slower now, and never a decode-only step
+        load.observe(step(1000, 4), 5 * (1.0 + 0.04), queued_prefill_tokens=5000)
+    assert load.decode_step_s(4) > 2 * 0.04
+    assert load.decode_step_s(4) + 1000 / load.prefill_tokens_per_s == pytest.approx(5 * 1.04, rel=0.02)

@@ -247,3 +247,32 @@ def test_pool_load_discounts_requests_that_finished_after_the_report():
     assert pool.load(record) == 0
     record.load = Load(num_running=2, reported_at=time.time())  # a newer report: others' requests count again
     assert pool.load(record) == 2
+
+
+@pytest.mark.asyncio
+async def test_kv_aware_counts_our_prompts_without_a_first_token_over_a_stale_heartbeat():
+    """An engine admits requests only between steps and reports its queue after one: a heartbeat arriving
+    mid-step says 'queue empty' although we just sent it a cold prompt. Until its first token the prompt
+    still counts, so the next cold prompt goes where the decoders are rather than behind that prefill."""
+    pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
+    _, _, records, _ = setup()
+    policies = Policies(RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.prefilling)
+    e0, e1, e2 = records
+    cold = pool.reserve(e0, 3000)  # sent, still prefilling
+    decoding = [pool.reserve(r) for r in (e1, e1, e2, e2)]
+    for slot in decoding:
+        slot.first_token()
+    for r in records:  # heartbeats newer than every send, none showing the 3,000 queued tokens
+        r.load = measured(reported_at=time.time() + 1)
+    assert (pool.prefilling(e0), pool.prefilling(e1)) == (3000, 0)
+    decision = await policies.decide("kv_aware", req([h(7000 + i) for i in range(60)]), records)
+    assert decision.order[0] is not e0 and decision.predictions["e0"].queued_tokens == 3000
+    cold.first_token()  # its prefill is done: it no longer counts, and only once
+    cold.first_token()
+    assert pool.prefilling(e0) == 0
+    assert (await policies.decide("kv_aware", req([h(8000 + i) for i in range(60)]), records)).order[0] is e0
+    again = pool.reserve(e0, 500)
+    again.move(e1)  # a retry takes its prompt along
+    assert (pool.prefilling(e0), pool.prefilling(e1)) == (0, 500)
+    again.release()
+    assert pool.prefilling(e1) == 0

@@ -34,6 +34,9 @@ def test_quick_cluster_benchmark(tmp_path):
         assert 0.0 <= r["cached_share_after_first"] <= 1.0
         assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["requests_per_s"] > 0 and r["wall_s"] > 0
         assert all(math.isfinite(v) and v > 0 for k, v in r["ratios"].items() if k != "computed_tokens")
+        rows = r["per_request"]  # per-request records, in send order, for finding what makes the tail
+        assert len(rows) == 12 and all(x["ok"] and x["engine"] and x["ttft_s"] > 0 for x in rows), name
+        assert [x["sent_s"] for x in rows] == sorted(x["sent_s"] for x in rows) and r["preemptions"] >= 0
     assert results["round_robin"]["ratios"]["ttft_p50_speedup"] == 1.0
     assert all(results[n]["fetched"] == 0 for n in CONFIGS[:3])  # no cachestore, nothing fetched
     table = (tmp_path / "rag_cluster-quick.md").read_text()
