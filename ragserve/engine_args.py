@@ -36,7 +36,7 @@ class EngineConfig(FromArgs):
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
     quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
                                choices=QUANTIZATIONS)  # fmt: skip
-    enforce_eager: bool = option(False, "never torch.compile the fused elementwise ops", "model")
+    enforce_eager: bool = option(False, "no torch.compile of fused ops, no prepacked CPU linear weights", "model")
     seed: int = option(0, "global seed", "model", type=int)
     block_size: int = option(
         16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}
@@ -55,6 +55,9 @@ class EngineConfig(FromArgs):
     max_num_seqs: int = option(64, "max running sequences", "scheduler", type=positive_int, spec=True)
     max_num_batched_tokens: int = option(2048, "token budget per step", "scheduler", type=positive_int, spec=True)
     enable_chunked_prefill: bool = option(True, "split long prefills across steps", "scheduler")
+    long_prefill_token_threshold: int = option(
+        0, "most tokens one prefill takes per step while other requests wait (vLLM's; 0: off)", "scheduler", type=int
+    )
     preemption_mode: str = option(
         "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
     )
@@ -77,6 +80,7 @@ class EngineConfig(FromArgs):
             (self.max_num_seqs > 0, "max_num_seqs must be positive"),
             (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
             (self.swap_space >= 0, "swap_space must be >= 0"),
+            (self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold must be >= 0"),
             (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.num_gpu_blocks is None or self.num_gpu_blocks > 1, "num_gpu_blocks must be > 1"),

@@ -95,9 +95,19 @@ class Scheduler:
     def _chunk(self, req: Request, budget: int) -> int:
         seqs = req.live_seqs
         remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens
+        if (cap := self._long_prefill_cap(req, remaining, others_waiting=bool(self.waiting))) < remaining:
+            return min(cap, budget // len(seqs))
         if remaining * len(seqs) <= budget:
             return remaining
         return budget // len(seqs) if self.config.enable_chunked_prefill else 0
+
+    def _long_prefill_cap(self, req: Request, remaining: int, others_waiting: bool) -> int:
+        """--long-prefill-token-threshold: while others wait, one long prefill takes at most that many tokens
+        a step, so a cold prompt does not hold every step's budget and short prompts get their first token."""
+        cap = self.config.long_prefill_token_threshold
+        if not cap or not others_waiting or not self.config.enable_chunked_prefill or req.blend is not None:
+            return remaining
+        return cap
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         self.running.sort(key=self._key)
@@ -185,7 +195,8 @@ class Scheduler:
             if fetched:
                 hits = self._prefix_hits(req)
             remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
-            chunk = min(remaining, budget // len(seqs))
+            cap = self._long_prefill_cap(req, remaining, others_waiting=len(self.waiting) > 1)
+            chunk = min(remaining, budget // len(seqs), cap)
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
             if req.blend is not None and chunk < remaining:  # a blended prefill runs whole (blend/)

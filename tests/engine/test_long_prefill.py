@@ -1,0 +1,50 @@
+"""--long-prefill-token-threshold (vLLM's): while other requests wait, one long prefill takes at most that many
+tokens a step, so a short prompt queued behind a cold long one gets its first token within a step or two
+instead of after the whole long prefill; outputs are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragserve_engine.llm import LLM
+from ragserve_engine.sampling_params import SamplingParams
+from tests.helpers.tiny_models import tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+LONG, SHORT = list(range(100, 700)), list(range(900, 912))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=128).engine.runner.model
+
+
+def first_token_steps(model, threshold: int) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Steps until each request's first token, and the outputs; the short prompt arrives after step 1."""
+    llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=256,
+              long_prefill_token_threshold=threshold)  # fmt: skip
+    engine = llm.engine
+    engine.add_request("long", LONG, GREEDY)
+    first, outputs, step = {}, {}, 0
+    while engine.has_unfinished_requests():
+        step += 1
+        for out in engine.step():
+            first.setdefault(out.request_id, step) if out.outputs[0].token_ids else None
+            outputs[out.request_id] = out.outputs[0].token_ids
+        if step == 1:
+            engine.add_request("short", SHORT, GREEDY)
+    return first, outputs
+
+
+def test_a_short_prompt_is_not_held_behind_a_long_prefill(model):
+    before, expected = first_token_steps(model, 0)
+    assert before == {"long": 3, "short": 3}  # 600 tokens at 256 a step: the short one waits them out
+    after, outputs = first_token_steps(model, 64)
+    assert after["short"] == 2  # admitted next to a capped chunk of the long prompt
+    assert after["long"] > before["long"]  # the long prompt pays a few more (cheaper) steps
+    assert outputs == expected
+
+
+def test_the_threshold_is_validated():
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        LLM(str(tiny_model("llama")), num_gpu_blocks=16, long_prefill_token_threshold=-1)
