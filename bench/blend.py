@@ -27,13 +27,18 @@ from ragserve.chunks import ChunkedPrompt, encode_chunked_chat
 from ragserve.demo.corpus import load_corpus
 from ragserve.demo.questions import QUESTIONS
 from ragserve_engine.blend.forward import blend_forward
-from ragserve_engine.blend.spec import BlendSpec
+from ragserve_engine.blend.spec import BlendSpec, Selection
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 
 FRACTIONS = (0.0, 0.05, 0.15, 0.30)
 SYSTEM = "Answer the question using only the documents. Be brief."
-STDLIB = ["re", "statistics", "csv", "argparse", "json", "http.client", "unittest", "heapq", "subprocess", "typing"]
+STDLIB = [
+    "re", "statistics", "csv", "argparse", "json", "http.client", "unittest", "heapq", "subprocess", "typing",
+    "pdb", "doctest", "ftplib", "itertools", "sqlite3", "pydoc", "socket", "ssl", "hashlib", "struct", "copy",
+    "smtplib", "uuid", "wave", "cmd", "timeit", "plistlib", "urllib.parse", "http.cookies", "configparser",
+    "shelve", "turtle", "site", "io", "xmlrpc.client", "sched",
+]  # fmt: skip
 
 
 # ---- prompt sets ----------------------------------------------------------------------------
@@ -65,12 +70,18 @@ def stdlib_docs(tokenizer) -> dict[str, list[str]]:
     return docs
 
 
-def rag_prompt(tokenizer, texts: list[str], question: str) -> ChunkedPrompt:
+def rag_messages(texts: list[str], question: str, chunks: bool = True) -> list[dict]:
+    """The RAG chat: each document a content part, marked as a chunk unless chunks=False."""
     parts = [{"type": "text", "text": "Documents:\n"}]
     for text in texts:
-        parts += [{"type": "text", "text": text, "ragserve_chunk": True}, {"type": "text", "text": "\n\n"}]
+        doc = {"type": "text", "text": text} | ({"ragserve_chunk": True} if chunks else {})
+        parts += [doc, {"type": "text", "text": "\n\n"}]
     parts.append({"type": "text", "text": f"Question: {question}"})
-    return encode_chunked_chat(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": parts}])
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": parts}]
+
+
+def rag_prompt(tokenizer, texts: list[str], question: str) -> ChunkedPrompt:
+    return encode_chunked_chat(tokenizer, rag_messages(texts, question))
 
 
 def build(tokenizer, docs: dict[str, list[str]], question: str, target: str, rng: random.Random) -> ChunkedPrompt:
@@ -83,10 +94,24 @@ def build(tokenizer, docs: dict[str, list[str]], question: str, target: str, rng
     return rag_prompt(tokenizer, chosen, question)
 
 
+def corpus_questions(docs: dict[str, list[str]], rng: random.Random) -> list[tuple[str, str]]:
+    """The demo's questions, then one per section heading of the corpus (shuffled): (question, doc id)."""
+    by_title = {d.id: d.title for d in load_corpus(passage_words=250)}
+    sections = [
+        (f'According to {by_title[doc]}, what does the section "{m.group(1)}" say?', doc)
+        for doc, texts in sorted(docs.items())
+        for t in texts
+        if (m := re.match(r"#+ (.+)", t))
+    ]
+    rng.shuffle(sections)
+    return [(q, d) for q, d in QUESTIONS if d in docs] + sections
+
+
 def prompt_sets(tokenizer, n: int, seed: int) -> dict[str, list[ChunkedPrompt]]:
+    """n prompts per set, each question once (a question repeats only when n exceeds them)."""
     rng = random.Random(seed)
     corpus, stdlib = corpus_docs(tokenizer), stdlib_docs(tokenizer)
-    qs = [(q, d) for q, d in QUESTIONS if d in corpus]
+    qs = corpus_questions(corpus, rng)
     sets = {"corpus": [build(tokenizer, corpus, q, d, rng) for q, d in (qs * n)[:n]]}
     names = sorted(stdlib)
     sets["stdlib"] = [
@@ -137,23 +162,32 @@ def rouge_l(a: str, b: str) -> float:
     return 2 * p * r / (p + r)
 
 
-def quality(llm: LLM, prompts: list[ChunkedPrompt], max_tokens: int, fractions=FRACTIONS) -> dict:
-    tok = llm.tokenizer
-    rows = {f: {"first": [], "exact": [], "rouge": [], "kl": []} for f in fractions}
+METRICS = ("first", "exact", "rouge", "kl")
+
+
+def quality(llm: LLM, prompts: list[ChunkedPrompt], max_tokens: int, configs: dict[str, tuple], rows: dict, saved):
+    """Appends each prompt's scores to rows[label][metric] (configs: label -> (fraction, Selection)) and calls
+    saved() after each prompt; each prompt's full prefill is computed once."""
+    tok, blender = llm.tokenizer, llm.engine.blender
     for prompt in prompts:
         ref = greedy(llm, prompt, None, max_tokens)
         ref_text = tok.decode(ref)
         ref_lp = answer_logprobs(llm, prompt, ref, None)
-        for f in fractions:
+        for label, (f, selection) in configs.items():
+            blender.selection = selection
             got = greedy(llm, prompt, f, max_tokens)
             text = tok.decode(got)
             lp = answer_logprobs(llm, prompt, ref, f)
-            r = rows[f]
+            r = rows.setdefault(label, {m: [] for m in METRICS})
             r["first"].append(float(got[:1] == ref[:1]))
             r["exact"].append(float(text.strip() == ref_text.strip()))
             r["rouge"].append(rouge_l(ref_text, text))
             r["kl"].append(float((ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()))
-    return {str(f): {k: statistics.fmean(v) for k, v in r.items()} | {"prompts": len(prompts)} for f, r in rows.items()}
+        saved()
+
+
+def summarize(rows: dict) -> dict:
+    return {c: {m: statistics.fmean(r[m]) for m in METRICS} | {"prompts": len(r["first"])} for c, r in rows.items()}
 
 
 # ---- TTFT -----------------------------------------------------------------------------------
@@ -167,25 +201,28 @@ def ttft(llm: LLM, prompt: ChunkedPrompt, fraction: float | None) -> float:
     return time.perf_counter() - t0
 
 
-def speed(cached: LLM, uncached: LLM, pool: list[str], fraction: float, requests: int) -> dict:
-    """Warm both modes with the pool in threes, then time new combinations and orders, interleaved."""
+def speed(cached: LLM, uncached: LLM, pool: list[str], fractions: list[float], requests: int) -> dict:
+    """Warm both modes with the pool in threes, then time new combinations and orders, interleaved;
+    blend at each fraction ("blend" is the first)."""
     tok, rng = cached.tokenizer, random.Random(7)
     question = "Summarize what the documents say, in one sentence."
     for i in range(0, len(pool), 3):
         warm = rag_prompt(tok, pool[i : i + 3], question)
-        ttft(cached, warm, fraction)
+        ttft(cached, warm, fractions[0])
         ttft(cached, warm, None)
         ttft(uncached, warm, None)
-    times = {"full_prefill": [], "prefix_caching": [], "blend": []}
+    modes = {"blend": fractions[0]} | {f"blend@{f}": f for f in fractions[1:]}
+    times = {"full_prefill": [], "prefix_caching": []} | {m: [] for m in modes}
     lengths = []
     for _ in range(requests):
         prompt = rag_prompt(tok, rng.sample(pool, rng.randint(3, 6)), question)
         lengths.append(len(prompt.token_ids))
         times["full_prefill"].append(ttft(uncached, prompt, None))
         times["prefix_caching"].append(ttft(cached, prompt, None))
-        times["blend"].append(ttft(cached, prompt, fraction))
+        for mode, f in modes.items():
+            times[mode].append(ttft(cached, prompt, f))
     out = {k: {"median_s": statistics.median(v), "mean_s": statistics.fmean(v)} for k, v in times.items()}
-    return out | {"prompt_tokens_mean": statistics.fmean(lengths), "requests": requests, "fraction": fraction}
+    return out | {"prompt_tokens_mean": statistics.fmean(lengths), "requests": requests, "fraction": fractions[0]}
 
 
 def main() -> None:
@@ -194,13 +231,17 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12, help="quality prompts per set")
     parser.add_argument("--requests", type=int, default=10, help="timed requests per mode")
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--fraction", type=float, default=0.15, help="the fraction timed")
+    parser.add_argument("--fraction", default="0.15", help="the fractions timed (the first is the default's)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--sets", default="corpus,stdlib", help="quality prompt sets to run")
     parser.add_argument("--merge", action="store_true", help="keep --out's TTFT and other sets; add these")
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="recompute fractions measured")
     parser.add_argument("--canonical-prefix", default="", help="text chunks are computed after (ablation)")
+    parser.add_argument("--selection", default="", help="sink,filter_layers,filter_start,value_weight[,check_layer]")
+    parser.add_argument("--variants", default="", help="label=<selection>;... : compare selections (ablation)")
+    parser.add_argument("--compare", default="", help="label=fraction:<selection>;... : further configurations")
+    parser.add_argument("--prompt-range", default=":", help="a:b: only these prompts of each set (with --merge)")
     parser.add_argument("--out", default="bench/results/blend")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -208,24 +249,40 @@ def main() -> None:
     cached = LLM(args.model, **common)
     uncached = LLM(args.model, loaded_model=cached.engine.runner.model, enable_prefix_caching=False, **common)
     fractions = [float(f) for f in args.fractions.split(",")]
+    configs = {str(f): (f, selection(args.selection)) for f in fractions}
+    if args.variants:
+        variants = [v.split("=") for v in args.variants.split(";")]
+        configs = {f"{label}@{f}": (f, selection(sel)) for label, sel in variants for f in fractions}
+    for label, spec in (c.split("=") for c in args.compare.split(";") if c):
+        f, sel = spec.split(":")
+        configs[label] = (float(f), selection(sel))
     prefix = cached.tokenizer.encode(args.canonical_prefix, add_special_tokens=False) if args.canonical_prefix else []
     cached.engine.blender.canonical_prefix = prefix
     result = {"model": args.model, "fractions": fractions, "max_tokens": args.max_tokens, "canonical_prefix": prefix}
+    result |= {"selection": vars(selection(args.selection)), "variants": args.variants}
+    cached.engine.blender.selection = selection(args.selection)
     if args.merge:
         result = json.loads(Path(args.out + ".json").read_text())
     elif not args.skip_ttft:
         pool = [t for texts in corpus_docs(cached.tokenizer).values() for t in texts[:1]][:9]
-        result["ttft"] = speed(cached, uncached, pool, args.fraction, args.requests)
+        result["ttft"] = speed(cached, uncached, pool, [float(f) for f in args.fraction.split(",")], args.requests)
         print(json.dumps(result["ttft"], indent=1), flush=True)
         save(result, args.out)
     if not args.skip_quality:
         sets = prompt_sets(cached.tokenizer, args.prompts, seed=0)
-        result.setdefault("quality", {})
+        first, last = (int(x) if x else None for x in args.prompt_range.split(":"))
         for name in args.sets.split(","):
-            prompts = sets[name]
-            result["quality"][name] = quality(cached, prompts, args.max_tokens, fractions)
-            print(name, json.dumps(result["quality"][name], indent=1), flush=True)
-            save(result, args.out)
+            rows = result.setdefault("quality", {}).setdefault(name, {})
+            quality(cached, sets[name][first:last], args.max_tokens, configs, rows, lambda: save(result, args.out))
+            print(name, json.dumps(summarize(rows), indent=1), flush=True)
+
+
+def selection(text: str) -> Selection:
+    """ "sink_tokens,filter_layers,filter_start,value_weight[,check_layer]" (empty: the engine's default)."""
+    if not text:
+        return Selection()
+    sink, layers, start, weight, *check = text.split(",")
+    return Selection(int(sink), int(layers), float(start), float(weight), *map(int, check))
 
 
 def save(result: dict, out: str) -> None:
@@ -249,14 +306,16 @@ def render(result: dict) -> str:
             "|---|---|---|---|",
         ]
     )
-    for mode in ("full_prefill", "prefix_caching", "blend") if t else ():
+    for mode in [k for k, v in t.items() if isinstance(v, dict)] if t else ():
         m, base = t[mode], t["prefix_caching"]["median_s"]
         lines.append(f"| {mode} | {m['median_s']:.3f} | {m['mean_s']:.3f} | {base / m['median_s']:.2f}x |")
-    for name, rows in result.get("quality", {}).items():
+    for name, per_prompt in result.get("quality", {}).items():
+        rows = summarize(per_prompt)
         lines += ["", f"## Quality vs full prefill: {name} set ({next(iter(rows.values()))['prompts']} prompts)", ""]
         lines += ["| recompute | first-token agreement | exact match | ROUGE-L | mean KL |", "|---|---|---|---|---|"]
         for f, r in rows.items():
-            lines.append(f"| {float(f):.0%} | {r['first']:.0%} | {r['exact']:.0%} | {r['rouge']:.3f} | {r['kl']:.4f} |")
+            label = f if "@" in f else f"{float(f):.0%}"
+            lines.append(f"| {label} | {r['first']:.0%} | {r['exact']:.0%} | {r['rouge']:.3f} | {r['kl']:.4f} |")
     return "\n".join(lines) + "\n"
 
 

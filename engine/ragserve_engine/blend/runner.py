@@ -126,7 +126,8 @@ class Blender:
         num = max(0, spec.num_recompute(num_chunk, self.recompute_fraction) - forced)
         sel = self.selection
         check = min(sel.check_layer, cfg.num_layers - 1)
-        return ReusePlan(old, reusable, num, check, sel.filter_layers, sel.filter_start, sel.value_weight)
+        layers = min(sel.filter_layers, cfg.num_layers - check)  # the final count is reached by the last layer
+        return ReusePlan(old, reusable, num, check, layers, sel.filter_start, sel.value_weight)
 
     # ---- chunks -------------------------------------------------------------------------------
     def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> torch.Tensor:

@@ -10,11 +10,11 @@ DEFAULT_RECOMPUTE_FRACTION = 0.15
 
 @dataclass
 class Selection:
-    """How a blended prefill picks the chunk tokens it recomputes (docs/blend.md, quality levers)."""
+    """How a blended prefill picks the chunk tokens it recomputes (docs/blend.md, "Selection")."""
 
-    sink_tokens: int = 0  # each chunk's first tokens, always recomputed (attention sinks at position 0)
-    filter_layers: int = 1  # gradual filtering over this many layers from the check layer
-    filter_start: float = 1.0  # rows kept at the first filtering layer, x the final count
+    sink_tokens: int = 4  # each chunk's first tokens, always recomputed (attention sinks at position 0)
+    filter_layers: int = 8  # gradual filtering over this many layers from the check layer...
+    filter_start: float = 3.0  # ...keeping this many times the final count at the first of them
     value_weight: float = 0.0  # value deviation's weight next to key deviation
     check_layer: int = 1  # layers before it compute every row; selection starts here
 
