@@ -95,22 +95,23 @@ def run(args) -> dict:
     rng, result = random.Random(7), {"model": args.model, "requests": args.requests, "pool": len(pool)}
     with Stack(cfg, LogSink(show=args.verbose)) as stack:
         model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        a_url = stack.child("engine-0").spec.url  # engine A
-        for i in range(0, len(pool), 3):  # warm-up on A alone: every passage stored as a chunk and prefix-cached
+        for i in range(0, len(pool), 3):  # warm-up: every passage stored as a chunk and prefix-cached
             for mode in ("blend", "prefix_caching"):
-                ask(a_url, model, pool[i : i + 3], mode)
+                ask(stack.url, model, pool[i : i + 3], mode)
         store = f"http://127.0.0.1:{stack.ports.cachestore_metrics}/metrics"
         rows = timed(stack.url, model, pool, args.requests, rng, store)
         result["router"] = summary(rows) | {"rows": rows}
         print(json.dumps({k: v for k, v in result["router"].items() if k != "rows"}, indent=1), flush=True)
-        a = stack.child("engine-0")  # engine ids are the stack's child names
+        blends = [r["engine"] for r in rows if r["mode"] == "blend"]
+        a_name = max(set(blends), key=blends.count)  # the engine that served most blended requests
+        a = stack.child(a_name)  # engine ids are the stack's child names
         a.proc.terminate()
         a.proc.wait(timeout=60)
         deadline = time.monotonic() + 60
         while httpx.get(stack.url + "/ready", timeout=5).json().get("engines") != 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         rows = timed(stack.url, model, pool, args.requests, random.Random(8), store)
-        result["fetch"] = summary(rows) | {"rows": rows, "stopped": "engine-0"}
+        result["fetch"] = summary(rows) | {"rows": rows, "stopped": a_name}
         print(json.dumps({k: v for k, v in result["fetch"].items() if k != "rows"}, indent=1), flush=True)
     return result
 
