@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from ragserve.chunks import encode_chunked_chat
 from ragserve.model_source import load_tokenizer, resolve_model
-from tests.helpers.engine_server import MODEL_NAME, metric, running_engine, scrape
+from tests.helpers.engine_server import MODEL_NAME, metric, scrape
 from tests.helpers.tiny_models import tiny_model
 
 DOCS = [
@@ -24,18 +23,6 @@ def rag_messages(order: list[int]) -> list[dict]:
         parts += [{"type": "text", "text": DOCS[i], "ragserve_chunk": True}, {"type": "text", "text": "\n"}]
     parts.append({"type": "text", "text": "Question: where do KV blocks live?"})
     return [{"role": "system", "content": "Answer from the documents."}, {"role": "user", "content": parts}]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", "256") as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-def sdk(engine):
-    with openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
 
 
 def chat(sdk, order, fraction=None, **kw):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, metric, running_engine, scrape
@@ -17,12 +16,6 @@ ANSWERS = "ragserve_engine_requests_total"  # every HTTP answer by final status 
 def engine(tmp_path_factory):
     with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", str(BLOCKS)) as proc:
         yield proc
-
-
-@pytest.fixture(scope="module")
-def sdk(engine):
-    with openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
 
 
 def idle(engine) -> bool:

@@ -6,21 +6,9 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, running_engine
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("engine"), "--num-gpu-blocks", "256") as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-def sdk(engine):
-    with openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
 
 
 def tokenize(sdk: openai.OpenAI, **body) -> dict:
