@@ -51,8 +51,7 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
 
 def secret_mounts(spec: RAGServeSpec) -> Mounts:
     """The Secrets an engine pod reads: the cachestore's and the registry's CA / client certificate, their tokens."""
-    parts = [cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec)]
-    return Mounts([v for p in parts for v in p.volumes], [m for p in parts for m in p.mounts])
+    return Mounts().add(cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec))
 
 
 def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int) -> dict:

@@ -30,6 +30,14 @@ class Mounts:
         self.volumes.append({"name": volume, "secret": source})
         self.mounts.append({"name": volume, "mountPath": path, "readOnly": True})
 
+    def add(self, *others: Mounts) -> Mounts:
+        """These mounts plus the others' volumes, mounts and flags (in that order)."""
+        for other in others:
+            self.volumes += other.volumes
+            self.mounts += other.mounts
+            self.args += other.args
+        return self
+
 
 def serving_tls(tls: dict, out: Mounts) -> None:
     """A server's certificate (and, with clientAuth, the CA client certificates must chain to) and its flags."""
@@ -42,11 +50,11 @@ def serving_tls(tls: dict, out: Mounts) -> None:
 
 def client_tls(tls: dict, peer: str, out: Mounts) -> TLSFiles:
     """A client's side of `peer`'s TLS: the CA it verifies the server with and, for mutual TLS, its certificate."""
-    if not tls.get("enabled"):
+    if not tls["enabled"]:
         return TLSFiles()
     ca_dir, client_dir = f"/etc/ragserve/{peer}-ca", f"/etc/ragserve/{peer}-client"
     out.secret(f"{peer}-ca", tls["secretName"], ca_dir, "ca.crt")
-    if not tls.get("clientAuth"):
+    if not tls["clientAuth"]:
         return TLSFiles(ca=f"{ca_dir}/ca.crt")
     out.secret(f"{peer}-client", tls["engineClientSecret"], client_dir)
     return TLSFiles(f"{ca_dir}/ca.crt", f"{client_dir}/tls.crt", f"{client_dir}/tls.key")
@@ -77,7 +85,7 @@ def cachestore_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles, str | None]
 def registry_tls_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles]:
     """An engine's side of the router registry's TLS (the chart's router.tls)."""
     out = Mounts()
-    return out, client_tls(spec.router.get("tls") or {}, "router", out)
+    return out, client_tls(spec.router["tls"], "router", out)
 
 
 def registry_token_file(spec: RAGServeSpec) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ragserve.engine_command import tls_flags
+from ragserve.engine_command import arg, tls_flags
 from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, serving_tls
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env
@@ -14,18 +14,17 @@ API_KEYS_DIR = "/etc/ragserve/api-keys"
 def router_secrets(spec: RAGServeSpec) -> Mounts:
     """Registry TLS and token, the cachestore's CA / client certificate / token (for store lookups), API keys."""
     r, out = spec.router, Mounts()
-    serving_tls(r.get("tls") or {"enabled": False}, out)
+    serving_tls(r["tls"], out)
     token = registry_token(spec)
+    out.add(token)
     # without a token or mutual TLS anyone in the cluster may register an engine: said explicitly, as the router asks
-    mtls = (r.get("tls") or {}).get("enabled") and r["tls"].get("clientAuth")
-    out.args += token.args or ([] if mtls else ["--registry-allow-unauthenticated"])
+    if not token.args and not (r["tls"]["enabled"] and r["tls"]["clientAuth"]):
+        out.args.append("--registry-allow-unauthenticated")
     store, store_tls, store_token = cachestore_client(spec)
-    out.args += tls_flags("cachestore", store_tls) + (["--cachestore-token-file", store_token] if store_token else [])
+    out.add(store).args += tls_flags("cachestore", store_tls) + arg("cachestore_token_file", store_token)
     if secret := r.get("apiKeySecret"):
         out.secret("api-keys", secret["name"], API_KEYS_DIR)
         out.args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
-    out.volumes += token.volumes + store.volumes
-    out.mounts += token.mounts + store.mounts
     return out
 
 

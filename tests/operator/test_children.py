@@ -309,6 +309,17 @@ def test_registry_mutual_tls_for_router_and_engines():
     assert args.router_tls_key == "/etc/ragserve/router-client/tls.key"
 
 
+def test_registry_tls_without_client_certificates_still_needs_a_token():
+    """Server-only TLS authenticates the router, not the engines: without a token the router is told so."""
+    spec = parse_spec(
+        {"engines": [{"name": "a", "model": "m"}], "router": {"tls": {"enabled": True, "secretName": "t"}}}
+    )
+    pod = by_name(desired_children(OWNER, spec, {"a": 1}), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    args = parse(pod["containers"][0])
+    assert args.tls_cert == "/etc/ragserve/tls/tls.crt" and args.tls_client_ca is None
+    assert args.registry_allow_unauthenticated is True
+
+
 def test_no_cachestore():
     objs = children("no-cachestore")
     assert not [o for o in objs if o["metadata"]["name"].startswith("demo-cachestore")]
