@@ -147,8 +147,8 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     routed.slot = gw.pool.reserve(decision.order[0], prefill)  # no await since the decision: the next one counts it
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
-    if prediction := decision.predictions.get(decision.order[0].engine_id):
-        gw.metrics.observe_prediction(decision.order[0].engine_id, prediction)
+    if chosen:
+        gw.metrics.observe_prediction(decision.order[0].engine_id, chosen)
     request.state.policy = decision.policy
     if key.hashes:
         gw.background(_record(gw, key.hashes, decision.order[0].engine_id))
