@@ -35,7 +35,12 @@ class Health:
     prefilling: int = 0  # prompt tokens of our requests there still to compute: sent, no first token yet
 
     def left_since(self, t: float) -> int:
-        return sum(1 for at in self.left_at if at > t)
+        count = 0
+        for at in reversed(self.left_at):  # appended in time order: stop at the first one before t
+            if at <= t:
+                break
+            count += 1
+        return count
 
 
 class Slot:
