@@ -17,7 +17,8 @@ from ragserve.model_source import DEFAULT_MODEL
 from ragserve.stack.process import ChildSpec
 
 LOOPBACK = "127.0.0.1"
-TOKEN_FILE = "registry-token"  # up passes the file write_registry_token() made in its temporary directory
+TOKEN_FILE = "registry-token"  # up passes the files write_token() made in its temporary directory
+STORE_TOKEN_FILE = "cachestore-token"
 # engine flags `ragserve up` sets itself, per engine
 ENGINE_OWN = {"model", "served_model_name"}
 
@@ -149,9 +150,9 @@ def ragserve(*argv: str) -> list[str]:
     return [sys.executable, "-m", "ragserve.cli", *argv]
 
 
-def write_registry_token(directory: str) -> str:
-    """A fresh shared token for the router's registry (contract 3), readable by this user only."""
-    path = os.path.join(directory, "registry-token")
+def write_token(directory: str, name: str) -> str:
+    """A fresh shared secret (the router's registry token, the cachestore's), readable by this user only."""
+    path = os.path.join(directory, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(secrets.token_urlsafe(32) + "\n")
@@ -165,8 +166,11 @@ def redis_spec(server: str, port: int, data_dir: str, log_level: str) -> ChildSp
     return ChildSpec("redis", argv, f"redis://{LOOPBACK}:{port}", f"redis://{LOOPBACK}:{port}/0")
 
 
-def cachestore_spec(cfg: StackConfig, ports: Ports, redis_url: str | None) -> ChildSpec:
+def cachestore_spec(
+    cfg: StackConfig, ports: Ports, redis_url: str | None, token_file: str = STORE_TOKEN_FILE
+) -> ChildSpec:
     argv = ragserve("cachestore", "--host", LOOPBACK, "--port", str(ports.cachestore))
+    argv += ["--auth-token-file", token_file]
     argv += ["--metrics-port", str(ports.cachestore_metrics), "--memory", str(cfg.cachestore_memory)]
     argv += ["--log-level", cfg.log_level.upper()]
     if redis_url:  # a tier below RAM, as large as RAM
@@ -175,10 +179,18 @@ def cachestore_spec(cfg: StackConfig, ports: Ports, redis_url: str | None) -> Ch
     return ChildSpec("cachestore", argv, f"grpc://{address}", address)
 
 
-def router_spec(cfg: StackConfig, ports: Ports, redis_url: str | None, token_file: str = TOKEN_FILE) -> ChildSpec:
+def router_spec(
+    cfg: StackConfig,
+    ports: Ports,
+    redis_url: str | None,
+    token_file: str = TOKEN_FILE,
+    store_token: str = STORE_TOKEN_FILE,
+) -> ChildSpec:
     argv = ragserve("router", "--host", cfg.host, "--port", str(ports.router_http))
     argv += ["--grpc-port", str(ports.router_grpc), "--policy", cfg.policy, "--log-level", cfg.log_level]
     argv += ["--registry-token-file", token_file]
+    if cfg.cachestore:  # the router's own Lookups (store-aware routing) carry the store's token
+        argv += ["--cachestore-token-file", store_token]
     argv += ["--drain-timeout", "5"]
     if redis_url:
         argv += ["--redis", redis_url]
@@ -186,7 +198,9 @@ def router_spec(cfg: StackConfig, ports: Ports, redis_url: str | None, token_fil
     return ChildSpec("router", argv + cfg.router_flags, url + "/ready", url)
 
 
-def engine_spec(cfg: StackConfig, ports: Ports, index: int, token_file: str = TOKEN_FILE) -> ChildSpec:
+def engine_spec(
+    cfg: StackConfig, ports: Ports, index: int, token_file: str = TOKEN_FILE, store_token: str = STORE_TOKEN_FILE
+) -> ChildSpec:
     port = ports.engines[index]
     url = f"http://{LOOPBACK}:{port}"
     argv = ragserve("engine", "--host", LOOPBACK, "--port", str(port), "--model", cfg.model)
@@ -196,7 +210,7 @@ def engine_spec(cfg: StackConfig, ports: Ports, index: int, token_file: str = TO
     argv += ["--registry-token-file", token_file]
     argv += ["--advertise-url", url, "--drain-timeout", "5", "--log-level", cfg.log_level]
     if cfg.cachestore:
-        argv += ["--cachestore", f"{LOOPBACK}:{ports.cachestore}"]
+        argv += ["--cachestore", f"{LOOPBACK}:{ports.cachestore}", "--cachestore-token-file", store_token]
     return ChildSpec(f"engine-{index}", argv + cfg.engine_flags, url + "/ready", url)
 
 

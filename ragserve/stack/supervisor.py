@@ -23,7 +23,7 @@ from ragserve.stack.spec import (
     engine_spec,
     redis_spec,
     router_spec,
-    write_registry_token,
+    write_token,
 )
 
 POLL_S = 0.25
@@ -80,18 +80,21 @@ class Stack:
         if self.cfg.redis == "auto" and server is None:
             self.say("redis-server not found: router state stays in memory (--redis off)")
         self._tmp = tempfile.mkdtemp(prefix="ragserve-up-")
-        token = write_registry_token(self._tmp)  # engines register with it; nobody else can
+        token = write_token(self._tmp, "registry-token")  # engines register with it; nobody else can
+        store_token = write_token(self._tmp, "cachestore-token")  # engines and router use the store; nobody else
         if server:
             os.mkdir(data := os.path.join(self._tmp, "redis"))
             redis = self._spawn(redis_spec(server, self.ports.redis, data, self.cfg.log_level), env)
             if not self._wait([redis], stop):
                 return False
             self.redis_url = redis.spec.url
-        first = [router_spec(self.cfg, self.ports, self.redis_url, token)]
+        first = [router_spec(self.cfg, self.ports, self.redis_url, token, store_token)]
         if self.cfg.cachestore:
-            first.insert(0, cachestore_spec(self.cfg, self.ports, self.redis_url))
+            first.insert(0, cachestore_spec(self.cfg, self.ports, self.redis_url, store_token))
         started = [self._spawn(spec, env) for spec in first]
-        started += [self._spawn(engine_spec(self.cfg, self.ports, i, token), env) for i in range(self.cfg.engines)]
+        started += [
+            self._spawn(engine_spec(self.cfg, self.ports, i, token, store_token), env) for i in range(self.cfg.engines)
+        ]
         return self._wait(started, stop) and self._wait_registered(stop)
 
     def _spawn(self, spec: ChildSpec, env: dict[str, str]) -> Child:

@@ -9,11 +9,19 @@ import signal
 import subprocess
 import sys
 
+import grpc
 import httpx
 import pytest
 
+from ragserve.v1 import cachestore_pb2 as pb
+from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
+from tests.helpers.cachestore import LAYOUT, chain
 from tests.helpers.process import alive, wait_gone
 from tests.helpers.stack import ROOT, Up, tiny
+
+
+def prom_value(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == name)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +86,17 @@ def test_demo_end_to_end_offline(up, tmp_path):
     assert all(r["cached_tokens"] > 0 for r in repeated)
     assert sum(r["cached_tokens"] for r in repeated) >= 0.8 * sum(r["prompt_tokens"] for r in repeated)
     assert "prompt tokens served from cache" in proc.stdout and "repeated context" in proc.stdout
+
+
+def test_cachestore_takes_only_the_stacks_token(up):
+    """up gives the cachestore a fresh token and hands it to the engines and the router: a client without it
+    is refused, while the engines' own Puts (made by the demo above) went through."""
+    with grpc.insecure_channel(up.state["cachestore"]) as channel, pytest.raises(grpc.RpcError) as refused:
+        request = pb.LookupRequest(layout=LAYOUT, keys=chain(1))
+        pb_grpc.CacheStoreStub(channel).Lookup(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    metrics = httpx.get(up.state["cachestore_metrics"] + "/metrics", timeout=10).text
+    assert prom_value(metrics, "ragserve_cachestore_puts_total") > 0, "the engines offloaded with the token"
 
 
 def test_sigterm_stops_everything(up):
