@@ -95,17 +95,18 @@ class Scheduler:
     def _chunk(self, req: Request, budget: int) -> int:
         seqs = req.live_seqs
         remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens
-        if (cap := self._long_prefill_cap(req, remaining, others_waiting=bool(self.waiting))) < remaining:
+        if (cap := self._long_prefill_cap(req, remaining)) < remaining:
             return min(cap, budget // len(seqs))
         if remaining * len(seqs) <= budget:
             return remaining
         return budget // len(seqs) if self.config.enable_chunked_prefill else 0
 
-    def _long_prefill_cap(self, req: Request, remaining: int, others_waiting: bool) -> int:
-        """--long-prefill-token-threshold: while others wait, one long prefill takes at most that many tokens
-        a step, so a cold prompt does not hold every step's budget and short prompts get their first token."""
+    def _long_prefill_cap(self, req: Request, remaining: int) -> int:
+        """--long-prefill-token-threshold (vLLM's): one prefill takes at most that many tokens a step, so a cold
+        prompt never holds a whole step's budget and a prompt arriving during it gets its first token a step
+        or two later, not after the cold prefill."""
         cap = self.config.long_prefill_token_threshold
-        if not cap or not others_waiting or not self.config.enable_chunked_prefill or req.blend is not None:
+        if not cap or not self.config.enable_chunked_prefill or req.blend is not None:
             return remaining
         return cap
 
@@ -183,6 +184,8 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        computing = self._blocks_in_prefill()
+        deferred: list[Request] = []
         while self.waiting and budget > 0:
             req = self.waiting[0]
             seqs = req.live_seqs
@@ -194,9 +197,11 @@ class Scheduler:
                 continue
             if fetched:
                 hits = self._prefix_hits(req)
+            if self._next_block_in_prefill(req, len(hits[0]), computing):
+                deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
+                continue
             remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
-            cap = self._long_prefill_cap(req, remaining, others_waiting=len(self.waiting) > 1)
-            chunk = min(remaining, budget // len(seqs), cap)
+            chunk = min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining))
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
             if req.blend is not None and chunk < remaining:  # a blended prefill runs whole (blend/)
@@ -215,6 +220,31 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
+            computing.update(self._uncomputed_blocks(req))
+        self.waiting[:0] = deferred  # they keep their place in line
+
+    def _shares_prefix(self, req: Request) -> bool:
+        """Its prompt blocks are cached for (and hit by) others: prefix caching, one sequence, not blended."""
+        single = len(req.live_seqs) == 1 and req.blend is None and req.params.prompt_logprobs is None
+        return self.config.enable_prefix_caching and single
+
+    def _uncomputed_blocks(self, req: Request) -> list[bytes]:
+        seq, bs = req.live_seqs[0] if self._shares_prefix(req) else None, self.kv.block_size
+        if seq is None or seq.num_computed_tokens >= seq.num_prompt_tokens:
+            return []
+        return seq.block_hashes[seq.num_computed_tokens // bs : seq.num_prompt_tokens // bs]
+
+    def _blocks_in_prefill(self) -> set[bytes]:
+        """Prompt blocks running requests are still prefilling: cached for everyone once computed."""
+        return {h for req in self.running for h in self._uncomputed_blocks(req)}
+
+    def _next_block_in_prefill(self, req: Request, num_hits: int, computing: set[bytes]) -> bool:
+        """SGLang's in-batch prefix sharing: a waiting prompt whose next uncached block a running prefill is
+        computing waits for it instead of computing the same tokens next to it."""
+        if not computing or not self._shares_prefix(req):
+            return False
+        seq = req.live_seqs[0]
+        return num_hits < (seq.num_tokens - 1) // self.kv.block_size and seq.block_hashes[num_hits] in computing
 
     def _fetch_external(self, req: Request, num_local: int) -> int | None:
         """Once per request: fetch blocks past the local hit from the cachestore.
@@ -262,18 +292,24 @@ class Scheduler:
         wait_futures([p.future for p in self.remote.values()], timeout=timeout, return_when=FIRST_COMPLETED)
 
     def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute: waiting requests past their local prefix hit, partial prefills."""
-        total = 0
-        for req in [*self.waiting, *self.remote]:
-            seqs = req.live_seqs
-            if not seqs:
-                continue
-            hit = len(self._prefix_hits(req)[0]) * self.kv.block_size
-            total += seqs[0].num_tokens - max(hit, seqs[0].num_computed_tokens)
+        """Prompt tokens still to compute: partial prefills, and waiting requests past their local prefix hit and
+        past blocks a prefill ahead of them computes (counted once)."""
+        total, bs = 0, self.kv.block_size
         for req in self.running:
             seqs = req.live_seqs
             remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
             total += remaining if remaining > 1 else 0
+        computing = self._blocks_in_prefill()
+        for req in [*self.waiting, *self.remote]:
+            seqs = req.live_seqs
+            if not seqs:
+                continue
+            hashes, hit = seqs[0].block_hashes, len(self._prefix_hits(req)[0])
+            while self._shares_prefix(req) and hit < (seqs[0].num_tokens - 1) // bs and hashes[hit] in computing:
+                hit += 1
+            if self._shares_prefix(req):
+                computing.update(hashes[hit : seqs[0].num_prompt_tokens // bs])
+            total += seqs[0].num_tokens - max(hit * bs, seqs[0].num_computed_tokens)
         return total
 
     def _prefix_hits(self, req: Request) -> list[list]:

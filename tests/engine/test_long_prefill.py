@@ -1,5 +1,5 @@
-"""--long-prefill-token-threshold (vLLM's): while other requests wait, one long prefill takes at most that many
-tokens a step, so a short prompt queued behind a cold long one gets its first token within a step or two
+"""--long-prefill-token-threshold (vLLM's): one long prefill takes at most that many tokens a step, so a short
+prompt queued behind a cold long one gets its first token within a step or two
 instead of after the whole long prefill; outputs are unchanged."""
 
 from __future__ import annotations
@@ -48,3 +48,15 @@ def test_a_short_prompt_is_not_held_behind_a_long_prefill(model):
 def test_the_threshold_is_validated():
     with pytest.raises(ValueError, match="long_prefill_token_threshold"):
         LLM(str(tiny_model("llama")), num_gpu_blocks=16, long_prefill_token_threshold=-1)
+
+
+def test_the_threshold_holds_with_nobody_waiting(model):
+    """vLLM's semantics: the cap applies to every step, so a prompt arriving during a cold prefill waits for at
+    most one capped chunk, not for a step spending the whole budget on the cold one."""
+    llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=256,
+              long_prefill_token_threshold=64)  # fmt: skip
+    llm.engine.add_request("long", LONG, GREEDY)
+    steps = 0
+    while not any(out.outputs[0].token_ids for out in llm.engine.step()):
+        steps += 1
+    assert steps + 1 == -(-len(LONG) // 64)  # 600 tokens in chunks of 64, alone in the engine
