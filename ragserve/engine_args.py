@@ -56,7 +56,7 @@ class EngineConfig(FromArgs):
     max_num_batched_tokens: int = option(2048, "token budget per step", "scheduler", type=positive_int, spec=True)
     enable_chunked_prefill: bool = option(True, "split long prefills across steps", "scheduler")
     long_prefill_token_threshold: int = option(
-        0, "most tokens one prefill takes per step while other requests wait (vLLM's; 0: off)", "scheduler", type=int
+        0, "most tokens one prefill takes per step (vLLM's; 0: off)", "scheduler", type=int
     )
     preemption_mode: str = option(
         "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
