@@ -51,7 +51,8 @@ class Cluster:
 
     def _spawn(self, name: str, argv: list[str], port: int, grpc_port: int = 0, env: dict | None = None) -> Server:
         log = self.tmp / f"{name}-{len(self.procs)}.log"
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        path = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))  # a worktree's own packages
+        full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
         proc = process.start(name, argv, log, env=full_env, cwd=self.tmp)
         server = Server(proc.name, proc.popen, proc.log, port, grpc_port)
         self.procs.append(server)
