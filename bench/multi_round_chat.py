@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import httpx
@@ -27,11 +28,34 @@ SYSTEM_HEAD = (
 )
 
 
+ROUTE: ContextVar[dict | None] = ContextVar("route", default=None)  # the running request's routing headers
+
+
+async def _note_route(resp: httpx.Response) -> None:
+    if (box := ROUTE.get()) is not None:
+        box["reason"] = resp.headers.get("x-ragserve-route-reason", "")
+        ms = resp.headers.get("x-ragserve-predicted-ttft-ms")
+        box["predicted_ttft_s"] = int(ms) / 1000 if ms else None
+
+
+def bench_client() -> httpx.AsyncClient:
+    """A client that notes each response's routing reason and kv_aware's predicted TTFT (router headers)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10), event_hooks={"response": [_note_route]})
+
+
+async def routed_chat(http: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None):
+    """stream_chat through bench_client(); returns the result and what the router said about its route."""
+    box: dict = {}
+    ROUTE.set(box)  # this task's own context: concurrent requests do not see it
+    return await stream_chat(http, url, body, headers), box
+
+
 @dataclass
 class ChatTurn:
     user: int
     round: int
     start_s: float = 0.0  # perf_counter when sent
+    route: dict = field(default_factory=dict)  # router's reason and predicted TTFT
 
     @property
     def first(self) -> bool:  # the user's first request: nothing of its history was seen yet
@@ -94,10 +118,10 @@ async def run_chat(url: str, model: str, system: str, users: list[ChatUser], ans
             body = {"model": model, "messages": messages, "max_tokens": answer_tokens}
             body.update(temperature=0.0, ignore_eos=True)
             start = time.perf_counter()
-            result = await stream_chat(http, url, body)
-            results.append((ChatTurn(user.index, r, start), result))
+            result, route = await routed_chat(http, url, body)
+            results.append((ChatTurn(user.index, r, start, route), result))
             messages.append({"role": "assistant", "content": result.text or "(no answer)"})
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as http:
+    async with bench_client() as http:
         await asyncio.gather(*(user_loop(http, u) for u in users))
     return results

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from ragserve.demo.client import ChatResult, rag_messages, stream_chat
+from ragserve.demo.client import ChatResult, rag_messages
 from ragserve.demo.corpus import Document, load_corpus
 from ragserve.demo.retrieve import document_context
 from ragserve.stack.process import LogSink
@@ -49,7 +49,7 @@ from ragserve.stack.spec import StackConfig
 from ragserve.stack.supervisor import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_round_chat import make_users, run_chat, system_prompt  # noqa: E402  (bench/ is not a package)
+from multi_round_chat import bench_client, make_users, routed_chat, run_chat, system_prompt  # noqa: E402  (bench/ is not a package)
 
 CONFIGS = {  # name: (router policy, cachestore)
     "round_robin": ("round_robin", False),
@@ -67,6 +67,7 @@ class TraceRequest:
     question: str
     first: bool  # first request of its document in the trace
     start_s: float = 0.0  # perf_counter when sent (set on a copy per run)
+    route: dict = field(default_factory=dict)  # router's reason and predicted TTFT (set on the copy)
 
 
 @dataclass
@@ -97,6 +98,8 @@ class ConfigResult:
     min_request_share: float = 0.0
     ratios: dict = field(default_factory=dict)
     preemptions: int = 0  # engines' vllm:num_preemptions over the run
+    first_sight: int = 0  # requests whose document (user history) no engine had seen: cold under every policy
+    prediction_error_p50_s: float | None = None  # kv_aware: median |predicted - actual TTFT| (actual via router)
     per_request: list = field(default_factory=list)  # one record per request, in send order (see request_rows)
 
 
@@ -156,9 +159,10 @@ async def run_trace(stack: Stack, model: str, trace, docs, clients: int, max_tok
             body = {"model": model, "messages": rag_messages(ctx.title, ctx.text, r.question)}
             body.update(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
             sent = replace(r, start_s=time.perf_counter())
-            results.append((sent, await stream_chat(http, stack.url, body, {"X-Context-Hash": ctx.hash})))
+            result, sent.route = await routed_chat(http, stack.url, body, {"X-Context-Hash": ctx.hash})
+            results.append((sent, result))
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10)) as http:
+    async with bench_client() as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
     return results
 
@@ -246,8 +250,15 @@ def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
         output_tokens_per_s=sum(res.completion_tokens for _, res in ok) / wall, engine_shares=shares,
         min_request_share=min((v["requests"] for v in shares.values()), default=0.0),
         preemptions=delta("vllm:num_preemptions"), per_request=request_rows(results),
+        first_sight=sum(1 for r, _ in results if r.first), prediction_error_p50_s=prediction_error(ok),
     )  # fmt: skip
     return result
+
+
+def prediction_error(ok) -> float | None:
+    errors = [abs(r.route["predicted_ttft_s"] - res.ttft_s) for r, res in ok
+              if r.route.get("predicted_ttft_s") is not None and res.ttft_s is not None]  # fmt: skip
+    return percentile(errors, 50) if errors else None
 
 
 def request_rows(results) -> list[dict]:
@@ -260,7 +271,7 @@ def request_rows(results) -> list[dict]:
             "sent_s": round(r.start_s - t0, 3), **what, "first": r.first, "engine": res.engine,
             "prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens,
             "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 3), "latency_s": round(res.latency_s, 3),
-            "ok": res.ok,
+            "predicted_ttft_s": r.route.get("predicted_ttft_s"), "reason": r.route.get("reason", ""), "ok": res.ok,
         })  # fmt: skip
     return rows
 
@@ -304,7 +315,8 @@ def markdown(results: list[ConfigResult], args) -> str:
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
         f"and a {args.max_num_batched_tokens}-token step budget per engine"
         + (
-            f" (a long prefill takes at most {args.long_prefill_token_threshold} while others wait)"
+            f" (--long-prefill-token-threshold {args.long_prefill_token_threshold}: a prefill takes at most that many"
+            " tokens a step)"
             if args.long_prefill_token_threshold
             else ""
         )
@@ -341,7 +353,14 @@ def markdown(results: list[ConfigResult], args) -> str:
         for r in results
     ]
     sources = {r.fetched_source for r in results if r.fetched_source}
-    foot = "\nPreemptions (KV full): " + ", ".join(f"{r.name} {r.preemptions}" for r in results) + "\n"
+    n, cold = results[0].requests, results[0].first_sight
+    share = f"{100 * cold / max(n, 1):.0f}%"
+    foot = f"\nFirst sight of a document (user): {cold} of {n} requests ({share}), cold under every policy.\n"
+    foot += "\nPreemptions (KV full): " + ", ".join(f"{r.name} {r.preemptions}" for r in results) + "\n"
+    errs = [
+        f"{r.name} {1000 * r.prediction_error_p50_s:.0f} ms" for r in results if r.prediction_error_p50_s is not None
+    ]
+    foot += f"\nkv_aware's TTFT prediction, median absolute error per request: {', '.join(errs)}\n" if errs else ""
     foot += f"\nfetched tokens from: {', '.join(sorted(sources))}\n" if sources else ""
     return (
         head

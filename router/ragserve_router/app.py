@@ -144,7 +144,7 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
     chosen = decision.predictions.get(decision.order[0].engine_id)
     prefill = chosen.computed_tokens if chosen else 0
-    routed.slot = gw.pool.reserve(decision.order[0], prefill)  # no await since the decision: the next one counts it
+    routed.slot = gw.pool.reserve(decision.order[0], prefill, key.hashes)  # no await since the decision: counted next
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
     if chosen:

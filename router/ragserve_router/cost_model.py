@@ -2,11 +2,12 @@
 
 For a prompt of P tokens and a candidate engine:
 
-    local    = tokens its own prefix cache holds (exact KV index, else routing history)
+    local    = tokens its own prefix cache holds (exact KV index, else routing history), or will
+               hold once a prompt this router sent it moments ago is prefilled
     fetched  = further tokens the cachestore holds, if the engine uses that store
     computed = P - local - fetched                  (the last token is always computed)
     queued   = prefill tokens already waiting on it (its heartbeat, plus what this router
-               sent it since that heartbeat)
+               sent it since that heartbeat: pool.queued_prefill)
     step     = step_time + seq_time x (decoding now - decoding at its heartbeat)
     TTFT     = (queued + computed) / prefill_rate
                + steps x step                        steps = ceil((queued + computed) / step budget)
@@ -26,11 +27,10 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ragserve_router.engines import EngineRecord, Load
+from ragserve_router.engines import Load
 
 DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
 DEFAULT_STEP_S = 0.04
@@ -38,7 +38,6 @@ DEFAULT_SEQ_S = 0.006
 DEFAULT_OUTPUT_TOKENS = 128  # requests without max_tokens
 DEFAULT_STEP_TOKEN_BUDGET = 2048
 DEFAULT_FETCH_FRACTION = 0.5  # a block's fetch cost relative to prefilling it, until an engine measured one
-UNREPORTED_HORIZON_S = 5.0  # engines without heartbeats: work routed to them counts as queued this long
 
 
 @dataclass(frozen=True)
@@ -113,33 +112,3 @@ def output_tokens(body: dict) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return DEFAULT_OUTPUT_TOKENS
-
-
-@dataclass
-class _Sent:
-    at: float  # wall clock
-    tokens: int
-
-
-@dataclass
-class PendingWork:
-    """Prefill tokens this router sent each engine that its last heartbeat cannot know about yet."""
-
-    sent: dict[str, list[_Sent]] = field(default_factory=dict)
-    clock: object = time.time
-
-    def add(self, engine_id: str, tokens: int) -> None:
-        self.sent.setdefault(engine_id, []).append(_Sent(self.clock(), tokens))
-
-    def tokens(self, record: EngineRecord) -> int:
-        """Tokens sent after the engine's last heartbeat (or, without heartbeats, within a short horizon)."""
-        since = record.load.reported_at or self.clock() - UNREPORTED_HORIZON_S
-        kept = [s for s in self.sent.get(record.engine_id, ()) if s.at > since]
-        if kept:
-            self.sent[record.engine_id] = kept
-        else:
-            self.sent.pop(record.engine_id, None)
-        return sum(s.tokens for s in kept)
-
-    def queued(self, record: EngineRecord) -> int:
-        return record.load.queued_prefill_tokens + self.tokens(record)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ragserve.chunks import chunk_record_keys
-from ragserve_router.cost_model import PendingWork, Prediction, calibrate, output_tokens, predict
+from ragserve_router.cost_model import Prediction, calibrate, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
@@ -65,7 +65,10 @@ class Context:
     load: Callable[[EngineRecord], float]
     kv_usage: Callable[[EngineRecord], float]
     store: StoreIndex
-    prefilling: Callable[[EngineRecord], int] = lambda r: 0  # our prompt tokens there without a first token
+    # prefill tokens waiting on an engine (its heartbeat, reconciled with what this replica sent it since)
+    queued: Callable[[EngineRecord], int] = lambda r: r.load.queued_prefill_tokens
+    # leading blocks of a prompt that requests this replica sent the engine will leave there (no KV event yet)
+    routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = lambda r, hashes: 0
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -159,10 +162,6 @@ class KVAware(Policy):
 
     name = "kv_aware"
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self.pending = PendingWork()
-
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         key = req.key
         if key.chunk_tokens:
@@ -175,9 +174,11 @@ class KVAware(Policy):
 
         def prediction(r: EngineRecord) -> Prediction:
             local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)
-            queued = max(self.pending.queued(r), self.ctx.prefilling(r))  # the heartbeat's queue may predate ours
+            if not key.chunk_tokens:  # a prompt sent there moments ago: its blocks are there by our turn
+                local = max(local, self.ctx.routed_blocks(r, key.hashes))
             speed = calibrate(r.load, fleet, bs)
-            return predict(prompt, bs, local, stored_blocks, queued, self.ctx.load(r), out, speed, self.cfg.work_weight)
+            queued, decoding = self.ctx.queued(r), self.ctx.load(r)
+            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, self.cfg.work_weight)
 
         predictions = {r.engine_id: prediction(r) for r in cands}
         n = len(key.hashes)
@@ -190,7 +191,6 @@ class KVAware(Policy):
 
         order = sorted(cands, key=rank)
         best = predictions[order[0].engine_id]
-        self.pending.add(order[0].engine_id, best.computed_tokens)
         return Decision(order, self.name, self._reason(best, predictions), cached, predictions)
 
     @staticmethod
@@ -264,10 +264,13 @@ class Policies:
         state: RouterState,
         load: Callable[[EngineRecord], float],
         kv_usage: Callable[[EngineRecord], float],
-        prefilling: Callable[[EngineRecord], int] = lambda r: 0,
+        queued: Callable[[EngineRecord], int] | None = None,
+        routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] | None = None,
     ) -> None:
         self.store = StoreIndex(cfg)
-        ctx = Context(cfg, state, load, kv_usage, self.store, prefilling)
+        ctx = Context(cfg, state, load, kv_usage, self.store)
+        ctx.queued = queued or ctx.queued
+        ctx.routed_blocks = routed_blocks or ctx.routed_blocks
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -26,13 +27,22 @@ log = logging.getLogger(__name__)
 CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A prompt this replica sent an engine that has not produced its first token yet."""
+
+    at: float  # wall clock when sent
+    tokens: int  # prompt tokens the engine must compute for it
+    hashes: tuple[bytes, ...] = ()  # its prompt's block hashes: blocks the engine will hold soon
+
+
 @dataclass
 class Health:
     inflight: int = 0
     failures: int = 0  # consecutive engine-side 5xx: at --breaker-failures the engine is probed at once
     healthy: bool = True
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
-    prefilling: int = 0  # prompt tokens of our requests there still to compute: sent, no first token yet
+    prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
 
     def left_since(self, t: float) -> int:
         count = 0
@@ -46,25 +56,31 @@ class Health:
 class Slot:
     """One request's reservation on an engine's in-flight count; moved on retries, released exactly once.
 
-    It also holds the prompt tokens the engine must compute for it until the first token arrives: an
-    engine admits new requests only between steps and reports its queue after one, so for a step's
-    duration (seconds, on a CPU) the heartbeat cannot show what was just sent there."""
+    Until the first token arrives it also holds the prompt tokens the engine must compute for it and the
+    prompt's block hashes: an engine admits new requests only between steps and reports its queue and
+    its KV events after one, so for a step's duration (seconds, on a CPU) neither its heartbeat nor the
+    KV index can show what was just sent there."""
 
-    def __init__(self, pool: EnginePool, engine: EngineRecord, prefill_tokens: int = 0) -> None:
-        self.pool, self.engine, self.held, self.prefill_tokens = pool, engine, True, prefill_tokens
+    def __init__(
+        self, pool: EnginePool, engine: EngineRecord, prefill_tokens: int = 0, hashes: Sequence[bytes] = ()
+    ) -> None:
+        self.pool, self.engine, self.held = pool, engine, True
+        self.prefill: Prefill | None = Prefill(time.time(), prefill_tokens, tuple(hashes))
         pool.metrics.inflight.inc()
         self._join()
 
     def move(self, engine: EngineRecord) -> None:
         self._leave()
         self.engine = engine
+        if self.prefill is not None:  # a retry: sent now, to the new engine
+            self.prefill = replace(self.prefill, at=time.time())
         self._join()
 
     def first_token(self) -> None:
         """The engine finished this prompt's prefill."""
-        if self.held and self.prefill_tokens:
-            self._prefilling(-self.prefill_tokens)
-            self.prefill_tokens = 0
+        if self.held and self.prefill is not None:
+            self._health_prefills().pop(id(self), None)
+            self.prefill = None
 
     def release(self) -> None:
         if self.held:
@@ -72,21 +88,22 @@ class Slot:
             self.held = False
             self.pool.metrics.inflight.dec()
 
+    def _health_prefills(self) -> dict[int, Prefill]:
+        health = self.pool.health.get(self.engine.engine_id)
+        return health.prefills if health is not None else {}
+
     def _join(self) -> None:
-        self.pool.health[self.engine.engine_id].inflight += 1
-        self._prefilling(self.prefill_tokens)
+        health = self.pool.health[self.engine.engine_id]
+        health.inflight += 1
+        if self.prefill is not None:
+            health.prefills[id(self)] = self.prefill
 
     def _leave(self) -> None:
         health = self.pool.health.get(self.engine.engine_id)
         if health is not None:
             health.inflight = max(0, health.inflight - 1)
             health.left_at.append(time.time())
-        self._prefilling(-self.prefill_tokens)
-
-    def _prefilling(self, tokens: int) -> None:
-        health = self.pool.health.get(self.engine.engine_id)
-        if health is not None:
-            health.prefilling = max(0, health.prefilling + tokens)
+            health.prefills.pop(id(self), None)
 
 
 class EnginePool:
@@ -123,14 +140,31 @@ class EnginePool:
         self.served_models |= models
         return sorted(models)
 
-    def reserve(self, engine: EngineRecord, prefill_tokens: int = 0) -> Slot:
-        """Count a request (and the prompt tokens it makes the engine compute) against the engine now,
-        before any await, so the next decision sees it."""
-        return Slot(self, engine, prefill_tokens)
+    def reserve(self, engine: EngineRecord, prefill_tokens: int = 0, hashes: Sequence[bytes] = ()) -> Slot:
+        """Count a request (the prompt tokens it makes the engine compute, the blocks it will leave there)
+        against the engine now, before any await, so the next decision sees it."""
+        return Slot(self, engine, prefill_tokens, hashes)
 
     def prefilling(self, record: EngineRecord) -> int:
         """Prompt tokens of this replica's requests on the engine that have not produced a first token."""
-        return self.health[record.engine_id].prefilling
+        return sum(p.tokens for p in self.health[record.engine_id].prefills.values())
+
+    def queued_prefill(self, record: EngineRecord) -> int:
+        """Prefill tokens waiting on the engine: its heartbeat's queue plus what we sent after that heartbeat,
+        or, if more, what we sent that has no first token yet (a heartbeat taken mid-step predates both)."""
+        prefills = self.health[record.engine_id].prefills.values()
+        since = sum(p.tokens for p in prefills if p.at > record.load.reported_at)
+        return max(record.load.queued_prefill_tokens + since, sum(p.tokens for p in prefills))
+
+    def routed_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
+        """Leading blocks of `hashes` that a prompt we sent the engine (no first token yet) will leave there."""
+        best = 0
+        for p in self.health[record.engine_id].prefills.values():
+            n = 0
+            while n < len(hashes) and n < len(p.hashes) and p.hashes[n] == hashes[n]:
+                n += 1
+            best = max(best, n)
+        return best
 
     def spec(self, model: str) -> ModelSpec | None:
         for record in self.registered.values():

@@ -140,6 +140,10 @@ class Proxy:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_HEADERS}
         headers["X-Ragserve-Engine"] = engine.engine_id
         headers["X-Request-Id"] = r.request_id
+        if r.decision is not None:  # why it went there, and kv_aware's prediction (the model's error, per request)
+            headers["X-Ragserve-Route-Reason"] = r.decision.reason
+            if (p := r.decision.predictions.get(engine.engine_id)) is not None:
+                headers["X-Ragserve-Predicted-Ttft-Ms"] = f"{1000 * p.ttft_s:.0f}"
         return headers
 
     async def forward(self, r: Routed) -> Response:

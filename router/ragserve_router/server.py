@@ -86,7 +86,7 @@ async def serve(cfg: RouterConfig) -> int:
         state=state,
         pool=pool,
         tokenizers=tokenizers,
-        policies=Policies(cfg, state, pool.load, pool.kv_usage, pool.prefilling),
+        policies=Policies(cfg, state, pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),
         limiter=RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst),

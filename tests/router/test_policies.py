@@ -107,20 +107,40 @@ async def test_kv_aware_keeps_locality_until_queued_work_outweighs_it():
     assert decision.order[0].engine_id != "e1" and decision.reason == "spread"
 
 
+def pooled():
+    """Policies over a real EnginePool: the pool's slots carry what this replica sent each engine."""
+    pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
+    _, _, records, _ = setup()
+    policies = Policies(
+        RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks
+    )
+    return pool, records, policies
+
+
+async def send(pool: EnginePool, policies: Policies, request: RouteRequest, records: list[EngineRecord]):
+    """Decide and reserve as the gateway does (no await in between): the next decision sees this one."""
+    decision = await policies.decide("kv_aware", request, records)
+    chosen = decision.order[0]
+    slot = pool.reserve(chosen, decision.predictions[chosen.engine_id].computed_tokens, request.key.hashes)
+    return decision, slot
+
+
 @pytest.mark.asyncio
 async def test_kv_aware_counts_work_it_routed_since_the_last_heartbeat():
-    """A burst of distinct cold prompts spreads although no heartbeat reported the first ones yet."""
-    state, loads, records, policies = setup()
+    """A burst of distinct cold prompts spreads although no heartbeat reported the first ones yet; a burst of
+    one new document stays together (its blocks will be there), and once a heartbeat reports the queue the
+    work is not counted twice."""
+    pool, records, policies = pooled()
     for r in records:
         r.load = measured()
-    firsts = [
-        (await policies.decide("kv_aware", req([h(1000 * d + i) for i in range(60)]), records)).order[0].engine_id
-        for d in range(9)
-    ]
-    assert Counter(firsts) == {"e0": 3, "e1": 3, "e2": 3}
+    firsts = [(await send(pool, policies, req([h(1000 * d + i) for i in range(60)]), records))[0] for d in range(9)]
+    assert Counter(d.order[0].engine_id for d in firsts) == {"e0": 3, "e1": 3, "e2": 3}
     for r in records:  # a heartbeat arrives: the engines now report that work themselves
         r.load = measured(queued_prefill_tokens=3 * 965, reported_at=time.time() + 1)
-    assert all(policies.by_name["kv_aware"].pending.queued(r) == 3 * 965 for r in records)
+    assert all(pool.queued_prefill(r) == 3 * 965 for r in records)
+    again, _ = await send(pool, policies, req([h(i) for i in range(60)] + [h(10**6)]), records)  # doc 0 again
+    assert again.order[0] is firsts[0].order[0] and again.reason == "prefix_hit"
+    assert again.predictions[again.order[0].engine_id].local_tokens == 60 * 16
 
 
 @pytest.mark.asyncio
@@ -254,9 +274,7 @@ async def test_kv_aware_counts_our_prompts_without_a_first_token_over_a_stale_he
     """An engine admits requests only between steps and reports its queue after one: a heartbeat arriving
     mid-step says 'queue empty' although we just sent it a cold prompt. Until its first token the prompt
     still counts, so the next cold prompt goes where the decoders are rather than behind that prefill."""
-    pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
-    _, _, records, _ = setup()
-    policies = Policies(RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.prefilling)
+    pool, records, policies = pooled()
     e0, e1, e2 = records
     cold = pool.reserve(e0, 3000)  # sent, still prefilling
     decoding = [pool.reserve(r) for r in (e1, e1, e2, e2)]
