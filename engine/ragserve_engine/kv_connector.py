@@ -29,7 +29,8 @@ from ragserve_engine.kv_cache_manager import KVCacheManager
 
 log = logging.getLogger("ragserve_engine.connector")
 _SEEN_LIMIT = 1 << 16
-FETCH_DEADLINE_S = 1.0  # a request waits at most this long for the cachestore, then recomputes
+FETCH_DEADLINE_S = 1.0  # a request waits at least this long for the cachestore, then recomputes
+FETCH_DEADLINE_MARGIN = 3.0  # ... or this many times the measured cost of its blocks, if longer
 MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recompute
 FETCH_COST_DECAY = 0.8
 
@@ -53,6 +54,7 @@ class PendingFetch:
     future: Future
     deadline: float
     request_id: str = ""
+    started: float = 0.0  # monotonic
 
     def done(self) -> bool:
         return self.future.done()
@@ -106,7 +108,13 @@ class CacheStoreConnector:
         self.stats.queries += len(missing) * self.block_size
         future = self._fetch_pool.submit(self._download, missing, tracing.live.get(request_id))
         self._fetching.add(future)
-        return PendingFetch(hashes, num_local_hits, future, time.monotonic() + self.fetch_deadline_s, request_id)
+        now = time.monotonic()
+        return PendingFetch(hashes, num_local_hits, future, now + self.deadline_s(len(missing)), request_id, now)
+
+    def deadline_s(self, num_blocks: int) -> float:
+        """How long a fetch of num_blocks may take: a large prefix (a RAG document: 100+ blocks, ~0.7 MB each
+        for a small model in float32) takes longer than the floor on a busy host, and recomputing it longer still."""
+        return max(self.fetch_deadline_s, FETCH_DEADLINE_MARGIN * num_blocks * self.stats.fetch_s_per_block)
 
     def wait(self, pending: PendingFetch, timeout: float) -> bool:
         try:
@@ -144,13 +152,20 @@ class CacheStoreConnector:
         self.stats.hits += len(blocks) * self.block_size
         if span := tracing.live.get(pending.request_id):
             span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.block_size)
-        cost = (seconds + time.perf_counter() - t0) / len(blocks)
-        old = self.stats.fetch_s_per_block
-        self.stats.fetch_s_per_block = cost if old == 0 else FETCH_COST_DECAY * old + (1 - FETCH_COST_DECAY) * cost
+        self._observe_cost((seconds + time.perf_counter() - t0) / len(blocks))
         return len(blocks)
 
+    def _observe_cost(self, cost: float) -> None:
+        old = self.stats.fetch_s_per_block
+        self.stats.fetch_s_per_block = cost if old == 0 else FETCH_COST_DECAY * old + (1 - FETCH_COST_DECAY) * cost
+
     def abandon(self, pending: PendingFetch) -> None:
-        """The request stopped waiting (deadline, abort): whatever the download brings is dropped."""
+        """The request stopped waiting (deadline, abort): whatever the download brings is dropped. Past its
+        deadline the fetch cost at least that long per block: the estimate (the router's fetch cost, the next
+        deadline) learns it, instead of being measured only on fetches fast enough to finish."""
+        now = time.monotonic()
+        if pending.expired(now) and (num_blocks := len(pending.hashes) - pending.num_local) > 0:
+            self._observe_cost((now - pending.started) / num_blocks)
         self.stats.abandoned += 1
         pending.future.cancel()
 

@@ -181,6 +181,10 @@ def test_a_stalled_cachestore_never_stalls_other_requests(stalling_store):
     assert outputs["stalled"].num_cached_tokens == 0  # nothing came from the store: it recomputed
     assert eng.connector.stats.abandoned == 1 and eng.connector.stats.hits == 0
     assert len(outputs["bystander"].outputs[0].token_ids) == 400
+    # it took at least the 1 s deadline for 20 blocks: the fetch cost the router sees, and the next deadline for
+    # as many blocks (3x their cost), learn that instead of counting only fetches fast enough to finish
+    assert eng.connector.stats.fetch_s_per_block >= 1.0 / 20
+    assert eng.connector.deadline_s(20) >= 3.0
 
 
 def test_a_block_that_does_not_fit_ends_the_fetched_chain(cachestore):
