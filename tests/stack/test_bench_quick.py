@@ -37,6 +37,10 @@ def test_quick_cluster_benchmark(tmp_path):
         rows = r["per_request"]  # per-request records, in send order, for finding what makes the tail
         assert len(rows) == 12 and all(x["ok"] and x["engine"] and x["ttft_s"] > 0 for x in rows), name
         assert [x["sent_s"] for x in rows] == sorted(x["sent_s"] for x in rows) and r["preemptions"] >= 0
+        assert all(x["reason"] for x in rows) and 0 < r["first_sight"] < 12  # the router's reason, per request
+        predicted = [x["predicted_ttft_s"] for x in rows]  # kv_aware's prediction (router header), only there
+        expected_none = not name.startswith("kv_aware")
+        assert all((p is None) == expected_none and (p is None or p >= 0) for p in predicted), name
     assert results["round_robin"]["ratios"]["ttft_p50_speedup"] == 1.0
     assert all(results[n]["fetched"] == 0 for n in CONFIGS[:3])  # no cachestore, nothing fetched
     table = (tmp_path / "rag_cluster-quick.md").read_text()
