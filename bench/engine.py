@@ -92,6 +92,9 @@ def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table, 
     warm = rand_prompts(rng, 2, 160)  # a step of >= 128 tokens: the fused ops get compiled (or loaded) here
     ours_run(fresh_llm(args, model), warm, [4, 4]), hf_generate(hf, warm, 4), cpp and cpp.generate(warm[0], 4)
     batches = [1, 8] if args.quick else [1, 8, 32]
+    warm_rng = random.Random(1)
+    for b in batches:  # each batch size's compiled decode graph (compiled or loaded from inductor's cache)
+        ours_run(fresh_llm(args, model), rand_prompts(warm_rng, b, PROMPT_LEN), [3] * b)
     prefills = [512] if args.quick else [512, 2048]
     for rep in range(args.repeats):
         for b in batches:

@@ -37,6 +37,9 @@ class EngineConfig(FromArgs):
     quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
                                choices=QUANTIZATIONS)  # fmt: skip
     enforce_eager: bool = option(False, "no torch.compile of fused ops, no prepacked CPU linear weights", "model")
+    max_seq_len_to_capture: int = option(
+        8192, "longest context a compiled decode graph serves (vLLM's; longer: eager)", "model", type=positive_int
+    )
     seed: int = option(0, "global seed", "model", type=int)
     block_size: int = option(
         16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,7 @@ from ragserve.model_source import ModelSource
 from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.selector import get_attention_backend
+from ragserve_engine.compilation.decode_graphs import DecodeGraphs, capture_sizes
 from ragserve_engine.layers import fused
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.layers.packed_linear import can_pack, pack_weights
@@ -20,6 +22,7 @@ from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.models.loader import load_model
 from ragserve_engine.scheduler import SchedulerOutput
 
+logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 1 << 30
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,11 +66,24 @@ class ModelRunner:
         self.block_size = config.block_size
         self.bytes_per_block = bytes_per_block(config.kv_cache_dtype, self.dtype, self._block_shape(1))
         self.num_blocks = self._num_blocks()
-        self.kv = allocate_kv_cache(config.kv_cache_dtype, self.dtype, self._block_shape(self.num_blocks), self.device)
+        use_graphs = self._use_decode_graphs()
+        # compiled decode graphs get one block more, which the scheduler never sees: padding rows write there
+        shape = self._block_shape(self.num_blocks + use_graphs)
+        self.kv = allocate_kv_cache(config.kv_cache_dtype, self.dtype, shape, self.device)
         self.kv_cache = self.kv.data
         self.kv_layers = self.kv.layers()
+        self.decode_graphs = None
+        if use_graphs:
+            sizes = capture_sizes(config.max_num_seqs)
+            self.decode_graphs = DecodeGraphs(self.model, self.kv.data, self.num_blocks, sizes,
+                                              config.max_seq_len_to_capture)  # fmt: skip
         self.num_swap_blocks = int(config.swap_space * (1 << 30)) // self.bytes_per_block
         self.host_cache: KVCacheTensors | None = None  # allocated on first swap-out
+
+    def _use_decode_graphs(self) -> bool:
+        """Whole-model compiled decode: CPU, model-dtype KV cache, not --enforce-eager."""
+        c = self.config
+        return not c.enforce_eager and self.device.type == "cpu" and c.kv_cache_dtype == "auto"
 
     def _block_shape(self, n: int) -> tuple[int, ...]:
         c = self.model_config
@@ -103,6 +119,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         self.copy_blocks(out)
+        if self.decode_graphs is not None and (logits := self._execute_graph(out)) is not None:
+            return ModelOutput(logits, {})
         input_ids, positions, meta, sample_idx, prompt_spans = self._prepare(out)
         ctx = ForwardContext(meta, self.backend, self.kv_layers)
         hidden = self.model(input_ids, positions, ctx)
@@ -112,6 +130,32 @@ class ModelRunner:
             for seq_id, (start, lo, hi) in prompt_spans.items()
         }
         return ModelOutput(logits, prompt_logits)
+
+    def _execute_graph(self, out: SchedulerOutput) -> torch.Tensor | None:
+        """A decode-only step through a compiled graph; None when the step is not one (eager then)."""
+        sched = out.scheduled
+        if not sched or any(s.num_new_tokens != 1 or not s.sample for s in sched):
+            return None
+        seqs = [s.seq for s in sched]
+        if any(s.request.params.prompt_logprobs is not None and q.num_computed_tokens < q.num_prompt_tokens - 1
+               for s, q in zip(sched, seqs, strict=True)):  # fmt: skip
+            return None
+        pos = np.fromiter((q.num_computed_tokens for q in seqs), np.int64, len(seqs))
+        size = self.decode_graphs.size_for(len(seqs), int(pos.max()) + 1)
+        if size is None:
+            return None
+        width = int(pos.max()) // self.block_size + 1
+        tables = np.zeros((len(seqs), width), np.int64)
+        for i, q in enumerate(seqs):
+            table = q.block_table[:width]
+            tables[i, : len(table)] = table
+        ids = [q.token_ids[p] for q, p in zip(seqs, pos.tolist(), strict=True)]
+        try:
+            return self.decode_graphs.run(size, ids, pos, tables)
+        except Exception:  # e.g. no C++ compiler, or an op inductor cannot lower: stay eager, say why once
+            logger.exception("compiled decode graph failed; running eager from now on (as with --enforce-eager)")
+            self.decode_graphs = None
+            return None
 
     def _prepare(self, out: SchedulerOutput):
         """Inputs of one step in one pass: Python gathers per-sequence scalars, numpy does the per-token work."""

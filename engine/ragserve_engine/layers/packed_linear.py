@@ -28,9 +28,20 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+@torch.library.custom_op("ragserve::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, in] times the prepacked weight. A custom op, so a compiled decode graph calls it as an
+    extern kernel on the one packed copy (inductor's own lowering of the mkldnn op expects to pack itself)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:

@@ -51,6 +51,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, KVH, D]."""
+        if torch.compiler.is_compiling():  # a compiled graph looks them up itself (no cached state)
+            cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+            return fused.rotate(q, cos, sin), fused.rotate(k, cos, sin)
         if positions is not self._positions:  # every layer shares this module: look the step's rows up once
             self._positions, self._rows = (
                 positions,

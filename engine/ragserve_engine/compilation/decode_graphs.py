@@ -1,0 +1,125 @@
+"""Compiled decode graphs: the CPU analogue of vLLM's CUDA-graph capture.
+
+A decode-only step (one new token per sequence) runs the whole model, embedding to logits, paged KV
+writes and attention included, as one torch.compile'd graph (inductor: C++ on CPU). The batch is padded
+up to a capture size (vLLM's cudagraph_capture_sizes: 1, 2, 4, 8, 16, 24, 32, 64, ...) so each size is one
+graph; the block-table width is a dynamic dimension, so context growth does not recompile. On CPU the
+graph's wrapper is C++ (inductor's cpp_wrapper), so a step costs one call instead of ~25 Python-dispatched
+ops per layer. Weights stay graph inputs (not frozen constants): every engine in the process shares the
+graphs, and no size holds a copy of the weights.
+
+Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
+inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Steps
+with a prefill, prompt logprobs, a quantized KV cache, more sequences than the largest capture size or
+a context over --max-seq-len-to-capture run the eager model. Off with --enforce-eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache
+from ragserve_engine.layers.attention import ForwardContext
+from ragserve_engine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+MAX_CAPTURE_SIZE = 512
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then multiples of 8 up to 32, then powers of two, up to max_num_seqs (vLLM-like)."""
+    sizes = [1, 2, 4] + list(range(8, 33, 8))
+    while sizes[-1] < min(max_num_seqs, MAX_CAPTURE_SIZE):
+        sizes.append(sizes[-1] * 2)
+    return [s for s in sizes if s < max_num_seqs] + [min(max_num_seqs, sizes[-1])]
+
+
+@dataclass
+class GraphStats:
+    steps: int = 0  # decode steps run by a compiled graph
+    compiled: list[int] = field(default_factory=list)  # capture sizes compiled, in order
+    compile_seconds: dict[int, float] = field(default_factory=dict)
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_data: torch.Tensor,
+        scratch_block: int,
+        sizes: list[int],
+        max_seq_len_to_capture: int,
+    ) -> None:
+        """kv_data: the whole cache [num_blocks, layers, 2, block_size, KVH, D]; scratch_block: a block the
+        scheduler never hands out, where padding rows write."""
+        self.model, self.kv_data, self.scratch = model, kv_data, scratch_block
+        self.sizes, self.max_seq_len = sorted(sizes), max_seq_len_to_capture
+        self.block_size = kv_data.shape[3]
+        self.device = kv_data.device
+        self.stats = GraphStats()
+
+    def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
+        """The capture size a step of num_seqs runs at, or None (eager)."""
+        if max_seq_len > self.max_seq_len:
+            return None
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def run(self, size: int, token_ids: list[int], positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
+        """Logits [n, vocab] of n one-token sequences: token_ids [n], positions [n] (the new token's),
+        tables [n, width] (block ids, padded with anything)."""
+        n, bs = len(token_ids), self.block_size
+        width = max(2, tables.shape[1])  # width 1 would be specialised by dynamo: one more graph
+        ids = np.zeros(size, np.int64)
+        ids[:n] = token_ids
+        pos = np.zeros(size, np.int64)
+        pos[:n] = positions
+        table = np.full((size, width), self.scratch, np.int64)
+        table[:n, : tables.shape[1]] = tables
+        slots = np.full(size, self.scratch * bs, np.int64)
+        slots[:n] = table[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
+        lens = np.ones(size, np.int64)
+        lens[:n] = pos[:n] + 1
+        inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, slots, table, lens)]
+        torch._dynamo.mark_dynamic(inputs[3], 1)
+        first = size not in self.stats.compile_seconds
+        t0 = time.perf_counter()
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
+            logits = _compiled(self.device)(self.model, self.kv_data, *inputs)
+        if first:
+            self.stats.compiled.append(size)
+            self.stats.compile_seconds[size] = time.perf_counter() - t0
+            logger.info("compiled the decode graph for batch %d in %.1f s", size, self.stats.compile_seconds[size])
+        self.stats.steps += 1
+        return logits[:n]
+
+
+_BACKEND = GraphDecodeAttention()
+_COMPILED: dict[str, Callable] = {}
+
+
+def decode_forward(model: LlamaForCausalLM, kv, input_ids, positions, slots, block_tables, seq_lens) -> torch.Tensor:
+    """The model's forward and logits for one-token sequences, with the graph attention backend.
+    Module-level, so every engine in a process (same architecture and shapes) shares its graphs:
+    parameters are graph inputs, not constants."""
+    meta = AttentionMetadata(slots, seq_lens, seq_lens, block_tables, 1, 0, [], [])
+    caches = [GraphLayerCache(kv, i) for i in range(kv.shape[1])]
+    hidden = model(input_ids, positions, ForwardContext(meta, _BACKEND, caches))
+    return model.compute_logits(hidden)
+
+
+def _compiled(device: torch.device) -> Callable:
+    fn = _COMPILED.get(device.type)
+    if fn is None:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        options = {"cpp_wrapper": device.type == "cpu"}
+        fn = _COMPILED[device.type] = torch.compile(decode_forward, fullgraph=True, options=options)
+    return fn
