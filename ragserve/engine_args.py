@@ -36,7 +36,7 @@ class EngineConfig(FromArgs):
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
     quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
                                choices=QUANTIZATIONS)  # fmt: skip
-    enforce_eager: bool = option(False, "no torch.compile of fused ops, no prepacked CPU linear weights", "model")
+    enforce_eager: bool = option(False, "no compiled decode graphs or fused ops, no prepacked CPU linears", "model")
     max_seq_len_to_capture: int = option(
         8192, "longest context a compiled decode graph serves (vLLM's; longer: eager)", "model", type=positive_int
     )
