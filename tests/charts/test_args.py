@@ -232,7 +232,8 @@ def test_same_flags_as_the_local_stack(render, scenarios):
         "cachestore": cachestore_spec(cfg, ports, cfg.redis).argv,
         "engine": engine_spec(cfg, ports, 0).argv,
     }
-    chart = {c["args"][0]: c["args"] for _, c in ragserve_containers(render(scenarios["hpa"]))}
+    values = {**scenarios["hpa"], "cachestore": {**scenarios["hpa"]["cachestore"], "auth": {"existingSecret": "t"}}}
+    chart = {c["args"][0]: c["args"] for _, c in ragserve_containers(render(values))}  # up's store takes a token
     for component, argv in local.items():
         flags = {a for a in argv if a.startswith("--")} - {"--engine-id"}
         assert flags <= set(chart[component]), (component, sorted(flags - set(chart[component])))
