@@ -24,8 +24,11 @@ def _regimes(path: str, base: LLM, prompts: list[list[int]]):
     shared = dict(loaded_model=base.engine.runner.model)
     yield "no-prefix-caching", LLM(path, enable_prefix_caching=False, num_gpu_blocks=512, **shared)
     yield "chunked-prefill-7", LLM(path, max_num_batched_tokens=7, num_gpu_blocks=512, **shared)
-    yield "preempt-recompute", LLM(path, num_gpu_blocks=tiny_pool, preemption_mode="recompute", **shared)
-    yield "preempt-swap", LLM(path, num_gpu_blocks=tiny_pool, preemption_mode="swap", swap_space=0.5, **shared)
+    # without prefix caching: chat prompts share the template's first blocks, and a prompt waits for a running
+    # prefill of a block it shares (in-batch prefix sharing), so with it the pool would not run out
+    tight = dict(num_gpu_blocks=tiny_pool, enable_prefix_caching=False, **shared)
+    yield "preempt-recompute", LLM(path, preemption_mode="recompute", **tight)
+    yield "preempt-swap", LLM(path, preemption_mode="swap", swap_space=0.5, **tight)
 
 
 def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
