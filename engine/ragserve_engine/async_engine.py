@@ -38,6 +38,8 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._stop = False
         self._event_listeners: list[Callable[[list[KVEvent]], None]] = []
+        if (graphs := self.engine.runner.decode_graphs) is not None:
+            graphs.compile_in_background()  # a served request never waits for inductor
         self._thread = threading.Thread(target=self._run, name="ragserve-engine", daemon=True)
         self._thread.start()
 
@@ -114,6 +116,8 @@ class AsyncLLM:
         return await self.call(lambda engine: fn(engine.pool.snapshot()))
 
     def shutdown(self) -> None:
+        if (graphs := self.engine.runner.decode_graphs) is not None:
+            graphs.stop()
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)

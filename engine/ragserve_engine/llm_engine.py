@@ -19,6 +19,7 @@ from ragserve_engine.blend.runner import Blender
 from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.blend.spec import bind as bind_blend
 from ragserve_engine.block_pool import BlockPool
+from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.load_stats import LoadTracker
@@ -186,14 +187,15 @@ class LLMEngine:
             elif self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
                 raise RuntimeError(f"scheduler stalled with {self.stats()}")
             return []
-        t0 = time.perf_counter()
+        t0, epoch = time.perf_counter(), compile_epoch()
         model_out = self.blender.execute(out)
         for rid, exc in self.blender.take_failed().items():  # out no longer holds them
             self.failed[rid] = exc
             self._drop(rid)
         seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
-        self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens())
+        timed = quiet_since(epoch)  # a step that compiled, or ran beside a compile, says nothing about speed
+        self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
         return self._process(out, model_out)

@@ -56,6 +56,7 @@ class LoadTracker:
     queued_prefill_tokens: int = 0  # snapshot after the last step
     computed_prompt_tokens: int = 0  # cumulative
     num_decoding: int = 0
+    untimed_steps: int = 0  # steps that compiled: left out of the speeds
     _decode: _Ewma = None  # type: ignore[assignment]
     _prefill_tokens: float = 0.0
     _prefill_s: float = 0.0
@@ -63,14 +64,16 @@ class LoadTracker:
     def __post_init__(self) -> None:
         self._decode = _Ewma()
 
-    def observe(self, out: SchedulerOutput, seconds: float, queued_prefill_tokens: int) -> None:
-        """One executed step: its duration, what it computed, and the prefill work still queued after it."""
+    def observe(self, out: SchedulerOutput, seconds: float, queued_prefill_tokens: int, timed: bool = True) -> None:
+        """One executed step: its duration, what it computed, and the prefill work still queued after it.
+        timed=False (the step compiled a graph): its duration is not a speed sample."""
         decodes = sum(1 for s in out.scheduled if is_decode(s))
         prefill = out.num_tokens - decodes
         self.computed_prompt_tokens += prefill
-        if prefill == 0:
+        self.untimed_steps += not timed
+        if timed and prefill == 0:
             self._decode.add(decodes, seconds)
-        elif prefill >= MIN_PREFILL_SAMPLE:
+        elif timed and prefill >= MIN_PREFILL_SAMPLE:
             decode_s = self._decode.at(decodes) if self._decode.w else 0.0
             if decodes and decode_s > 0 and self.prefill_tokens_per_s > 0:
                 # split the step in the proportions the current estimates predict, so a machine that got

@@ -3,11 +3,16 @@ padding rows never leak, bounded compiles, off with --enforce-eager."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from ragserve_engine.compilation.decode_graphs import capture_sizes, decode_forward
 from ragserve_engine.llm import LLM
+from ragserve_engine.llm_engine import LLMEngine
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
 
@@ -70,3 +75,73 @@ def test_padding_rows_write_only_the_scratch_block():
     llm.generate(_prompts(3), GREEDY)  # decodes at 3 sequences run the size-4 graph: one padding row
     assert 4 in runner.decode_graphs.stats.compiled
     assert torch.count_nonzero(kv[runner.num_blocks]) > 0
+    # the steps that compiled a graph are not speed samples for the router (LoadTracker)
+    assert llm.engine.load.untimed_steps >= len(runner.decode_graphs.stats.compiled) > 0
+
+
+def test_graphs_compile_past_dynamos_default_recompile_limit_on_an_engine_thread():
+    """Nine capture sizes, stepped on a thread as the server's engine is: dynamo's config is thread-local
+    and its default recompile limit is 8 graphs a function; one process holds more (sizes x models)."""
+    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=256, max_num_seqs=128, max_model_len=64)
+    graphs = llm.engine.runner.decode_graphs
+    assert len(graphs.sizes) == 9
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for n in (1, 2, 3, 5, 9, 17, 25, 33, 65):
+                llm.generate([[100 + i, 7, 9] for i in range(n)], params)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert not errors
+    assert llm.engine.runner.decode_graphs is graphs  # never fell back to eager
+    assert sorted(graphs.stats.compiled) == graphs.sizes
+
+
+def test_a_server_engine_compiles_in_the_background_and_never_waits():
+    """AsyncLLM (what the server runs): a size not compiled yet runs eager while a thread compiles it;
+    once compiled, the same size runs its graph. Tokens match eager throughout."""
+    from ragserve.engine_args import EngineConfig
+    from ragserve_engine.async_engine import AsyncLLM
+
+    path = str(tiny_model("llama"))
+    eager = LLM(path, num_gpu_blocks=64, max_num_seqs=4, enforce_eager=True)
+    engine = LLMEngine(EngineConfig(model=path, num_gpu_blocks=64, max_num_seqs=4), eager.engine.runner.model)
+    graphs = engine.runner.decode_graphs
+    graphs.sizes = [2]  # one capture size: both prompts decode at it
+    release = threading.Event()
+    real_call = graphs._call
+
+    def held_call(inputs):  # the compile thread waits until the first request is done
+        release.wait(120)
+        return real_call(inputs)
+
+    graphs._call = held_call
+    llm = AsyncLLM(EngineConfig(model=path), engine)
+    prompts = _prompts(2, shift=11)
+
+    async def gen(prompt: list[int], rid: str) -> list[int]:
+        outs = [o async for o in llm.generate(prompt, GREEDY, rid)]
+        return outs[-1].outputs[0].token_ids
+
+    async def both(tag: str) -> list[list[int]]:
+        return list(await asyncio.gather(*(gen(p, f"{tag}{i}") for i, p in enumerate(prompts))))
+
+    try:
+        assert asyncio.run(both("a")) == _tokens(eager, prompts)  # decoded eager: the graph is not ready
+        assert graphs.stats.steps == 0 and 2 not in graphs.stats.compile_seconds
+        release.set()
+        deadline = time.monotonic() + 300
+        while 2 not in graphs.stats.compile_seconds and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert graphs.stats.compiled == [2]
+        assert asyncio.run(both("b")) == _tokens(eager, prompts)
+        assert graphs.stats.steps > 0  # now through the graph
+        assert engine.load.untimed_steps > 0  # steps beside the compile were not speed samples
+    finally:
+        llm.shutdown()

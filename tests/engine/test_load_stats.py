@@ -52,3 +52,13 @@ def test_an_engine_always_prefilling_keeps_its_decode_estimate_current():
         load.observe(step(1000, 4), 5 * (1.0 + 0.04), queued_prefill_tokens=5000)
     assert load.decode_step_s(4) > 2 * 0.04
     assert load.decode_step_s(4) + 1000 / load.prefill_tokens_per_s == pytest.approx(5 * 1.04, rel=0.02)
+
+
+def test_a_step_that_compiled_is_not_a_speed_sample():
+    load = LoadTracker(step_token_budget=2048)
+    load.observe(step(0, 1), 9.0, queued_prefill_tokens=0, timed=False)  # the first decode compiled its graph
+    load.observe(step(500, 0), 30.0, queued_prefill_tokens=0, timed=False)  # a prefill that compiled fused ops
+    assert load.decode_step_s(1) == 0.0 and load.prefill_tokens_per_s == 0.0  # still unmeasured
+    assert load.untimed_steps == 2 and load.computed_prompt_tokens == 500
+    load.observe(step(0, 1), 0.02, queued_prefill_tokens=0)
+    assert load.decode_step_s(1) == pytest.approx(0.02)

@@ -9,7 +9,10 @@ ops per layer. Weights stay graph inputs (not frozen constants): every engine in
 graphs, and no size holds a copy of the weights.
 
 Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
-inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Steps
+inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Offline
+(LLM) the step waits for its compile. A server compiles in the background instead (compile_in_background):
+a step of a size not compiled yet runs eager, and a thread compiles that size on an all-padding batch,
+so no request waits for inductor (a cold SmolLM2 graph takes 60-100 s on 2 cores). Steps
 with a prefill, prompt logprobs, a quantized KV cache, more sequences than the largest capture size or
 a context over --max-seq-len-to-capture run the eager model. Off with --enforce-eager.
 """
@@ -17,6 +20,8 @@ a context over --max-seq-len-to-capture run the eager model. Off with --enforce-
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,12 +30,14 @@ import numpy as np
 import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.compilation.events import compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 MAX_CAPTURE_SIZE = 512
+RECOMPILE_LIMIT = 1024  # graphs of decode_forward a process may hold, all models and sizes together
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -64,16 +71,43 @@ class DecodeGraphs:
         self.block_size = kv_data.shape[3]
         self.device = kv_data.device
         self.stats = GraphStats()
+        self._todo: queue.Queue | None = None  # background mode: sizes to compile
+        self._queued: set[int] = set()
 
     def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
-        """The capture size a step of num_seqs runs at, or None (eager)."""
+        """The capture size a step of num_seqs runs at, or None (eager; in the background mode also while
+        that size compiles)."""
         if max_seq_len > self.max_seq_len:
             return None
-        return next((s for s in self.sizes if s >= num_seqs), None)
+        size = next((s for s in self.sizes if s >= num_seqs), None)
+        if self._todo is None or size is None or size in self.stats.compile_seconds:
+            return size
+        if size not in self._queued:
+            self._queued.add(size)
+            self._todo.put(size)
+        return None
+
+    def compile_in_background(self) -> None:
+        """From now on a step never compiles: sizes compile on a thread of their own (one at a time)."""
+        if self._todo is None:
+            self._todo = queue.Queue()
+            threading.Thread(target=self._compile_loop, name="ragserve-decode-compile", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._todo is not None:
+            self._todo.put(None)
+
+    def _compile_loop(self) -> None:
+        while (size := self._todo.get()) is not None:
+            try:
+                with torch.inference_mode():  # as the step thread: dynamo guards on grad mode
+                    self.run(size, [], np.zeros(0, np.int64), np.zeros((0, 2), np.int64))
+            except Exception:  # the step thread keeps running eager for this size
+                logger.exception("compiling the decode graph for batch %d failed; that size stays eager", size)
 
     def run(self, size: int, token_ids: list[int], positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
         """Logits [n, vocab] of n one-token sequences: token_ids [n], positions [n] (the new token's),
-        tables [n, width] (block ids, padded with anything)."""
+        tables [n, width] (block ids, padded with anything). n = 0 compiles the size (all rows padding)."""
         n, bs = len(token_ids), self.block_size
         width = max(2, tables.shape[1])  # width 1 would be specialised by dynamo: one more graph
         ids = np.zeros(size, np.int64)
@@ -88,16 +122,22 @@ class DecodeGraphs:
         lens[:n] = pos[:n] + 1
         inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, slots, table, lens)]
         torch._dynamo.mark_dynamic(inputs[3], 1)
-        first = size not in self.stats.compile_seconds
-        t0 = time.perf_counter()
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
-            logits = _compiled(self.device)(self.model, self.kv_data, *inputs)
-        if first:
-            self.stats.compiled.append(size)
+        if size in self.stats.compile_seconds:
+            logits = self._call(inputs)
+        else:
+            t0 = time.perf_counter()
+            with compiling():
+                logits = self._call(inputs)
             self.stats.compile_seconds[size] = time.perf_counter() - t0
+            self.stats.compiled.append(size)
             logger.info("compiled the decode graph for batch %d in %.1f s", size, self.stats.compile_seconds[size])
-        self.stats.steps += 1
+        if n:
+            self.stats.steps += 1
         return logits[:n]
+
+    def _call(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
+            return _compiled(self.device)(self.model, self.kv_data, *inputs)
 
 
 _BACKEND = GraphDecodeAttention()
@@ -117,9 +157,10 @@ def decode_forward(model: LlamaForCausalLM, kv, input_ids, positions, slots, blo
 def _compiled(device: torch.device) -> Callable:
     fn = _COMPILED.get(device.type)
     if fn is None:
-        import torch._dynamo.config as dynamo_config
-
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        # Per compile, not via torch._dynamo.config: dynamo's config settings are thread-local, and
+        # engines step on their own threads. Each (model shape, capture size) pair is one entry.
         options = {"cpp_wrapper": device.type == "cpu"}
-        fn = _COMPILED[device.type] = torch.compile(decode_forward, fullgraph=True, options=options)
+        fn = _COMPILED[device.type] = torch.compile(
+            decode_forward, fullgraph=True, options=options, recompile_limit=RECOMPILE_LIMIT
+        )
     return fn

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ragserve.model_source import cache_dir
+from ragserve_engine.compilation.events import compiling
 
 logger = logging.getLogger(__name__)
 MIN_TOKENS = 128
@@ -72,7 +73,8 @@ def call(name: str, num_tokens: int, *args):
         fn = _compiled[name] = torch.compile(_EAGER[name], dynamic=True)
         t0 = time.perf_counter()
         try:
-            out = fn(*args)
+            with compiling():
+                out = fn(*args)
         except Exception:  # e.g. no C++ compiler for inductor: stay eager, say why once
             logger.exception("torch.compile of %s failed; running eager (as with --enforce-eager)", name)
             _state["enabled"] = False
