@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--enforce-eager", action="store_true", help="--part profile: without decode graphs")
     args = parser.parse_args()
     torch.manual_seed(0)
     started, load0 = time.time(), os.getloadavg()[0]

@@ -84,12 +84,14 @@ def run_features(args) -> None:
 
 
 def run_profile(args, batch: int = 32, steps: int = 10) -> None:
-    """Top-10 ops (self CPU time) over `steps` decode steps at `batch` sequences of 128-token prompts."""
+    """Top-10 ops (self CPU time) over `steps` decode steps at `batch` sequences of 128-token prompts,
+    with compiled decode graphs or --enforce-eager; the wall time not in any op is Python."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine import RESULTS, rand_prompts
 
-    llm = LLM(args.model, enable_prefix_caching=False)
+    mode = "eager" if args.enforce_eager else "graphs"
+    llm = LLM(args.model, enable_prefix_caching=False, enforce_eager=args.enforce_eager)
     engine = llm.engine
     for i, p in enumerate(rand_prompts(random.Random(0), batch, 128)):
         engine.add_request(f"p{i}", p, SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True))
@@ -102,13 +104,17 @@ def run_profile(args, batch: int = 32, steps: int = 10) -> None:
         for _ in range(steps):
             engine.step()
     dt = (time.perf_counter() - t0) / steps
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
+    events = prof.key_averages()
+    in_ops = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
+    table = events.table(sort_by="self_cpu_time_total", row_limit=10)
+    flag = " --enforce-eager" if args.enforce_eager else ""
     text = (
-        f"`python bench/engine.py --part profile` {RESULTS_NOTE}: {steps} decode steps at batch {batch} "
-        f"(128-token prompts), {dt * 1000:.0f} ms/step under the profiler, {batch / dt:.0f} tok/s\n\n{table}"
+        f"`python bench/engine.py --part profile{flag}` {RESULTS_NOTE}, {mode}: {steps} decode steps at batch "
+        f"{batch} (128-token prompts), {dt * 1000:.0f} ms/step under the profiler ({batch / dt:.0f} tok/s), of "
+        f"which {in_ops:.0f} ms in torch ops and {dt * 1000 - in_ops:.0f} ms outside them (Python)\n\n{table}"
     )
     print(text)
-    (RESULTS / f"profile-decode{batch}.txt").write_text(text + "\n")
+    (RESULTS / f"profile-decode{batch}-{mode}.txt").write_text(text + "\n")
 
 
 def run_linear(args, layers: int = 30, repeats: int = 5) -> None:

@@ -26,7 +26,7 @@ from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ragserve_engine.sampler import Sampler, SamplingRow, top_logprobs
+from ragserve_engine.sampler import Sampler, SampleResult, SamplingRow, is_plain_greedy, top_logprobs
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
@@ -194,7 +194,7 @@ class LLMEngine:
             self._drop(rid)
         seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
-        timed = quiet_since(epoch)  # a step that compiled, or ran beside a compile, says nothing about speed
+        timed = quiet_since(epoch)  # a step that compiled says nothing about speed
         self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
@@ -202,23 +202,26 @@ class LLMEngine:
 
     def _process(self, out: SchedulerOutput, model_out: ModelOutput) -> list[RequestOutput]:
         now = time.monotonic()
-        by_request: dict[str, list[tuple[Sequence, torch.Tensor]]] = {}
+        by_request: dict[str, list[tuple[Sequence, int]]] = {}  # rows of model_out.logits
         row = 0
         for s in out.scheduled:
             if s.seq.seq_id in model_out.prompt_logits:
                 self._guard(s.request, self._prompt_logprobs, s.request, *model_out.prompt_logits[s.seq.seq_id])
             if s.sample:
-                by_request.setdefault(s.request.request_id, []).append((s.seq, model_out.logits[row]))
+                by_request.setdefault(s.request.request_id, []).append((s.seq, row))
                 row += 1
         touched = {s.request.request_id: s.request for s in out.scheduled}
+        sampled = []
         for rid, rows in by_request.items():
             req = touched[rid]
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.params.use_beam_search:
-                self._guard(req, beam_step, req, rows, self.kv, self.stop_criteria)
+                beam_rows = [(seq, model_out.logits[i]) for seq, i in rows]
+                self._guard(req, beam_step, req, beam_rows, self.kv, self.stop_criteria)
             else:
-                self._guard(req, self._sample, req, rows)
+                sampled.append((req, rows))
+        self._sample(sampled, model_out.logits)
         outputs = []
         for rid, req in touched.items():
             if rid in self.failed or (rid not in by_request and req.params.prompt_logprobs is None):
@@ -246,11 +249,11 @@ class LLMEngine:
         failed, self.failed = self.failed, {}
         return failed
 
-    def _expand_forks(self, req: Request, rows: list[tuple[Sequence, torch.Tensor]]):
-        """n > 1: once the prompt is prefilled, fork n - 1 children sharing its blocks."""
+    def _expand_forks(self, req: Request, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+        """n > 1: once the prompt is prefilled, fork n - 1 children sharing its blocks (and its logits row)."""
         if not req.needs_fork:
             return rows
-        (parent, logits), seed = rows[0], req.params.seed
+        (parent, row), seed = rows[0], req.params.seed
         for i in range(1, req.params.n):
             child = self.kv.fork(parent)
             child.index = i
@@ -258,25 +261,55 @@ class LLMEngine:
                 child.generator = torch.Generator(device=self.runner.device).manual_seed(seed + i)
             req.seqs.append(child)
         req.needs_fork = False
-        return [(seq, logits) for seq in req.seqs]
+        return [(seq, row) for seq in req.seqs]
 
-    def _sample(self, req: Request, rows: list[tuple[Sequence, torch.Tensor]]) -> None:
-        """Sample one token for each of a request's sequences (rows are independent: one request at a time)."""
-        rows = self._expand_forks(req, rows)
-        sampling = []
-        for seq, _ in rows:
+    def _sample(self, batch: list[tuple[Request, list[tuple[Sequence, int]]]], logits: torch.Tensor) -> None:
+        """One token for every sequence of the step's sampling requests. Plain greedy requests share one
+        sampler call (one argmax); the rest sample one request at a time (their generators draw only for
+        themselves), so a failure, or the shared call's failing, fails only the requests it belongs to."""
+        ready: list[tuple[Request, list[tuple[Sequence, int, SamplingRow]]]] = []
+        for req, rows in batch:
+            self._guard(req, lambda r, rs: ready.append((r, self._sampling_rows(r, rs))), req, rows)
+        plain = []
+        for req, rows in ready:
+            if all(is_plain_greedy(s) for *_, s in rows):
+                plain.append((req, rows))
+            else:
+                self._guard(req, self._sample_request, req, rows, logits)
+        flat = [(req, seq, row, s) for req, rows in plain for seq, row, s in rows]
+        if not flat:
+            return
+        try:
+            results = self.sampler(_take_rows(logits, [f[2] for f in flat]), [f[3] for f in flat])
+        except Exception:
+            for req, rows in plain:
+                self._guard(req, self._sample_request, req, rows, logits)
+            return
+        for (req, seq, _, _), res in zip(flat, results, strict=True):
+            self._guard(req, self._append_token, req, seq, res)
+
+    def _sampling_rows(self, req: Request, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int, SamplingRow]]:
+        out = []
+        for seq, row in self._expand_forks(req, rows):
             short = len(seq.output_token_ids) - req.num_resumed_tokens < req.params.min_tokens
             blocked = sorted(self.stop_criteria.eos_ids | set(req.params.stop_token_ids)) if short else []
-            sampling.append(SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator, blocked))
-        results = self.sampler(torch.stack([logits for _, logits in rows]), sampling)
-        for (seq, _), res in zip(rows, results, strict=True):
-            seq.token_ids.append(res.token_id)
-            seq.cumulative_logprob += res.logprob
-            if res.top_logprobs is not None:
-                seq.logprobs.append(res.top_logprobs)
-            check_stop(req, seq, self.stop_criteria)
-            if seq.finished and seq.blocks:
-                self.kv.free(seq)
+            out.append((seq, row, SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator,
+                                              blocked)))  # fmt: skip
+        return out
+
+    def _sample_request(self, req: Request, rows: list[tuple[Sequence, int, SamplingRow]], logits: torch.Tensor):
+        results = self.sampler(_take_rows(logits, [row for _, row, _ in rows]), [s for *_, s in rows])
+        for (seq, _, _), res in zip(rows, results, strict=True):
+            self._append_token(req, seq, res)
+
+    def _append_token(self, req: Request, seq: Sequence, res: SampleResult) -> None:
+        seq.token_ids.append(res.token_id)
+        seq.cumulative_logprob += res.logprob
+        if res.top_logprobs is not None:
+            seq.logprobs.append(res.top_logprobs)
+        check_stop(req, seq, self.stop_criteria)
+        if seq.finished and seq.blocks:
+            self.kv.free(seq)
 
     def _prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
         if req.prompt_logprobs is None:
@@ -334,3 +367,10 @@ class LLMEngine:
             blend_reused_tokens=self.blender.counters.reused_tokens,
             blend_recomputed_tokens=self.blender.counters.recomputed_tokens,
         )
+
+
+def _take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows], without a copy when rows are all of them in order (a decode step's usual case)."""
+    if rows == list(range(logits.shape[0])):
+        return logits
+    return logits[torch.tensor(rows, device=logits.device)]

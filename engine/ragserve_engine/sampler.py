@@ -68,22 +68,31 @@ def top_logprobs(logprobs: torch.Tensor, k: int, token_id: int) -> dict[int, flo
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampleResult]:
+        """One token per row. Plain greedy rows are one batched argmax; each row's logprob is its logit less
+        the row's logsumexp (one pass, no [rows, vocab] result); full log-softmax only for rows asking for
+        top logprobs."""
         logits = logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = [0] * len(rows)
-        plain = [i for i, row in enumerate(rows) if _plain_greedy(row)]
-        if plain:  # one batched argmax for every greedy row without penalties or blocked tokens
-            idx = torch.tensor(plain, device=logits.device)
-            for i, token in zip(plain, torch.argmax(logits[idx], dim=-1).tolist(), strict=True):
-                tokens[i] = token
-        for i, row in enumerate(rows):
-            if not _plain_greedy(row):
-                tokens[i] = self._sample_row(logits[i].clone(), row)
-        chosen = logprobs[torch.arange(len(rows), device=logits.device), torch.tensor(tokens, device=logits.device)]
-        results = []
-        for i, (row, token, lp) in enumerate(zip(rows, tokens, chosen.tolist(), strict=True)):
-            k = row.params.logprobs
-            results.append(SampleResult(token, lp, None if k is None else top_logprobs(logprobs[i], k, token)))
+        plain = [is_plain_greedy(row) for row in rows]
+        if all(plain):
+            tokens = torch.argmax(logits, dim=-1)
+        else:
+            tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+            greedy = [i for i, p in enumerate(plain) if p]
+            if greedy:
+                idx = torch.tensor(greedy, device=logits.device)
+                tokens[idx] = torch.argmax(logits[idx], dim=-1)
+            for i, row in enumerate(rows):
+                if not plain[i]:
+                    tokens[i] = self._sample_row(logits[i].clone(), row)
+        chosen = (logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)).tolist()
+        token_ids = tokens.tolist()
+        results = [SampleResult(t, lp, None) for t, lp in zip(token_ids, chosen, strict=True)]
+        asked = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if asked:
+            logprobs = torch.log_softmax(logits[torch.tensor(asked, device=logits.device)], dim=-1)
+            for lp, i in zip(logprobs, asked, strict=True):
+                top = top_logprobs(lp, rows[i].params.logprobs, token_ids[i])
+                results[i] = SampleResult(token_ids[i], top[token_ids[i]], top)
         return results
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
@@ -99,5 +108,6 @@ class Sampler:
         return int(torch.argmax(probs / q))
 
 
-def _plain_greedy(row: SamplingRow) -> bool:
+def is_plain_greedy(row: SamplingRow) -> bool:
+    """Greedy without penalties or blocked tokens: a row of the batched argmax (no generator draws)."""
     return row.params.greedy and not row.params.needs_penalties and not row.blocked_ids

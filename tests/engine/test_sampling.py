@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragserve_engine.llm import LLM
+from ragserve_engine.sampler import Sampler, SamplingRow
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
 
@@ -151,3 +152,54 @@ def test_penalties_change_the_counts_they_should(llm):
     assert max(counts(presence_penalty=-2.0, frequency_penalty=2.0).values()) <= 2  # net penalty from the 2nd
     from_prompt = sum(counts(repetition_penalty=0.5)[t] for t in set(PROMPT))
     assert from_prompt > 0 and sum(counts()[t] for t in set(PROMPT)) == 0  # < 1 rewards prompt tokens
+
+
+def test_one_sampler_call_matches_each_row_sampled_alone():
+    """Batched rows (one argmax for the greedy ones, logsumexp logprobs, log-softmax only where asked)
+    give what each row gives alone, and the reference log-softmax logprob of the chosen token."""
+    logits = torch.randn(6, 64, generator=torch.Generator().manual_seed(0)) * 3
+    greedy = SamplingParams(temperature=0.0)
+
+    def rows() -> list[SamplingRow]:
+        params = [greedy, SamplingParams(temperature=0.0, logprobs=3), greedy, SamplingParams(temperature=0.0,
+                  repetition_penalty=2.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=0.0,
+                  logprobs=0)]  # fmt: skip
+        blocked = [[], [], [int(logits[2].argmax())], [], [], []]
+        gens = [torch.Generator().manual_seed(7) if p.seed is not None else None for p in params]
+        return [SamplingRow(p, [1, 2], [3], g, b) for p, g, b in zip(params, gens, blocked, strict=True)]
+
+    together = Sampler()(logits.clone(), rows())
+    alone = [Sampler()(logits[i : i + 1].clone(), [row])[0] for i, row in enumerate(rows())]
+    reference = torch.log_softmax(logits.double(), -1)
+    for i, (got, want) in enumerate(zip(together, alone, strict=True)):
+        assert got.token_id == want.token_id and got.top_logprobs == want.top_logprobs, i
+        assert got.logprob == pytest.approx(float(reference[i, got.token_id]), abs=1e-5), i
+    assert [r.token_id for r in together][:2] == logits[:2].argmax(-1).tolist()
+    assert together[2].token_id != int(logits[2].argmax())  # blocked
+    assert [r.top_logprobs is None for r in together] == [True, False, True, True, True, False]
+    assert len(together[1].top_logprobs) >= 3 and set(together[5].top_logprobs) == {together[5].token_id}
+
+
+def test_a_mixed_batch_samples_each_request_as_alone(llm):
+    """In one engine step greedy rows share a call, the others sample per request: same tokens, logprobs
+    and (within float error) cumulative logprobs as each request run alone; n=2 forks share a logits row."""
+    batch = [
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.9, seed=3, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, presence_penalty=-2.0),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, n=2),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0),
+    ]
+    prompts = [PROMPT[i:] for i in range(len(batch) - 1)] + [PROMPT]
+    together = llm.generate(prompts, batch)
+    for prompt, params, got in zip(prompts, batch, together, strict=True):
+        want = llm.generate([prompt], params)[0]
+        for a, b in zip(got.outputs, want.outputs, strict=True):  # logits differ in float error batched or alone
+            assert a.token_ids == b.token_ids
+            assert [list(x) for x in a.logprobs or []] == [list(x) for x in b.logprobs or []]
+            assert [pytest.approx(x, abs=1e-4) for x in a.logprobs or []] == (b.logprobs or [])
+            assert a.cumulative_logprob == pytest.approx(b.cumulative_logprob, abs=1e-4)
+    chosen = [lp[t] for lp, t in zip(together[5].outputs[0].logprobs, together[5].outputs[0].token_ids, strict=True)]
+    assert together[0].outputs[0].token_ids == together[5].outputs[0].token_ids  # same prompt
+    assert together[0].outputs[0].cumulative_logprob == pytest.approx(sum(chosen), abs=1e-4)  # logsumexp path
