@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.cli import COMPILE_THREAD
 from ragserve_engine.compilation.events import compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache
 from ragserve_engine.layers.attention import ForwardContext
@@ -91,11 +92,14 @@ class DecodeGraphs:
         """From now on a step never compiles: sizes compile on a thread of their own (one at a time)."""
         if self._todo is None:
             self._todo = queue.Queue()
-            threading.Thread(target=self._compile_loop, name="ragserve-decode-compile", daemon=True).start()
+            self._thread = threading.Thread(target=self._compile_loop, name=COMPILE_THREAD, daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
+        """No more compiles; one in flight runs to its end (dynamo cannot be interrupted)."""
         if self._todo is not None:
             self._todo.put(None)
+            self._thread.join(timeout=1.0)  # an idle thread ends at once
 
     def _compile_loop(self) -> None:
         while (size := self._todo.get()) is not None:

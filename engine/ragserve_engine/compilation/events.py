@@ -1,5 +1,6 @@
-"""Compiles in this process, for the load tracker: a step that compiled (seconds of inductor work, once) or
-ran beside a background compile says nothing about the engine's speed, so its duration is left out."""
+"""Compiles on this thread, for the load tracker: a step that compiled (seconds of inductor work, once)
+says nothing about the engine's speed, so its duration is left out. Per thread: a server compiles decode
+graphs on a thread of its own, and the steps beside it are real (if slower) samples."""
 
 from __future__ import annotations
 
@@ -7,28 +8,23 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-_lock = threading.Lock()
-_state = {"epoch": 0, "active": 0}
+_local = threading.local()
 
 
 @contextlib.contextmanager
 def compiling() -> Iterator[None]:
-    """Wraps a compile (on any thread)."""
-    with _lock:
-        _state["epoch"] += 1
-        _state["active"] += 1
+    """Wraps a compile; marks this thread's epoch before and after it."""
+    _local.epoch = compile_epoch() + 1
     try:
         yield
     finally:
-        with _lock:
-            _state["active"] -= 1
-            _state["epoch"] += 1
+        _local.epoch += 1
 
 
 def compile_epoch() -> int:
-    return _state["epoch"]
+    return getattr(_local, "epoch", 0)
 
 
 def quiet_since(epoch: int) -> bool:
-    """No compile started, ran or ended since compile_epoch() returned epoch."""
-    return _state["epoch"] == epoch and _state["active"] == 0
+    """No compile ran on this thread since compile_epoch() returned epoch."""
+    return compile_epoch() == epoch
