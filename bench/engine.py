@@ -7,6 +7,7 @@ weights, in one run, with this machine's measured limits.
     python bench/engine.py --part features     # prefix-cache TTFT, KV waste, forked sequences
     python bench/engine.py --part profile      # torch.profiler top-10 of decode steps at batch 32
     python bench/engine.py --part linear       # decode-sized matmuls: nn.Linear vs oneDNN prepacked
+    python bench/engine.py --part lowp         # decode-sized matmuls: fp32 / bf16 packed vs int8 weights
     add --quick for a short run
 
 Each configuration runs `--repeats` times (default 3), the three systems interleaved so they see the
@@ -209,8 +210,8 @@ def render(args, t: Table, m: Machine, load: tuple[float, float], started: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["throughput", "mixed", "precision", "features", "profile", "linear"],
-                        default="throughput")  # fmt: skip
+    parts = ["throughput", "mixed", "precision", "features", "profile", "linear", "lowp"]
+    parser.add_argument("--part", choices=parts, default="throughput")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="smollm2-135m")
@@ -219,10 +220,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started, load0 = time.time(), os.getloadavg()[0]
-    if args.part in ("features", "profile", "linear"):
-        from engine_features import run_features, run_linear, run_profile
+    if args.part in ("features", "profile", "linear", "lowp"):
+        from engine_features import run_features, run_linear, run_linear_lowp, run_profile
 
-        {"features": run_features, "profile": run_profile, "linear": run_linear}[args.part](args)
+        parts = {"features": run_features, "profile": run_profile, "linear": run_linear, "lowp": run_linear_lowp}
+        parts[args.part](args)
         return
     source = resolve_model(args.model)
     llm = LLM(args.model)

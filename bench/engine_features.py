@@ -145,6 +145,53 @@ def run_linear(args, layers: int = 30, repeats: int = 5) -> None:
     (RESULTS / "profile-linear.txt").write_text(text + "\n")
 
 
+def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
+    """Decode-sized matmuls per weight format, as the engine runs them: float32 and bfloat16 PackedLinear,
+    --quantization int8's Int8Linear (_weight_int8pack_mm on the int8 weight: no per-step dequantized copy),
+    with the weight bytes each reads per step and the read rate that gives."""
+    import torch
+    from torch import nn
+
+    from engine import RESULTS
+    from ragserve_engine.layers.packed_linear import PackedLinear
+    from ragserve_engine.layers.quant_linear import Int8Linear
+
+    shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+    formats = {"float32 packed": (torch.float32, PackedLinear, 4), "bfloat16 packed": (torch.bfloat16, PackedLinear, 2),
+               "int8 (_weight_int8pack_mm)": (torch.float32, Int8Linear, 1)}  # fmt: skip
+    lines = [f"`python bench/engine.py --part lowp` (CPU, {torch.get_num_threads()} threads): ms per decode step "
+             f"for all projections of {layers} layers + lm_head (SmolLM2-135M shapes, distinct weights), best of "
+             f"{repeats}; GB/s = weight bytes read / time", "",
+             "| rows | format | ms | weight MB | GB/s |", "|---:|---|---:|---:|---:|"]  # fmt: skip
+    with torch.inference_mode():
+        for rows in (1, 8, 32):
+            for label, (dtype, make, width) in formats.items():
+                ms, nbytes = 0.0, 0
+                for name, (n, k) in shapes.items():
+                    mods = []
+                    for _ in range(1 if name == "lm_head" else layers):
+                        lin = nn.Linear(k, n, bias=False)
+                        lin.weight.data = (torch.randn(n, k) * 0.02).to(dtype)
+                        mods.append(make(lin))
+                    x = torch.randn(rows, k, dtype=dtype)
+                    ms += _best_of(repeats, lambda mods=mods, x=x: [m(x) for m in mods])
+                    nbytes += len(mods) * n * k * width
+                lines.append(f"| {rows} | {label} | {ms:.1f} | {nbytes / 1e6:.0f} | {nbytes / ms / 1e6:.1f} |")
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / "profile-linear-lowp.txt").write_text(text + "\n")
+
+
+def _best_of(repeats: int, fn) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
 def _best_ms(repeats: int, x, weights: list, packed: bool) -> float:
     """Best time of one pass over all weights: F.linear, or oneDNN's linear on weights packed beforehand."""
     import torch
