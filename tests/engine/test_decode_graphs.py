@@ -54,6 +54,12 @@ def test_compiled_decode_matches_eager_and_compiles_once_per_size():
     out = graphs.generate(prompts, GREEDY)
     assert sum(o.num_cached_tokens for o in out) > 0 and stats.steps > steps
     assert [o.outputs[0].token_ids for o in out] == _tokens(eager, prompts)
+    # another pool size (another kv cache shape) reuses the graphs: the block count is dynamic too
+    entries = len(_debug_get_cache_entry_list(decode_forward))
+    other = LLM(path, num_gpu_blocks=200, max_num_seqs=8, loaded_model=eager.engine.runner.model)
+    assert _tokens(other, prompts[:2]) == _tokens(eager, prompts[:2])
+    assert other.engine.runner.decode_graphs.stats.steps > 0
+    assert len(_debug_get_cache_entry_list(decode_forward)) == entries
 
 
 def test_compiled_decode_with_preemption():

@@ -3,9 +3,9 @@
 A decode-only step (one new token per sequence) runs the whole model, embedding to logits, paged KV
 writes and attention included, as one torch.compile'd graph (inductor: C++ on CPU). The batch is padded
 up to a capture size (vLLM's cudagraph_capture_sizes: 1, 2, 4, 8, 16, 24, 32, 64, ...) so each size is one
-graph; the block-table width is a dynamic dimension, so context growth does not recompile. On CPU the
-graph's wrapper is C++ (inductor's cpp_wrapper), so a step costs one call instead of ~25 Python-dispatched
-ops per layer. Weights stay graph inputs (not frozen constants): every engine in the process shares the
+graph; the block-table width and the number of KV blocks are dynamic dimensions, so neither context growth
+nor another pool size recompiles. On CPU the graph's wrapper is C++ (inductor's cpp_wrapper), so a step
+costs one call instead of ~25 Python-dispatched ops per layer. Weights stay graph inputs (not frozen constants): every engine in the process shares the
 graphs, and no size holds a copy of the weights.
 
 Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
@@ -126,6 +126,7 @@ class DecodeGraphs:
         lens[:n] = pos[:n] + 1
         inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, slots, table, lens)]
         torch._dynamo.mark_dynamic(inputs[3], 1)
+        torch._dynamo.mark_dynamic(self.kv_data, 0)  # pools of any size share a size's graph
         if size in self.stats.compile_seconds:
             logits = self._call(inputs)
         else:
