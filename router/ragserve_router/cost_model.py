@@ -7,11 +7,17 @@ For a prompt of P tokens and a candidate engine:
     fetched  = further tokens the cachestore holds, if the engine uses that store
     computed = P - local - fetched                  (the last token is always computed)
     queued   = prefill tokens already waiting on it (its heartbeat, plus what this router
-               sent it since that heartbeat: pool.queued_prefill)
+               sent it since that heartbeat: pool.queued_prefill), in `prompts` prompts
     step     = step_time + seq_time x (decoding now - decoding at its heartbeat)
-    TTFT     = (queued + computed) / prefill_rate
-               + steps x step                        steps = ceil((queued + computed) / step budget)
+    TTFT     = (ahead + computed) / prefill_rate
+               + steps x step
                + fetched / block_size x fetch_time
+
+With no per-step prefill cap the queue is computed first: ahead = queued, steps = ceil((queued +
+computed) / step budget). With the engine's --long-prefill-token-threshold cap C every prefill takes at
+most C tokens a step, so the prompt shares steps with the queued ones instead of waiting for all of
+them: steps = ceil(computed / C), and in each the others compute up to min(prompts x C, budget - C)
+tokens: ahead = min(queued, steps x that).
 
 prefill_rate, step_time (at the engine's decode batch when it reported), seq_time (what each
 further decoding sequence adds to a step) and fetch_time (per block) are measured by each engine
@@ -48,6 +54,7 @@ class Speed:
     batch: int
     fetch_s_per_block: float
     step_token_budget: int
+    prefill_cap: int = 0  # --long-prefill-token-threshold (0: none)
 
     def step_at(self, decoding: float) -> float:
         return self.step_s + self.seq_s * max(0.0, decoding - self.batch)
@@ -62,12 +69,14 @@ def calibrate(load: Load, fleet: Sequence[Load], block_size: int) -> Speed:
     """The engine's own measurements; what it has not measured yet comes from the fleet, else defaults."""
     rate = load.prefill_tokens_per_s or _median([f.prefill_tokens_per_s for f in fleet], DEFAULT_PREFILL_TOKENS_PER_S)
     step = load.decode_step_s or _median([f.decode_step_s for f in fleet], DEFAULT_STEP_S)
-    seq = load.decode_seq_s or _median([f.decode_seq_s for f in fleet], DEFAULT_SEQ_S)
+    # an engine that measured its step but not yet a batch-size slope: the default's share of its step
+    seq = load.decode_seq_s or _median([f.decode_seq_s for f in fleet], DEFAULT_SEQ_S * step / DEFAULT_STEP_S)
     fetch = load.fetch_s_per_block or _median(
         [f.fetch_s_per_block for f in fleet], DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
     )
     batch = load.num_running if load.decode_step_s else 0
-    return Speed(rate, step, seq, batch, fetch, load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET)
+    budget = load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET
+    return Speed(rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold)
 
 
 @dataclass(frozen=True)
@@ -90,19 +99,30 @@ def predict(
     output_tokens: int,
     speed: Speed,
     work_weight: float,
+    queued_prompts: int = 1,
 ) -> Prediction:
     cacheable = max(0, (num_prompt_tokens - 1) // block_size * block_size) if block_size else 0
     local = min(local_blocks * block_size, cacheable)
     fetched = max(0, min(store_blocks * block_size, cacheable) - local)
     computed = num_prompt_tokens - local - fetched
-    work = queued_tokens + computed
-    steps = max(1, math.ceil(work / speed.step_token_budget))
+    ahead, steps = prefill_ahead(computed, queued_tokens, queued_prompts, speed)
+    work = ahead + computed
     step = speed.step_at(decoding)
     fetch_s = fetched / block_size * speed.fetch_s_per_block if fetched else 0.0
     ttft = work / speed.prefill_tokens_per_s + steps * step + fetch_s
     decode = output_tokens * (step + speed.seq_s * (1 + decoding))
     cost = ttft + work_weight * computed / speed.prefill_tokens_per_s + decode
     return Prediction(local, fetched, computed, queued_tokens, ttft, cost)
+
+
+def prefill_ahead(computed: int, queued: int, prompts: int, speed: Speed) -> tuple[int, int]:
+    """(queued tokens computed before this prompt's first token, steps until then)."""
+    budget, cap = speed.step_token_budget, speed.prefill_cap
+    if not cap or cap >= budget:
+        return queued, max(1, math.ceil((queued + computed) / budget))
+    steps = max(1, math.ceil(computed / cap))
+    per_step = min(max(1, prompts) * cap, budget - min(cap, computed))
+    return min(queued, steps * per_step), steps
 
 
 def output_tokens(body: dict) -> int:

@@ -22,6 +22,7 @@ class Load:
     decode_seq_s: float = 0.0
     queued_prefill_tokens: int = 0
     step_token_budget: int = 0
+    long_prefill_token_threshold: int = 0  # most tokens one prefill takes per step (0: no cap)
     fetch_s_per_block: float = 0.0
     cachestore: str = ""
     computed_prompt_tokens: int = 0

@@ -67,6 +67,8 @@ class Context:
     store: StoreIndex
     # prefill tokens waiting on an engine (its heartbeat, reconciled with what this replica sent it since)
     queued: Callable[[EngineRecord], int] = lambda r: r.load.queued_prefill_tokens
+    # how many prompts those tokens belong to (they share steps under a per-step prefill cap)
+    queued_prompts: Callable[[EngineRecord], int] = lambda r: max(1, r.load.num_waiting)
     # leading blocks of a prompt that requests this replica sent the engine will leave there (no KV event yet)
     routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = lambda r, hashes: 0
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
@@ -178,7 +180,8 @@ class KVAware(Policy):
                 local = max(local, self.ctx.routed_blocks(r, key.hashes))
             speed = calibrate(r.load, fleet, bs)
             queued, decoding = self.ctx.queued(r), self.ctx.load(r)
-            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, self.cfg.work_weight)
+            prompts, weight = self.ctx.queued_prompts(r), self.cfg.work_weight
+            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts)
 
         predictions = {r.engine_id: prediction(r) for r in cands}
         n = len(key.hashes)
@@ -266,11 +269,13 @@ class Policies:
         kv_usage: Callable[[EngineRecord], float],
         queued: Callable[[EngineRecord], int] | None = None,
         routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] | None = None,
+        queued_prompts: Callable[[EngineRecord], int] | None = None,
     ) -> None:
         self.store = StoreIndex(cfg)
         ctx = Context(cfg, state, load, kv_usage, self.store)
         ctx.queued = queued or ctx.queued
         ctx.routed_blocks = routed_blocks or ctx.routed_blocks
+        ctx.queued_prompts = queued_prompts or ctx.queued_prompts
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

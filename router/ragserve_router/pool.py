@@ -156,6 +156,11 @@ class EnginePool:
         since = sum(p.tokens for p in prefills if p.at > record.load.reported_at)
         return max(record.load.queued_prefill_tokens + since, sum(p.tokens for p in prefills))
 
+    def queued_prompts(self, record: EngineRecord) -> int:
+        """Prompts the queued prefill tokens belong to: ours without a first token, or the heartbeat's waiting
+        ones if more; at least 1."""
+        return max(1, len(self.health[record.engine_id].prefills), record.load.num_waiting)
+
     def routed_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
         """Leading blocks of `hashes` that a prompt we sent the engine (no first token yet) will leave there."""
         best = 0

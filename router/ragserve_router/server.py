@@ -86,7 +86,9 @@ async def serve(cfg: RouterConfig) -> int:
         state=state,
         pool=pool,
         tokenizers=tokenizers,
-        policies=Policies(cfg, state, pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks),
+        policies=Policies(
+            cfg, state, pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks, pool.queued_prompts
+        ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),
         limiter=RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst),

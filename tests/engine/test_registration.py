@@ -13,7 +13,7 @@ from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.model_source import model_fingerprint, resolve_model
 from ragserve.tls import server_credentials
 from ragserve.tokenizer import PromptTokenizer
-from tests.helpers.engine_server import MODEL_NAME, start_engine
+from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
 from tests.helpers.process import until
@@ -107,6 +107,24 @@ def test_heartbeats_report_load_and_events_build_the_index(cluster):
     stored = [ev.stored for ev in rec.events if ev.WhichOneof("event") == "stored"]
     assert [len(s.block_hashes) for s in stored] == [5, 5, 5]  # ... and arrive as one chain event each
     until(lambda: rec.heartbeats[-1].last_event_seq == seqs[-1], what="heartbeat carrying the last seq")
+
+
+def test_first_heartbeat_carries_start_up_measurements_and_no_calibration_trace(cluster):
+    """The engine calibrates before it reports ready: measured prefill rate from the first heartbeat on, the
+    per-step prefill cap, and nothing of the synthetic requests in the KV index, counters or request metrics."""
+    recorder, engine, _ = cluster
+    rec = recorder()
+    proc = engine("eng-cal", "--long-prefill-token-threshold", "64")
+    until(lambda: rec.heartbeats and rec.events, what="first heartbeat and first-contact snapshot")
+    load = rec.heartbeats[0].load
+    assert load.prefill_tokens_per_s > 0 and load.long_prefill_token_threshold == 64
+    assert (load.computed_prompt_tokens, load.queued_prefill_tokens, load.free_blocks) == (0, 0, 256)
+    assert [ev.WhichOneof("event") for ev in rec.events] == ["cleared"]  # an empty snapshot: no salted blocks
+    samples = scrape(proc.url)
+    assert metric(samples, "ragserve:prefill_tokens_per_second") > 0
+    assert metric(samples, "vllm:prefix_cache_queries_total") == 0
+    assert not any(k.startswith(("vllm:request_success_total", "vllm:prompt_tokens_total")) and v
+                   for k, v in samples.items())  # fmt: skip
 
 
 @pytest.mark.parametrize("router_kept_state", [False, True], ids=["router-lost-state", "router-kept-state"])

@@ -82,11 +82,29 @@ def test_cost_model_ttft_is_work_over_measured_speed():
     assert p.cost == pytest.approx(p.ttft_s + 10 * (0.07 + 0.005 * 5))
 
 
+def test_under_a_per_step_prefill_cap_a_prompt_shares_steps_with_the_queue():
+    speed = calibrate(measured(long_prefill_token_threshold=256), [], 16)
+    # 21 tokens to compute behind one 2,000-token prefill: one step of 256 + 21 tokens, not the whole queue
+    p = predict(661, 16, 40, 0, 2000, 0, 0, speed, work_weight=0.0, queued_prompts=1)
+    assert p.computed_tokens == 21 and p.ttft_s == pytest.approx((256 + 21) / 1000 + 0.05)
+    # a cold 661-token prompt takes 3 capped steps, each beside 256 tokens of the queued prompt
+    p = predict(661, 16, 0, 0, 2000, 0, 0, speed, work_weight=0.0, queued_prompts=1)
+    assert p.ttft_s == pytest.approx((3 * 256 + 661) / 1000 + 3 * 0.05)
+    # eight queued prompts fill the step budget beside it: the whole queue is ahead
+    p = predict(661, 16, 40, 0, 2000, 0, 0, speed, work_weight=0.0, queued_prompts=8)
+    assert p.ttft_s == pytest.approx((2000 + 21) / 1000 + 0.05)
+    # no cap: the queue first, in budget-sized steps (as before)
+    p = predict(661, 16, 40, 0, 2000, 0, 0, calibrate(measured(), [], 16), work_weight=0.0)
+    assert p.ttft_s == pytest.approx((2000 + 21) / 1000 + 0.05)
+
+
 def test_unmeasured_engines_borrow_the_fleets_median_speed():
     fleet = [measured(prefill_tokens_per_s=500.0), measured(prefill_tokens_per_s=700.0), Load()]
     speed = calibrate(Load(), fleet, 16)
     assert speed.prefill_tokens_per_s == 600.0 and speed.step_s == 0.05
     assert calibrate(Load(), [], 16).prefill_tokens_per_s == DEFAULT_PREFILL_TOKENS_PER_S
+    # a 4 ms step measured, no slope yet (and none in the fleet): the default slope's share of that step
+    assert calibrate(measured(decode_step_s=0.004, decode_seq_s=0.0), [], 16).seq_s == pytest.approx(0.0006)
 
 
 @pytest.mark.asyncio
@@ -105,6 +123,13 @@ async def test_kv_aware_keeps_locality_until_queued_work_outweighs_it():
     records[1].load = measured(queued_prefill_tokens=2000, reported_at=time.time())
     decision = await policies.decide("kv_aware", request, records)
     assert decision.order[0].engine_id != "e1" and decision.reason == "spread"
+    # with a per-step prefill cap the request shares e1's steps with that prefill: it stays ...
+    for r in records:
+        r.load = measured(long_prefill_token_threshold=256, queued_prefill_tokens=2000 * (r is records[1]))
+    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e1"
+    # ... unless enough prompts wait there to fill every step's budget
+    records[1].load = measured(long_prefill_token_threshold=256, queued_prefill_tokens=2000, num_waiting=8)
+    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id != "e1"
 
 
 def pooled():
@@ -112,8 +137,9 @@ def pooled():
     pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
     _, _, records, _ = setup()
     policies = Policies(
-        RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks
-    )
+        RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks,
+        pool.queued_prompts,
+    )  # fmt: skip
     return pool, records, policies
 
 

@@ -1,4 +1,5 @@
-"""Run `ragserve engine`: HTTP up at once, the model loads in the background, cluster duties once loaded.
+"""Run `ragserve engine`: HTTP up at once, the model loads (and calibrates) in the background, cluster duties
+once loaded.
 
 SIGTERM drains: /ready turns false and new requests get 503, the engine deregisters from the
 router, running requests finish (up to --drain-timeout), then the process exits 0. A second
@@ -59,6 +60,10 @@ async def load(server: EngineServer, uv: EngineHTTPServer) -> None:
         log.exception("failed to load model %s", server.engine_config.model)
         server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
         return
+    if server.status != DRAINING:
+        from ragserve_engine.server.calibration import calibrate
+
+        await calibrate(llm)  # measured speeds in the first heartbeat; not ready until done
     if server.status == DRAINING:  # stopped while loading
         llm.shutdown()
         return
@@ -71,7 +76,9 @@ async def load(server: EngineServer, uv: EngineHTTPServer) -> None:
     if server.config.router:
         from ragserve_engine.server.registration import RegistrationClient
 
-        server.registration = RegistrationClient(server.config, llm, server.model_name, KVEventLog())
+        ec = server.engine_config
+        cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
+        server.registration = RegistrationClient(server.config, llm, server.model_name, KVEventLog(), cap)
         server.registration.start()
 
 

@@ -45,8 +45,11 @@ def make_channel(cfg: ServerConfig) -> grpc.aio.Channel:
 
 
 class RegistrationClient:
-    def __init__(self, cfg: ServerConfig, llm: EngineClient, model_name: str, events: KVEventLog) -> None:
+    def __init__(
+        self, cfg: ServerConfig, llm: EngineClient, model_name: str, events: KVEventLog, prefill_cap: int = 0
+    ) -> None:
         self.cfg = cfg
+        self.prefill_cap = prefill_cap  # --long-prefill-token-threshold where it applies (0: none)
         self.llm = llm
         self.model_name = model_name
         self.events = events
@@ -172,6 +175,7 @@ class RegistrationClient:
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
             decode_step_s=stats.decode_step_s,
             decode_seq_s=stats.decode_seq_s,
+            long_prefill_token_threshold=self.prefill_cap,
             queued_prefill_tokens=stats.queued_prefill_tokens,
             step_token_budget=stats.step_token_budget,
             fetch_s_per_block=stats.fetch_s_per_block,

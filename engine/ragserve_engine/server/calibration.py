@@ -1,0 +1,79 @@
+"""Start-up calibration (vLLM's profile run, for the router's cost model): before the server reports ready
+it prefills synthetic prompts and decodes a few tokens at batch 2 and 1, so the first heartbeat already
+carries a measured prefill rate and decode step line, and the fused ops compile now rather than in the
+first user request. Its decode steps run eager (the compiled decode graphs are set aside meanwhile, so no
+background compile starts beside them and spoils the samples, compilation/events.py); steps through a
+graph, once compiled, then refine the estimate.
+
+The synthetic requests leave no trace a client or the router can see: each has a random cache_salt, the
+cachestore connector is detached while they run (no lookup, no offload), and afterwards the prefix cache
+is reset (no KV event is recorded before registration starts) and the prefix-cache and computed-token
+counters are zeroed. They never pass through the HTTP layer, so request metrics do not count them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from ragserve_engine.async_engine import AsyncLLM
+from ragserve_engine.llm_engine import LLMEngine
+from ragserve_engine.sampling_params import SamplingParams
+
+log = logging.getLogger("ragserve_engine.server")
+PROMPT_TOKENS = 256  # per prompt: one step of fused ops (>= fused.MIN_TOKENS), a few on a capped engine
+DECODE_STEPS = 4  # per batch size (2, then 1)
+WORDS = ("the", "engine", "measures", "its", "speed", "before", "it", "serves", "a", "prompt")
+
+
+def synthetic_prompt(llm: AsyncLLM, num_tokens: int, seed: int) -> list[int]:
+    text = " ".join(f"{WORDS[(seed + i) % len(WORDS)]} {seed * 1000 + i}" for i in range(num_tokens))
+    return llm.tokenizer.encode(text)[:num_tokens]
+
+
+async def _generate(llm: AsyncLLM, prompt: list[int], max_tokens: int) -> None:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    salt, rid = uuid.uuid4().hex, f"calibration-{uuid.uuid4().hex}"
+    async for _ in llm.generate(prompt, params, rid, cache_salt=salt):
+        pass
+
+
+def _detach(engine: LLMEngine) -> tuple:
+    detached = engine.connector, engine.runner.decode_graphs
+    engine.connector = engine.scheduler.connector = engine.runner.decode_graphs = None
+    return detached
+
+
+def _forget(engine: LLMEngine, detached: tuple) -> None:
+    """Reattach, and leave the engine as if it had served nothing: no cached block, no counted prompt token."""
+    engine.connector, engine.runner.decode_graphs = detached
+    engine.scheduler.connector = engine.connector
+    if not engine.pool.reset_prefix_cache():
+        log.warning("calibration: KV blocks still in use; its cached blocks stay until evicted")
+    engine.kv.stats.queries = engine.kv.stats.hits = 0
+    engine.load.computed_prompt_tokens = 0
+
+
+async def calibrate(llm: AsyncLLM) -> None:
+    """Run the calibration requests; a failure is logged and the server serves unmeasured."""
+    t0 = time.perf_counter()
+    n = max(1, min(PROMPT_TOKENS, llm.info.max_model_len - 2 * DECODE_STEPS - 2))
+    detached = await llm.call(_detach)
+    try:
+        await _generate(llm, synthetic_prompt(llm, n, 0), 1)  # compiles the fused ops: not a speed sample
+        # prefilled together, then DECODE_STEPS steps decoding both and DECODE_STEPS decoding one
+        await asyncio.gather(
+            _generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS),
+            _generate(llm, synthetic_prompt(llm, n, 2), 1 + DECODE_STEPS),
+        )
+    except Exception:  # noqa: BLE001 - serving matters more than the measurement
+        log.exception("start-up calibration failed; the router uses its defaults until requests are measured")
+    finally:
+        await llm.call(lambda engine: _forget(engine, detached))
+    stats = llm.stats()
+    log.info(
+        "calibrated in %.1f s: prefill %.0f tokens/s, decode step %.2f ms + %.2f ms a sequence",
+        time.perf_counter() - t0, stats.prefill_tokens_per_s, 1000 * stats.decode_step_s, 1000 * stats.decode_seq_s,
+    )  # fmt: skip
