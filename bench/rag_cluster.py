@@ -13,8 +13,9 @@ Scenarios (--scenario):
            --history-tokens, --answer-tokens, --join-interval).
 
 Every configuration starts a fresh stack (`ragserve.stack`), warms each engine with an unrelated prompt,
-then runs the same workload. Per configuration, from the engines' /metrics (differences over the run):
-prompt tokens computed, served from the local prefix cache, and fetched from the cachestore
+has it compile its decode graphs for every batch size up to the workload's concurrency (and waits until
+none is compiling), then runs the same workload. Per configuration, from the engines' /metrics
+(differences over the run): prompt tokens computed, served from the local prefix cache, and fetched from the cachestore
 (`vllm:external_prefix_cache_hits`; while the engine does not export it, the cachestore's own
 `ragserve_cachestore_hits_total` x block size); from the clients: TTFT mean/p50/p95 and end-to-end
 latency through the router, throughput, the share of prompt tokens served from cache after a
@@ -176,6 +177,35 @@ def warm_up(stack: Stack, model: str) -> None:
         resp.raise_for_status()
 
 
+def compile_decode_graphs(stack: Stack, model: str, concurrency: int, timeout_s: float = 1800) -> float:
+    """Make every engine compile the decode graphs the workload will use before anything is timed: on each
+    engine `concurrency` requests finishing one after another decode at every batch size up to it; then
+    wait until no engine has a graph compiling (ragserve:decode_graphs_pending). Otherwise a config's first
+    minutes would share the CPU with inductor (and the first config would pay the cold compile cache)."""
+    t0 = time.perf_counter()
+
+    async def drive(http: httpx.AsyncClient, url: str) -> None:
+        bodies = [
+            {"model": model, "prompt": f"Compile warm-up {k}: count slowly.", "max_tokens": 8 * (k + 1),
+             "ignore_eos": True, "temperature": 0.0}
+            for k in range(concurrency)
+        ]  # fmt: skip
+        resps = await asyncio.gather(*(http.post(f"{url}/v1/completions", json=b, timeout=600) for b in bodies))
+        for r in resps:
+            r.raise_for_status()
+
+    async def all_engines() -> None:
+        async with httpx.AsyncClient() as http:
+            await asyncio.gather(*(drive(http, url) for url in stack.engine_urls))
+
+    asyncio.run(all_engines())
+    while any(scrape(url + "/metrics").get("ragserve:decode_graphs_pending", 0) for url in stack.engine_urls):
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"decode graphs still compiling after {timeout_s:.0f} s")
+        time.sleep(1.0)
+    return time.perf_counter() - t0
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     s = sorted(values)
@@ -202,6 +232,9 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     with Stack(cfg, LogSink(show=args.verbose)) as stack:
         model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         warm_up(stack, model)
+        concurrency = args.users if args.scenario == "chat" else args.clients
+        compile_s = compile_decode_graphs(stack, model, concurrency)
+        print(f"[{name}] decode graphs up to batch {concurrency} compiled in {compile_s:.0f} s")
         before = engine_totals(stack)
         t0 = time.perf_counter()
         results = run_workload(stack, model, args, docs, trace)

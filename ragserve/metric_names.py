@@ -23,6 +23,9 @@ PREFILL_TOKENS_PER_SECOND = "ragserve:prefill_tokens_per_second"
 DECODE_STEP_SECONDS = "ragserve:decode_step_seconds"
 QUEUED_PREFILL_TOKENS = "ragserve:num_queued_prefill_tokens"
 CACHESTORE_FETCH_SECONDS_PER_BLOCK = "ragserve:cachestore_fetch_seconds_per_block"
+# Compiled decode graphs (docs/kernels.md): capture sizes compiled, and sizes still compiling in the background.
+DECODE_GRAPHS_COMPILED = "ragserve:decode_graphs_compiled"
+DECODE_GRAPHS_PENDING = "ragserve:decode_graphs_pending"
 
 # Engine counters.
 PROMPT_TOKENS = "vllm:prompt_tokens"

@@ -57,6 +57,8 @@ class EngineStats:
     computed_prompt_tokens: int = 0  # cumulative prompt tokens prefilled (not cached or fetched)
     blend_reused_tokens: int = 0  # cumulative chunk tokens whose stored K/V a blended prefill reused
     blend_recomputed_tokens: int = 0  # cumulative prompt tokens a blended prefill computed
+    decode_graphs_compiled: int = 0  # decode-graph capture sizes compiled (compilation/decode_graphs.py)
+    decode_graphs_pending: int = 0  # sizes steps asked for that still compile (their steps run eager)
 
     @property
     def used_blocks(self) -> int:

@@ -345,6 +345,7 @@ class LLMEngine:
         )  # fmt: skip
 
     def stats(self) -> EngineStats:
+        graphs = self.runner.decode_graphs
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped) + len(self.scheduler.remote),
@@ -366,6 +367,8 @@ class LLMEngine:
             computed_prompt_tokens=self.load.computed_prompt_tokens,
             blend_reused_tokens=self.blender.counters.reused_tokens,
             blend_recomputed_tokens=self.blender.counters.recomputed_tokens,
+            decode_graphs_compiled=len(graphs.stats.compiled) if graphs else 0,
+            decode_graphs_pending=graphs.num_pending if graphs else 0,
         )
 
 

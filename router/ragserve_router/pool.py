@@ -240,6 +240,9 @@ class EnginePool:
     async def _probe_openai(self, record: EngineRecord) -> None:
         resp = await self.probe_client.get(record.url + "/v1/models")
         resp.raise_for_status()
+        ready = await self.probe_client.get(record.url + "/ready")  # a ragserve engine still loading or calibrating
+        if ready.status_code == 503:  # answers 503; engines without /ready (404) count as ready once models list
+            ready.raise_for_status()
         record.models = [m["id"] for m in resp.json()["data"]]
         resp = await self.probe_client.get(record.url + "/metrics")
         if resp.status_code == 200:

@@ -141,11 +141,15 @@ def test_a_server_engine_compiles_in_the_background_and_never_waits():
     try:
         assert asyncio.run(both("a")) == _tokens(eager, prompts)  # decoded eager: the graph is not ready
         assert graphs.stats.steps == 0 and 2 not in graphs.stats.compile_seconds
+        stats = engine.stats()  # what /metrics exports (ragserve:decode_graphs_pending / _compiled)
+        assert (stats.decode_graphs_pending, stats.decode_graphs_compiled) == (1, 0)
         release.set()
         deadline = time.monotonic() + 300
         while 2 not in graphs.stats.compile_seconds and time.monotonic() < deadline:
             time.sleep(0.2)
         assert graphs.stats.compiled == [2]
+        stats = engine.stats()
+        assert (stats.decode_graphs_pending, stats.decode_graphs_compiled) == (0, 1)
         assert asyncio.run(both("b")) == _tokens(eager, prompts)
         assert graphs.stats.steps > 0  # now through the graph
         assert engine.load.untimed_steps == 0  # no step compiled: the thread did

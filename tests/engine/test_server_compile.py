@@ -17,6 +17,9 @@ def test_sigterm_during_a_background_compile_exits_cleanly(tmp_path):
         body = {"model": MODEL_NAME, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
         resp = httpx.post(engine.url + "/v1/completions", json=body, timeout=60)
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3  # decoded eager
+        exported = httpx.get(engine.url + "/metrics", timeout=10).text
+        assert f'ragserve:decode_graphs_pending{{model_name="{MODEL_NAME}"}} 1.0' in exported  # batch 1 compiling
+        assert f'ragserve:decode_graphs_compiled{{model_name="{MODEL_NAME}"}} 0.0' in exported
     finally:
         code = engine.stop()
     log = engine.output()

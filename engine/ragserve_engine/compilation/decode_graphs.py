@@ -5,8 +5,8 @@ writes and attention included, as one torch.compile'd graph (inductor: C++ on CP
 up to a capture size (vLLM's cudagraph_capture_sizes: 1, 2, 4, 8, 16, 24, 32, 64, ...) so each size is one
 graph; the block-table width and the number of KV blocks are dynamic dimensions, so neither context growth
 nor another pool size recompiles. On CPU the graph's wrapper is C++ (inductor's cpp_wrapper), so a step
-costs one call instead of ~25 Python-dispatched ops per layer. Weights stay graph inputs (not frozen constants): every engine in the process shares the
-graphs, and no size holds a copy of the weights.
+costs one call instead of ~25 Python-dispatched ops per layer. Weights stay graph inputs (not frozen
+constants): every engine in the process shares the graphs, and no size holds a copy of the weights.
 
 Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
 inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Offline
@@ -87,6 +87,11 @@ class DecodeGraphs:
             self._queued.add(size)
             self._todo.put(size)
         return None
+
+    @property
+    def num_pending(self) -> int:
+        """Sizes a step asked for that the background thread has not compiled yet."""
+        return len(self._queued - self.stats.compile_seconds.keys())
 
     def compile_in_background(self) -> None:
         """From now on a step never compiles: sizes compile on a thread of their own (one at a time)."""

@@ -5,6 +5,9 @@ first user request. Its decode steps run eager (the compiled decode graphs are s
 background compile starts beside them and spoils the samples, compilation/events.py); steps through a
 graph, once compiled, then refine the estimate.
 
+Engines that start together on one machine (a local stack, a test fleet) would measure each other, so a
+host-wide lock file lets one calibrate at a time (a pod's /tmp is its own: pods never wait for each other).
+
 The synthetic requests leave no trace a client or the router can see: each has a random cache_salt, the
 cachestore connector is detached while they run (no lookup, no offload), and afterwards the prefix cache
 is reset (no KV event is recorded before registration starts) and the prefix-cache and computed-token
@@ -14,9 +17,15 @@ counters are zeroed. They never pass through the HTTP layer, so request metrics 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
+import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from ragserve_engine.async_engine import AsyncLLM
 from ragserve_engine.llm_engine import LLMEngine
@@ -25,6 +34,8 @@ from ragserve_engine.sampling_params import SamplingParams
 log = logging.getLogger("ragserve_engine.server")
 PROMPT_TOKENS = 256  # per prompt: one step of fused ops (>= fused.MIN_TOKENS), a few on a capped engine
 DECODE_STEPS = 4  # per batch size (2, then 1)
+LOCK_PATH = Path(tempfile.gettempdir()) / "ragserve-calibration.lock"
+LOCK_WAIT_S = 120.0  # then calibrate anyway: a slow measurement beats never serving
 WORDS = ("the", "engine", "measures", "its", "speed", "before", "it", "serves", "a", "prompt")
 
 
@@ -56,8 +67,42 @@ def _forget(engine: LLMEngine, detached: tuple) -> None:
     engine.load.computed_prompt_tokens = 0
 
 
+@contextlib.asynccontextmanager
+async def host_turn(path: Path = LOCK_PATH, wait_s: float = LOCK_WAIT_S) -> AsyncIterator[None]:
+    """Hold the host's calibration lock (flock: released if the process dies) while the block runs."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:  # e.g. another user's lock file: measure without it
+        log.warning("calibration: no host lock (%s); calibrating alone is not guaranteed", exc)
+        yield
+        return
+    try:
+        deadline, waiting = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    log.info("calibration: waiting for another engine on this host to finish calibrating")
+                    waiting = True
+                if time.monotonic() > deadline:
+                    log.warning("calibration: lock still held after %.0f s; calibrating anyway", wait_s)
+                    break
+                await asyncio.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
+
+
 async def calibrate(llm: AsyncLLM) -> None:
-    """Run the calibration requests; a failure is logged and the server serves unmeasured."""
+    """Run the calibration requests, one engine on this host at a time; a failure is logged and the server
+    serves unmeasured."""
+    async with host_turn():
+        await _calibrate(llm)
+
+
+async def _calibrate(llm: AsyncLLM) -> None:
     t0 = time.perf_counter()
     n = max(1, min(PROMPT_TOKENS, llm.info.max_model_len - 2 * DECODE_STEPS - 2))
     detached = await llm.call(_detach)
