@@ -241,7 +241,8 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # let offload counters settle
         after = engine_totals(stack)
-    result = summarize(name, results, before, after, wall, args.block_size)
+    engine_ids = [f"engine-{i}" for i in range(args.engines)]  # ragserve.stack.spec.engine_spec's ids
+    result = summarize(name, results, before, after, wall, args.block_size, engine_ids)
     print(
         f"[{name}] {result.requests} requests in {wall:.0f}s, {result.errors} errors; "
         f"{100 * result.cached_share_after_first:.0f}% of prompt tokens from cache after 1st sight; "
@@ -251,7 +252,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     return result
 
 
-def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
+def summarize(name, results, before, after, wall, block_size, engines: list[str]) -> ConfigResult:
     def delta(metric: str) -> int:
         return int(after.get(metric, 0) - before.get(metric, 0))
 
@@ -268,7 +269,7 @@ def summarize(name, results, before, after, wall, block_size) -> ConfigResult:
     ttfts = [res.ttft_s for _, res in ok if res.ttft_s is not None]
     later_ttfts = [res.ttft_s for res in later if res.ttft_s is not None]
     latencies = [res.latency_s for _, res in ok]
-    shares = engine_shares([res for _, res in ok])
+    shares = engine_shares([res for _, res in ok], engines)
     result = ConfigResult(
         name=name, requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt,
         local=local, fetched=fetched, computed=prompt - local - fetched, fetched_source=source if fetched else "",
@@ -309,8 +310,9 @@ def request_rows(results) -> list[dict]:
     return rows
 
 
-def engine_shares(results: list[ChatResult]) -> dict[str, dict[str, float]]:
-    requests = {e: 0 for e in sorted({r.engine for r in results})}
+def engine_shares(results: list[ChatResult], engines: list[str]) -> dict[str, dict[str, float]]:
+    """Each engine's share of requests and prompt tokens; an engine that got none counts, at 0."""
+    requests = {e: 0 for e in sorted(set(engines) | {r.engine for r in results})}
     tokens = dict.fromkeys(requests, 0)
     for r in results:
         requests[r.engine] += 1

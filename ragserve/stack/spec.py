@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shlex
@@ -42,6 +43,15 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
+    """n distinct free ports: all bound at once, so none is handed out twice."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -136,14 +146,11 @@ class Ports:
 
     @classmethod
     def pick(cls, cfg: StackConfig) -> Ports:
-        return cls(
-            router_http=cfg.port or free_port(cfg.host),
-            router_grpc=free_port(),
-            cachestore=free_port(),
-            cachestore_metrics=free_port(),
-            redis=free_port(),
-            engines=[free_port() for _ in range(cfg.engines)],
-        )
+        router_grpc, cachestore, cachestore_metrics, redis, *engines = free_ports(4 + cfg.engines)
+        router_http = cfg.port
+        while not router_http or router_http in engines + [router_grpc, cachestore, cachestore_metrics, redis]:
+            router_http = free_port(cfg.host)
+        return cls(router_http, router_grpc, cachestore, cachestore_metrics, redis, engines)
 
 
 def ragserve(*argv: str) -> list[str]:

@@ -113,3 +113,11 @@ def test_up_demo_cli_and_health_probe_import_no_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_stack_never_gives_two_children_one_port():
+    """Ports are picked while all are bound, so a stack cannot start two servers on one port."""
+    for _ in range(20):
+        p = Ports.pick(StackConfig(engines=8, port=0))
+        ports = [p.router_http, p.router_grpc, p.cachestore, p.cachestore_metrics, p.redis, *p.engines]
+        assert len(set(ports)) == len(ports) == 13 and all(ports)
