@@ -99,6 +99,7 @@ class ConfigResult:
     min_request_share: float = 0.0
     ratios: dict = field(default_factory=dict)
     preemptions: int = 0  # engines' vllm:num_preemptions over the run
+    fetches_abandoned: int = 0  # engines' ragserve:cachestore_fetches_abandoned over the run (they recomputed)
     first_sight: int = 0  # requests whose document (user history) no engine had seen: cold under every policy
     prediction_error_p50_s: float | None = None  # kv_aware: median |predicted - actual TTFT| (actual via router)
     per_request: list = field(default_factory=list)  # one record per request, in send order (see request_rows)
@@ -284,6 +285,7 @@ def summarize(name, results, before, after, wall, block_size, engines: list[str]
         output_tokens_per_s=sum(res.completion_tokens for _, res in ok) / wall, engine_shares=shares,
         min_request_share=min((v["requests"] for v in shares.values()), default=0.0),
         preemptions=delta("vllm:num_preemptions"), per_request=request_rows(results),
+        fetches_abandoned=delta("ragserve:cachestore_fetches_abandoned_total"),
         first_sight=sum(1 for r, _ in results if r.first), prediction_error_p50_s=prediction_error(ok),
     )  # fmt: skip
     return result
@@ -392,6 +394,9 @@ def markdown(results: list[ConfigResult], args) -> str:
     share = f"{100 * cold / max(n, 1):.0f}%"
     foot = f"\nFirst sight of a document (user): {cold} of {n} requests ({share}), cold under every policy.\n"
     foot += "\nPreemptions (KV full): " + ", ".join(f"{r.name} {r.preemptions}" for r in results) + "\n"
+    if stored := [r for r in results if r.fetched or r.fetches_abandoned]:
+        abandoned = ", ".join(f"{r.name} {r.fetches_abandoned}" for r in stored)
+        foot += f"\nCachestore fetches abandoned at their deadline (the request recomputed): {abandoned}\n"
     errs = [
         f"{r.name} {1000 * r.prediction_error_p50_s:.0f} ms" for r in results if r.prediction_error_p50_s is not None
     ]

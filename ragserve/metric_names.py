@@ -40,6 +40,8 @@ BLEND_REUSED_TOKENS = "ragserve:blend_reused_tokens"  # chunk tokens whose store
 BLEND_RECOMPUTED_TOKENS = "ragserve:blend_recomputed_tokens"  # prompt tokens a blended prefill computed
 # Swap preemptions that recomputed instead (host swap space full); also counted in NUM_PREEMPTIONS.
 NUM_SWAP_FALLBACKS = "ragserve:num_preemption_swap_fallbacks"
+# Cachestore fetches given up (past their deadline, so the request recomputed, or aborted).
+CACHESTORE_FETCHES_ABANDONED = "ragserve:cachestore_fetches_abandoned"
 
 # Engine histograms and info.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"

@@ -46,6 +46,7 @@ class EngineStats:
     num_preemptions: int
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
+    cachestore_fetches_abandoned: int = 0  # fetches given up at their deadline (the request recomputed) or aborted
     num_swap_fallbacks: int = 0  # swap preemptions recomputed instead: the host swap space was full
     # measured load (ragserve_engine.load_stats), for the router's cost model; 0 until measured
     prefill_tokens_per_s: float = 0.0

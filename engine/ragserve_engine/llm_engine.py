@@ -194,7 +194,7 @@ class LLMEngine:
             self._drop(rid)
         seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
-        timed = quiet_since(epoch)  # a step that compiled says nothing about speed
+        timed = quiet_since(epoch)  # a step that compiled, or ran beside a compile, says nothing about speed
         self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
@@ -357,6 +357,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
             external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
+            cachestore_fetches_abandoned=self.connector.stats.abandoned if self.connector else 0,
             num_swap_fallbacks=self.kv.swap.num_fallbacks,
             prefill_tokens_per_s=self.load.prefill_tokens_per_s,
             decode_step_s=self.load.decode_step_s(len(self.scheduler.running)),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
 
 DECAY = 0.9  # weight of the past per observed step
+MIN_X_VARIANCE = 0.25  # batch-size variance (std 0.5) the recent decode steps need before a slope is fitted
 MIN_PREFILL_SAMPLE = 16  # tokens; smaller prefill chunks say more about overhead than throughput
 
 
@@ -35,13 +36,18 @@ class _Ewma:
     xx: float = 0.0
     xy: float = 0.0
 
+    fit: float = 0.0  # the slope of the last window whose x varied enough to fit one
+
     def add(self, x: float, y: float) -> None:
         self.w, self.x, self.y = DECAY * self.w + 1, DECAY * self.x + x, DECAY * self.y + y
         self.xx, self.xy = DECAY * self.xx + x * x, DECAY * self.xy + x * y
+        var = self.w * self.xx - self.x * self.x
+        if var > MIN_X_VARIANCE * self.w * self.w:
+            self.fit = max(0.0, (self.w * self.xy - self.x * self.y) / var)
 
     def slope(self) -> float:
-        var = self.w * self.xx - self.x * self.x
-        return max(0.0, (self.w * self.xy - self.x * self.y) / var) if var > 1e-9 * self.w * self.w else 0.0
+        """Kept while recent steps all had one batch size: their noise would fit any slope at all."""
+        return self.fit
 
     def at(self, x: float) -> float:
         if self.w == 0:
@@ -56,7 +62,7 @@ class LoadTracker:
     queued_prefill_tokens: int = 0  # snapshot after the last step
     computed_prompt_tokens: int = 0  # cumulative
     num_decoding: int = 0
-    untimed_steps: int = 0  # steps that compiled: left out of the speeds
+    untimed_steps: int = 0  # steps that compiled or ran beside a compile: left out of the speeds
     _decode: _Ewma = None  # type: ignore[assignment]
     _prefill_tokens: float = 0.0
     _prefill_s: float = 0.0

@@ -180,6 +180,7 @@ def test_a_stalled_cachestore_never_stalls_other_requests(stalling_store):
     assert outputs["stalled"].outputs[0].token_ids == expected
     assert outputs["stalled"].num_cached_tokens == 0  # nothing came from the store: it recomputed
     assert eng.connector.stats.abandoned == 1 and eng.connector.stats.hits == 0
+    assert eng.stats().cachestore_fetches_abandoned == 1  # /metrics: ragserve:cachestore_fetches_abandoned_total
     assert len(outputs["bystander"].outputs[0].token_ids) == 400
     # it took at least the 1 s deadline for 20 blocks: the fetch cost the router sees, and the next deadline for
     # as many blocks (3x their cost), learn that instead of counting only fetches fast enough to finish

@@ -62,3 +62,17 @@ def test_a_step_that_compiled_is_not_a_speed_sample():
     assert load.untimed_steps == 2 and load.computed_prompt_tokens == 500
     load.observe(step(0, 1), 0.02, queued_prefill_tokens=0)
     assert load.decode_step_s(1) == pytest.approx(0.02)
+
+
+def test_steps_at_one_batch_size_keep_the_fitted_slope():
+    """Fitted over batches 2 and 6, then only batch 1 (a single user) while the machine gets slower: those
+    steps cannot fit a slope (before, the line through them and the faded old samples tipped to 0), so the
+    per-sequence cost stays the last fitted one while the step time follows the machine."""
+    load = LoadTracker(step_token_budget=2048)
+    for _ in range(5):
+        load.observe(step(0, 2), 0.03, queued_prefill_tokens=0)
+        load.observe(step(0, 6), 0.05, queued_prefill_tokens=0)
+    for i in range(80):
+        load.observe(step(0, 1), 0.025 if i < 40 else 0.035, queued_prefill_tokens=0)
+    assert load.decode_seq_s == pytest.approx(0.005, rel=0.1)
+    assert load.decode_step_s(1) == pytest.approx(0.035, abs=0.002)

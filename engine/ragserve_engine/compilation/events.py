@@ -1,6 +1,7 @@
-"""Compiles on this thread, for the load tracker: a step that compiled (seconds of inductor work, once)
-says nothing about the engine's speed, so its duration is left out. Per thread: a server compiles decode
-graphs on a thread of its own, and the steps beside it are real (if slower) samples."""
+"""Compiles in this process, for the load tracker: a step that compiled (seconds of inductor work, once) says
+nothing about the engine's speed, and neither does a step that ran beside a compile on another thread (a
+server compiles decode graphs in the background: inductor takes the CPU the step would have had). Such steps
+are left out of the speeds; the start-up calibration's measurements stand meanwhile."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-_local = threading.local()
+_lock = threading.Lock()
+_in_flight = 0  # compiles running now, all threads
+_epoch = 0  # compiles started or finished so far, all threads
 
 
 @contextlib.contextmanager
 def compiling() -> Iterator[None]:
-    """Wraps a compile; marks this thread's epoch before and after it."""
-    _local.epoch = compile_epoch() + 1
+    """Wraps a compile; bumps the process's epoch when it starts and when it ends."""
+    global _in_flight, _epoch
+    with _lock:
+        _in_flight, _epoch = _in_flight + 1, _epoch + 1
     try:
         yield
     finally:
-        _local.epoch += 1
+        with _lock:
+            _in_flight, _epoch = _in_flight - 1, _epoch + 1
 
 
 def compile_epoch() -> int:
-    return getattr(_local, "epoch", 0)
+    return _epoch
 
 
 def quiet_since(epoch: int) -> bool:
-    """No compile ran on this thread since compile_epoch() returned epoch."""
-    return compile_epoch() == epoch
+    """No compile ran in this process, on any thread, since compile_epoch() returned epoch."""
+    with _lock:
+        return _in_flight == 0 and _epoch == epoch

@@ -72,6 +72,11 @@ class EngineStateCollector:
                 stats.external_prefix_cache_hits,
             ),
             (m.NUM_SWAP_FALLBACKS, "Swap preemptions that found the host swap space full", stats.num_swap_fallbacks),
+            (
+                m.CACHESTORE_FETCHES_ABANDONED,
+                "Cachestore fetches given up (deadline passed: the request recomputed; or aborted)",
+                stats.cachestore_fetches_abandoned,
+            ),
         ]
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
