@@ -40,9 +40,7 @@ POLICIES = router_policies()
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def free_ports(n: int, host: str = LOOPBACK) -> list[int]:

@@ -45,11 +45,7 @@ class EngineStateCollector:
             (m.QUEUED_PREFILL_TOKENS, "Prompt tokens waiting or partially prefilled", stats.queued_prefill_tokens),
             (m.CACHESTORE_FETCH_SECONDS_PER_BLOCK, "Measured cachestore fetch cost per block", stats.fetch_s_per_block),
             (m.DECODE_GRAPHS_COMPILED, "Decode-graph capture sizes compiled", stats.decode_graphs_compiled),
-            (
-                m.DECODE_GRAPHS_PENDING,
-                "Decode-graph sizes still compiling",
-                stats.decode_graphs_pending,
-            ),
+            (m.DECODE_GRAPHS_PENDING, "Decode-graph sizes still compiling", stats.decode_graphs_pending),
         ]
         for name, doc, value in gauges:
             family = GaugeMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
