@@ -4,7 +4,10 @@ Nothing here blocks the step loop on the network. Fetch: when a request is admit
 prompt blocks past its local prefix hit are looked up and downloaded by a fetch thread while the
 request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
 the blocks into free paged-cache blocks under their hash (a memcpy), so the request prefills only
-the rest. A fetch that misses its deadline is abandoned and the request recomputes. Offload: after
+the rest. Blocks arrive in chunks, in chain order; a fetch still running at its deadline is cut there:
+the request keeps the prefix that arrived and recomputes the rest. The deadline is at least the time
+recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
+cannot pay; waiting that long costs at most twice the better choice). Offload: after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
 bounded queue, which serializes and sends them (dropped under backpressure).
 """
@@ -17,8 +20,9 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +36,7 @@ _SEEN_LIMIT = 1 << 16
 FETCH_DEADLINE_S = 1.0  # a request waits at least this long for the cachestore, then recomputes
 FETCH_DEADLINE_MARGIN = 3.0  # ... or this many times the measured cost of its blocks, if longer
 MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recompute
+FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
 
 
@@ -41,7 +46,7 @@ class ConnectorStats:
     hits: int = 0  # tokens fetched from it
     offloaded: int = 0  # blocks handed to the store
     dropped: int = 0  # blocks dropped under backpressure
-    abandoned: int = 0  # fetches given up: past their deadline (the request recomputed) or aborted
+    abandoned: int = 0  # fetches cut at their deadline (the request recomputed the rest) or aborted
     fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
 
 
@@ -55,6 +60,8 @@ class PendingFetch:
     deadline: float
     request_id: str = ""
     started: float = 0.0  # monotonic
+    arrived: list = field(default_factory=list)  # blocks downloaded so far, in chain order (fetch thread appends)
+    stop: threading.Event = field(default_factory=threading.Event)  # the step thread is done waiting
 
     def done(self) -> bool:
         return self.future.done()
@@ -83,6 +90,7 @@ class CacheStoreConnector:
         self._thread.start()
         self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch")
         self._fetching: set[Future] = set()
+        self.prefill_tokens_per_s: Callable[[], float] = lambda: 0.0  # the engine's measured speed (LLMEngine sets it)
 
     @classmethod
     def from_config(
@@ -106,15 +114,20 @@ class CacheStoreConnector:
         if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
             return None
         self.stats.queries += len(missing) * self.block_size
-        future = self._fetch_pool.submit(self._download, missing, tracing.live.get(request_id))
-        self._fetching.add(future)
         now = time.monotonic()
-        return PendingFetch(hashes, num_local_hits, future, now + self.deadline_s(len(missing)), request_id, now)
+        pending = PendingFetch(hashes, num_local_hits, Future(), now + self.deadline_s(len(missing)), request_id, now)
+        pending.future = self._fetch_pool.submit(self._download, missing, pending, tracing.live.get(request_id))
+        self._fetching.add(pending.future)
+        return pending
 
     def deadline_s(self, num_blocks: int) -> float:
-        """How long a fetch of num_blocks may take: a large prefix (a RAG document: 100+ blocks, ~0.7 MB each
-        for a small model in float32) takes longer than the floor on a busy host, and recomputing it longer still."""
-        return max(self.fetch_deadline_s, FETCH_DEADLINE_MARGIN * num_blocks * self.stats.fetch_s_per_block)
+        """How long a fetch of num_blocks may take: the floor, a margin over the measured fetch cost, or the
+        time recomputing them would take, whichever is longest (a RAG document: 100+ blocks, ~0.7 MB each for
+        a small model in float32, takes seconds to fetch on a busy host, and recomputing it longer still)."""
+        speed = self.prefill_tokens_per_s()
+        recompute = num_blocks * self.block_size / speed if speed > 0 else 0.0
+        measured = FETCH_DEADLINE_MARGIN * num_blocks * self.stats.fetch_s_per_block
+        return max(self.fetch_deadline_s, measured, recompute)
 
     def wait(self, pending: PendingFetch, timeout: float) -> bool:
         try:
@@ -123,21 +136,33 @@ class CacheStoreConnector:
             return False
         return True
 
-    def _download(self, missing: list[bytes], span=None) -> tuple[list, float]:
-        """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread."""
+    def _download(self, missing: list[bytes], pending: PendingFetch, span=None) -> tuple[list, float]:
+        """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread. Chunk by chunk
+        into pending.arrived, until the prefix ends or the step thread stops waiting."""
         t0 = time.perf_counter()
         try:
             with tracing.use(span):  # the cachestore calls carry the request's traceparent
                 n = self.client.lookup(missing)
-                blocks = self.client.get(missing[:n]) if n else []
+                for i in range(0, n, FETCH_CHUNK_BLOCKS):
+                    chunk = missing[i : min(n, i + FETCH_CHUNK_BLOCKS)]
+                    if pending.stop.is_set():
+                        break
+                    got = self.client.get(chunk)
+                    pending.arrived.extend(got)
+                    if len(got) < len(chunk):
+                        break
         except Exception:  # a broken store costs a miss, never a request
             log.exception("cachestore fetch failed")
-            blocks = []
-        return blocks, time.perf_counter() - t0
+        return list(pending.arrived), time.perf_counter() - t0
 
     def finish_fetch(self, pending: PendingFetch) -> int:
-        """On the step thread, once the download is done: cache its blocks; returns how many were added."""
-        blocks, seconds = pending.future.result()
+        """On the step thread, once the download is done or its deadline passed: cache the blocks that
+        arrived (a fetch cut at its deadline keeps its prefix); returns how many were added."""
+        if pending.done():
+            blocks, seconds = pending.future.result()
+        else:
+            blocks, seconds = list(pending.arrived), time.monotonic() - pending.started
+            self.abandon(pending)
         # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
         blocks = list(itertools.takewhile(self._fits, blocks))[: self.kv_manager.num_importable_blocks()]
         if not blocks:
@@ -160,11 +185,14 @@ class CacheStoreConnector:
         self.stats.fetch_s_per_block = cost if old == 0 else FETCH_COST_DECAY * old + (1 - FETCH_COST_DECAY) * cost
 
     def abandon(self, pending: PendingFetch) -> None:
-        """The request stopped waiting (deadline, abort): whatever the download brings is dropped. Past its
-        deadline the fetch cost at least that long per block: the estimate (the router's fetch cost, the next
-        deadline) learns it, instead of being measured only on fetches fast enough to finish."""
+        """The request stopped waiting (deadline, abort): the download stops, what it brings later is dropped.
+        Past its deadline with nothing arrived, the fetch cost at least that long per block: the estimate (the
+        router's fetch cost, the next deadline) learns it, instead of being measured only on fetches fast
+        enough to finish (with blocks arrived, finish_fetch measures those)."""
         now = time.monotonic()
-        if pending.expired(now) and (num_blocks := len(pending.hashes) - pending.num_local) > 0:
+        pending.stop.set()
+        num_blocks = len(pending.hashes) - pending.num_local
+        if pending.expired(now) and not pending.arrived and num_blocks > 0:
             self._observe_cost((now - pending.started) / num_blocks)
         self.stats.abandoned += 1
         pending.future.cancel()

@@ -68,6 +68,8 @@ class LLMEngine:
         self.blender.store.listener = self.pool.external_event  # chunk keys reach the router with block events
         self.pool.external_keys = lambda: list(self.blender.store.entries)
         self.load = LoadTracker(config.max_num_batched_tokens)
+        if self.connector is not None:  # a fetch waits at most about as long as recomputing its blocks
+            self.connector.prefill_tokens_per_s = lambda: self.load.prefill_tokens_per_s
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.failed: dict[str, Exception] = {}  # request id -> what failed it during the last steps

@@ -66,17 +66,13 @@ class ModelRunner:
         self.block_size = config.block_size
         self.bytes_per_block = bytes_per_block(config.kv_cache_dtype, self.dtype, self._block_shape(1))
         self.num_blocks = self._num_blocks()
-        use_graphs = self._use_decode_graphs()
-        # compiled decode graphs get one block more, which the scheduler never sees: padding rows write there
-        shape = self._block_shape(self.num_blocks + use_graphs)
-        self.kv = allocate_kv_cache(config.kv_cache_dtype, self.dtype, shape, self.device)
+        self.kv = allocate_kv_cache(config.kv_cache_dtype, self.dtype, self._block_shape(self.num_blocks), self.device)
         self.kv_cache = self.kv.data
         self.kv_layers = self.kv.layers()
         self.decode_graphs = None
-        if use_graphs:
+        if self._use_decode_graphs():
             sizes = capture_sizes(config.max_num_seqs)
-            self.decode_graphs = DecodeGraphs(self.model, self.kv.data, self.num_blocks, sizes,
-                                              config.max_seq_len_to_capture)  # fmt: skip
+            self.decode_graphs = DecodeGraphs(self.model, self.kv.data, sizes, config.max_seq_len_to_capture)
         self.num_swap_blocks = int(config.swap_space * (1 << 30)) // self.bytes_per_block
         self.host_cache: KVCacheTensors | None = None  # allocated on first swap-out
 

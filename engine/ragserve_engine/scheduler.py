@@ -269,15 +269,12 @@ class Scheduler:
         return None
 
     def _poll_remote(self) -> None:
-        """Fetched requests (and those past their deadline, which recompute) go back to waiting."""
+        """Fetched requests (and those past their deadline, with what arrived) go back to waiting."""
         now = time.monotonic()
         for req, pending in list(self.remote.items()):
-            if pending.done():
-                self.connector.finish_fetch(pending)
-            elif pending.expired(now):
-                self.connector.abandon(pending)
-            else:
+            if not (pending.done() or pending.expired(now)):
                 continue
+            self.connector.finish_fetch(pending)  # past its deadline: the prefix that arrived, the rest recomputes
             del self.remote[req]
             req.status = Status.WAITING
             self.waiting.append(req)

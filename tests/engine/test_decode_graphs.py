@@ -72,15 +72,25 @@ def test_compiled_decode_with_preemption():
     assert graphs.engine.runner.decode_graphs.stats.steps > 0
 
 
-def test_padding_rows_write_only_the_scratch_block():
+def test_a_graph_step_writes_only_its_sequences_slots():
     path = str(tiny_model("llama"))
-    llm = LLM(path, num_gpu_blocks=32, max_num_seqs=8)
+    llm = LLM(path, num_gpu_blocks=32, max_num_seqs=8, block_size=16)
     runner = llm.engine.runner
     kv = runner.kv.data
-    assert kv.shape[0] == runner.num_blocks + 1  # the scratch block the scheduler never sees
+    assert kv.shape[0] == runner.num_blocks  # no block past the scheduler's pool
     llm.generate(_prompts(3), GREEDY)  # decodes at 3 sequences run the size-4 graph: one padding row
     assert 4 in runner.decode_graphs.stats.compiled
-    assert torch.count_nonzero(kv[runner.num_blocks]) > 0
+    # one more decode step of 3 sequences, straight through the graph: exactly their 3 slots (every layer,
+    # K and V) change; the padding row, which reads block 0, writes nothing
+    tables = torch.tensor([[5, 6], [7, 8], [9, 10]]).numpy()
+    positions = torch.tensor([20, 17, 31]).numpy()
+    before = kv.clone()
+    with torch.inference_mode():  # as the engine steps
+        runner.decode_graphs.run(4, [101, 102, 103], positions, tables)
+    changed = (kv != before).flatten(4).any(-1)  # [blocks, layers, 2, block_size]
+    where = {(b, off) for b, _, _, off in changed.nonzero().tolist()}
+    assert where == {(6, 4), (8, 1), (10, 15)}
+    assert changed.sum() == 3 * kv.shape[1] * 2
     # the steps that compiled a graph are not speed samples for the router (LoadTracker)
     assert llm.engine.load.untimed_steps >= len(runner.decode_graphs.stats.compiled) > 0
 

@@ -206,3 +206,63 @@ def test_a_block_that_does_not_fit_ends_the_fetched_chain(cachestore):
     assert conn.finish_fetch(PendingFetch(hashes, 0, done, deadline=0.0)) == 2
     cached = [b.engine.kv.pool.get_cached_block(h) is not None for h in hashes[:4]]
     assert cached == [True, True, False, False]
+
+
+class StallAfterFirstGet(pb_grpc.CacheStoreServicer):
+    """A proxy to a real cachestore whose second and later Get calls stall (the fault under test: a store
+    that slows down mid-transfer); everything else is the real store's answer."""
+
+    def __init__(self, address: str) -> None:
+        self.stub = pb_grpc.CacheStoreStub(grpc.insecure_channel(address))
+        self.gets = 0
+        self.release = threading.Event()
+
+    def Lookup(self, request, context):
+        return self.stub.Lookup(request)
+
+    def Get(self, request, context):
+        self.gets += 1
+        if self.gets > 1:
+            self.release.wait(30)
+            return iter(())
+        return self.stub.Get(request)
+
+
+def test_a_fetch_cut_at_its_deadline_keeps_the_prefix_that_arrived(cachestore):
+    """20 blocks in the store, fetched 16 per Get: the first Get arrives, the second stalls. At the deadline
+    the request keeps the 16 blocks and recomputes only the rest, with the tokens of a cold run."""
+    address, _ = cachestore
+    a = engine(address)
+    prompt = CONTEXT + [41, 42, 43]
+    expected = a.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    a.engine.connector.flush()
+    proxy = StallAfterFirstGet(address)
+    server = grpc.server(ThreadPoolExecutor(4))
+    pb_grpc.add_CacheStoreServicer_to_server(proxy, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        b = engine(f"127.0.0.1:{port}", loaded_model=a.engine.runner.model)
+        out = b.generate([prompt], GREEDY)[0]
+        assert proxy.gets == 2
+        assert out.outputs[0].token_ids == expected
+        assert out.num_cached_tokens == 16 * 16  # the first chunk; the 4 stalled blocks were recomputed
+        stats = b.engine.connector.stats
+        assert stats.hits == 16 * 16 and stats.abandoned == 1
+    finally:
+        proxy.release.set()
+        server.stop(grace=None)
+
+
+def test_a_fetch_waits_about_as_long_as_recomputing_its_blocks(cachestore):
+    """The deadline: waiting for a fetch longer than recomputing its blocks would take cannot pay; up to
+    that long it may (ski rental: at most twice the better choice). The floor stays for an unmeasured engine."""
+    address, _ = cachestore
+    llm = engine(address)
+    conn = llm.engine.connector
+    assert conn.deadline_s(20) == conn.fetch_deadline_s  # nothing measured yet
+    llm.generate([CONTEXT + [51]], GREEDY)  # a prefill: the engine's speed is measured
+    speed = llm.engine.load.prefill_tokens_per_s
+    assert speed > 0 and conn.prefill_tokens_per_s() == speed
+    conn.prefill_tokens_per_s = lambda: 100.0  # a slow engine: 20 blocks of 16 tokens take 3.2 s to recompute
+    assert conn.deadline_s(20) == pytest.approx(max(3.2, 3.0 * 20 * conn.stats.fetch_s_per_block))

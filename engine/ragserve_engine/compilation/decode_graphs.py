@@ -1,12 +1,14 @@
 """Compiled decode graphs: the CPU analogue of vLLM's CUDA-graph capture.
 
-A decode-only step (one new token per sequence) runs the whole model, embedding to logits, paged KV
-writes and attention included, as one torch.compile'd graph (inductor: C++ on CPU). The batch is padded
-up to a capture size (vLLM's cudagraph_capture_sizes: 1, 2, 4, 8, 16, 24, 32, 64, ...) so each size is one
-graph; the block-table width and the number of KV blocks are dynamic dimensions, so neither context growth
-nor another pool size recompiles. On CPU the graph's wrapper is C++ (inductor's cpp_wrapper), so a step
-costs one call instead of ~25 Python-dispatched ops per layer. Weights stay graph inputs (not frozen
-constants): every engine in the process shares the graphs, and no size holds a copy of the weights.
+A decode-only step (one new token per sequence) runs the whole model, embedding to logits, paged
+attention included, as one torch.compile'd graph (inductor: C++ on CPU); the graph returns the step's
+K/V and one index_copy_ per K and V writes all layers' into the cache after it. The batch is padded up
+to a capture size (vLLM's cudagraph_capture_sizes: 1, 2, 4, 8, 16, 24, 32, 64, ...) so each size is one
+graph (padding rows attend to their own token and write nothing); the block-table width and the number
+of KV blocks are dynamic dimensions, so neither context growth nor another pool size recompiles. On CPU
+the graph's wrapper is C++ (inductor's cpp_wrapper), so a step costs one call instead of ~25
+Python-dispatched ops per layer. Weights stay graph inputs (not frozen constants): every engine in the
+process shares the graphs, and no size holds a copy of the weights.
 
 Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
 inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Offline
@@ -32,7 +34,7 @@ import torch
 from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.cli import COMPILE_THREAD
 from ragserve_engine.compilation.events import compiling
-from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache
+from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache, write_new_kv
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.models.llama import LlamaForCausalLM
 
@@ -61,13 +63,11 @@ class DecodeGraphs:
         self,
         model: LlamaForCausalLM,
         kv_data: torch.Tensor,
-        scratch_block: int,
         sizes: list[int],
         max_seq_len_to_capture: int,
     ) -> None:
-        """kv_data: the whole cache [num_blocks, layers, 2, block_size, KVH, D]; scratch_block: a block the
-        scheduler never hands out, where padding rows write."""
-        self.model, self.kv_data, self.scratch = model, kv_data, scratch_block
+        """kv_data: the whole cache [num_blocks, layers, 2, block_size, KVH, D]."""
+        self.model, self.kv_data = model, kv_data
         self.sizes, self.max_seq_len = sorted(sizes), max_seq_len_to_capture
         self.block_size = kv_data.shape[3]
         self.device = kv_data.device
@@ -123,25 +123,25 @@ class DecodeGraphs:
         ids[:n] = token_ids
         pos = np.zeros(size, np.int64)
         pos[:n] = positions
-        table = np.full((size, width), self.scratch, np.int64)
+        table = np.zeros((size, width), np.int64)  # padding rows read block 0, masked: they see only themselves
         table[:n, : tables.shape[1]] = tables
-        slots = np.full(size, self.scratch * bs, np.int64)
-        slots[:n] = table[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
         lens = np.ones(size, np.int64)
         lens[:n] = pos[:n] + 1
-        inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, slots, table, lens)]
-        torch._dynamo.mark_dynamic(inputs[3], 1)
+        inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, table, lens)]
+        torch._dynamo.mark_dynamic(inputs[2], 1)
         torch._dynamo.mark_dynamic(self.kv_data, 0)  # pools of any size share a size's graph
         if size in self.stats.compile_seconds:
-            logits = self._call(inputs)
+            logits, keys, values = self._call(inputs)
         else:
             t0 = time.perf_counter()
             with compiling():
-                logits = self._call(inputs)
+                logits, keys, values = self._call(inputs)
             self.stats.compile_seconds[size] = time.perf_counter() - t0
             self.stats.compiled.append(size)
             logger.info("compiled the decode graph for batch %d in %.1f s", size, self.stats.compile_seconds[size])
         if n:
+            slots = table[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
+            write_new_kv(self.kv_data, torch.from_numpy(slots).to(self.device), keys[:, :n], values[:, :n])
             self.stats.steps += 1
         return logits[:n]
 
@@ -154,14 +154,20 @@ _BACKEND = GraphDecodeAttention()
 _COMPILED: dict[str, Callable] = {}
 
 
-def decode_forward(model: LlamaForCausalLM, kv, input_ids, positions, slots, block_tables, seq_lens) -> torch.Tensor:
-    """The model's forward and logits for one-token sequences, with the graph attention backend.
-    Module-level, so every engine in a process (same architecture and shapes) shares its graphs:
-    parameters are graph inputs, not constants."""
-    meta = AttentionMetadata(slots, seq_lens, seq_lens, block_tables, 1, 0, [], [])
-    caches = [GraphLayerCache(kv, i) for i in range(kv.shape[1])]
+def decode_forward(
+    model: LlamaForCausalLM, kv, input_ids, positions, block_tables, seq_lens
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's forward and logits for one-token sequences, with the graph attention backend, and the
+    step's keys and values [layers, batch, KVH, D] for the caller to write. Module-level, so every engine
+    in a process (same architecture and shapes) shares its graphs: parameters are graph inputs, not
+    constants."""
+    meta = AttentionMetadata(None, seq_lens, seq_lens, block_tables, 1, 0, [], [])  # no slot_mapping: no writes
+    new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    caches = [GraphLayerCache(kv, i, new_kv) for i in range(kv.shape[1])]
     hidden = model(input_ids, positions, ForwardContext(meta, _BACKEND, caches))
-    return model.compute_logits(hidden)
+    keys = torch.stack([k for k, _ in new_kv])
+    values = torch.stack([v for _, v in new_kv])
+    return model.compute_logits(hidden), keys, values
 
 
 def _compiled(device: torch.device) -> Callable:
