@@ -30,7 +30,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_baselines import LlamaCpp, Machine, Roofline, hf_bucketed, hf_generate, hf_prefill, load_hf, measure_machine  # noqa: E402
+from engine_baselines import (  # noqa: E402
+    FirstTokenClock,
+    LlamaCpp,
+    Machine,
+    Roofline,
+    hf_bucketed,
+    hf_generate,
+    hf_prefill,
+    load_hf,
+    measure_machine,
+)
 
 from ragserve.model_source import resolve_model  # noqa: E402
 from ragserve_engine.llm import LLM  # noqa: E402
@@ -55,6 +65,21 @@ def ours_run(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> float:
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - t0
+
+
+def ours_decode_run(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
+    """All requests at once, each to new_tokens: (wall seconds, seconds until every request had its first token,
+    tokens generated after that moment). Decode-only speed is the last over (wall - first), measured in one run."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    reqs = [engine.add_request(f"d{time.monotonic_ns()}-{i}", p, params) for i, p in enumerate(prompts)]
+    t0, first, at_first = time.perf_counter(), 0.0, 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        if not first and all(r.seqs[0].output_token_ids for r in reqs):
+            first = time.perf_counter() - t0
+            at_first = sum(len(r.seqs[0].output_token_ids) for r in reqs)
+    return time.perf_counter() - t0, first, len(prompts) * new_tokens - at_first
 
 
 def fresh_llm(args, model, **kw) -> LLM:
@@ -82,10 +107,11 @@ class Table:
         return fmt.format(m) + (f" ({fmt.format(min(vals))}–{fmt.format(max(vals))})" if len(vals) > 1 else "")
 
 
-def decode_rates(t: Table, row: str, sys_name: str, batch: int, full: float, prefill: float) -> None:
-    """Overall output tokens/s, and decode-only tokens/s: tokens after the first over (full - prefill-only)."""
+def decode_rates(t: Table, row: str, sys_name: str, batch: int, full: float, first: float, after: int) -> None:
+    """Overall output tokens/s, and decode-only tokens/s: the `after` tokens generated once every sequence had
+    its first token, over the time from then to the end (one run: no prefill-only run to subtract)."""
     t.add(row, f"{sys_name} overall", batch * NEW_TOKENS / full)
-    t.add(row, f"{sys_name} decode", batch * (NEW_TOKENS - 1) / max(full - prefill, 1e-9))
+    t.add(row, f"{sys_name} decode", after / max(full - first, 1e-9))
 
 
 def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table, save) -> None:
@@ -94,21 +120,26 @@ def part_throughput(args, model, hf, cpp, m: Machine, roof: Roofline, t: Table, 
     ours_run(fresh_llm(args, model), warm, [4, 4]), hf_generate(hf, warm, 4), cpp and cpp.generate(warm[0], 4)
     batches = [1, 8] if args.quick else [1, 8, 32]
     warm_rng = random.Random(1)
-    for b in batches:  # each batch size's compiled decode graph (compiled or loaded from inductor's cache)
-        ours_run(fresh_llm(args, model), rand_prompts(warm_rng, b, PROMPT_LEN), [3] * b)
+    # the very workload of each batch size once: every decode graph size its steps reach (the batch and the
+    # sizes it shrinks through as sequences finish) is compiled, or loaded from inductor's cache (~4-8 s a
+    # size), before anything is timed
+    for b in batches:
+        ours_decode_run(fresh_llm(args, model), rand_prompts(warm_rng, b, PROMPT_LEN), NEW_TOKENS)
     prefills = [512] if args.quick else [512, 2048]
     for rep in range(args.repeats):
         for b in batches:
             row = f"batch {b} × {PROMPT_LEN}-token prompts, {NEW_TOKENS} new tokens"
             prompts = rand_prompts(rng, b, PROMPT_LEN)
-            pre = ours_run(fresh_llm(args, model), prompts, [1] * b)
-            full = ours_run(fresh_llm(args, model), prompts, [NEW_TOKENS] * b)
-            decode_rates(t, row, "ragserve", b, full, pre)
-            hpre, _ = hf_generate(hf, prompts, 1)
-            hfull, _ = hf_generate(hf, prompts, NEW_TOKENS)
-            decode_rates(t, row, "HF", b, hfull, hpre)
+            llm = fresh_llm(args, model)
+            decode_rates(t, row, "ragserve", b, *ours_decode_run(llm, prompts, NEW_TOKENS))
+            graphs = llm.engine.runner.decode_graphs
+            if slow := {k: round(v, 1) for k, v in (graphs.stats.compile_seconds if graphs else {}).items() if v > 1}:
+                t.notes[row] = f"decode graphs compiled or loaded inside a timed run (batch: seconds): {slow}"
+            clock = FirstTokenClock()
+            hfull, _ = hf_generate(hf, prompts, NEW_TOKENS, clock)
+            decode_rates(t, row, "HF", b, hfull, clock.first, b * (NEW_TOKENS - 1))
             if cpp and b == 1:
-                decode_rates(t, row, "llama.cpp", 1, cpp.generate(prompts[0], NEW_TOKENS), cpp.prefill(prompts[0]))
+                decode_rates(t, row, "llama.cpp", 1, *cpp.generate(prompts[0], NEW_TOKENS), NEW_TOKENS - 1)
             step_s = b / roof.decode_tok_s(m, b, PROMPT_LEN + NEW_TOKENS // 2)
             t.add(row, "limit decode", b / step_s)
             t.add(
@@ -173,11 +204,11 @@ def part_precision(args, model_fp32, cpp, m: Machine, t: Table, save) -> None:
     for rep in range(args.repeats):
         prompt = rand_prompts(rng, 1, PROMPT_LEN)[0]
         for name, llm in llms.items():
-            pre, full = ours_run(llm, [prompt], [1]), ours_run(llm, [prompt], [NEW_TOKENS])
-            t.add(row, name, (NEW_TOKENS - 1) / (full - pre))
+            full, first, after = ours_decode_run(llm, [prompt], NEW_TOKENS)
+            t.add(row, name, after / (full - first))
         if cpp:
-            full, pre = cpp.generate(prompt, NEW_TOKENS), cpp.prefill(prompt)
-            t.add(row, "llama.cpp Q4_1", (NEW_TOKENS - 1) / (full - pre))
+            full, first = cpp.generate(prompt, NEW_TOKENS)
+            t.add(row, "llama.cpp Q4_1", (NEW_TOKENS - 1) / (full - first))
         save(f"{rep + 1} of {args.repeats} repeats")
 
 

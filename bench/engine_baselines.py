@@ -69,15 +69,34 @@ def load_hf(source: ModelSource):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **load).eval()
 
 
+class FirstTokenClock:
+    """A transformers streamer that only notes when the first new token arrived (generate's first put() is the
+    prompt, the second the first token of every sequence of the batch)."""
+
+    def __init__(self) -> None:
+        self.puts, self.start, self.first = 0, time.perf_counter(), 0.0  # first: seconds after start
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
 @torch.inference_mode()
-def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
-    """One left-padded batch run to exactly new_tokens: (seconds, tokens computed incl. padding)."""
+def hf_generate(hf, prompts: list[list[int]], new_tokens: int, clock: FirstTokenClock | None = None):
+    """One left-padded batch run to exactly new_tokens: (seconds, tokens computed incl. padding). With a clock,
+    clock.first is the seconds until the first token arrived (decode-only time: the rest)."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     t0 = time.perf_counter()
+    if clock is not None:
+        clock.start = t0
     hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                pad_token_id=0)  # fmt: skip
+                pad_token_id=0, streamer=clock)  # fmt: skip
     return time.perf_counter() - t0, len(prompts) * (width + new_tokens)
 
 
@@ -115,11 +134,15 @@ class LlamaCpp:
         self.llm.eval(prompt)
         return time.perf_counter() - t0
 
-    def generate(self, prompt: list[int], new_tokens: int) -> float:
-        """Prefill, then new_tokens greedy tokens (the first from the prefill's logits)."""
+    def generate(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+        """Prefill, then new_tokens greedy tokens (the first from the prefill's logits): (seconds, seconds until
+        the first token)."""
         self.llm.reset()
         t0 = time.perf_counter()
+        first = 0.0
         for n, _ in enumerate(self.llm.generate(prompt, top_k=1, temp=0.0, reset=True), start=1):
+            if n == 1:
+                first = time.perf_counter() - t0
             if n == new_tokens:
                 break
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, first
