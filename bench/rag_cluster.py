@@ -100,6 +100,8 @@ class ConfigResult:
     ratios: dict = field(default_factory=dict)
     preemptions: int = 0  # engines' vllm:num_preemptions over the run
     fetches_abandoned: int = 0  # engines' ragserve:cachestore_fetches_abandoned over the run (they recomputed)
+    blocks_not_imported: int = 0  # fetched blocks the engines had no free KV block for (recomputed)
+    offload_dropped: int = 0  # blocks the engines never offloaded (offload queue full): peers cannot fetch them
     first_sight: int = 0  # requests whose document (user history) no engine had seen: cold under every policy
     prediction_error_p50_s: float | None = None  # kv_aware: median |predicted - actual TTFT| (actual via router)
     per_request: list = field(default_factory=list)  # one record per request, in send order (see request_rows)
@@ -286,6 +288,8 @@ def summarize(name, results, before, after, wall, block_size, engines: list[str]
         min_request_share=min((v["requests"] for v in shares.values()), default=0.0),
         preemptions=delta("vllm:num_preemptions"), per_request=request_rows(results),
         fetches_abandoned=delta("ragserve:cachestore_fetches_abandoned_total"),
+        blocks_not_imported=delta("ragserve:cachestore_blocks_not_imported_total"),
+        offload_dropped=delta("ragserve:cachestore_offload_dropped_blocks_total"),
         first_sight=sum(1 for r, _ in results if r.first), prediction_error_p50_s=prediction_error(ok),
     )  # fmt: skip
     return result
@@ -397,6 +401,8 @@ def markdown(results: list[ConfigResult], args) -> str:
     if stored := [r for r in results if r.fetched or r.fetches_abandoned]:
         abandoned = ", ".join(f"{r.name} {r.fetches_abandoned}" for r in stored)
         foot += f"\nCachestore fetches abandoned at their deadline (the request recomputed): {abandoned}\n"
+        lost = ", ".join(f"{r.name} {r.blocks_not_imported} / {r.offload_dropped}" for r in stored)
+        foot += f"\nCachestore blocks fetched but not imported (no free KV block) / never offloaded: {lost}\n"
     errs = [
         f"{r.name} {1000 * r.prediction_error_p50_s:.0f} ms" for r in results if r.prediction_error_p50_s is not None
     ]

@@ -42,6 +42,10 @@ BLEND_RECOMPUTED_TOKENS = "ragserve:blend_recomputed_tokens"  # prompt tokens a 
 NUM_SWAP_FALLBACKS = "ragserve:num_preemption_swap_fallbacks"
 # Cachestore fetches given up (past their deadline, so the request recomputed, or aborted).
 CACHESTORE_FETCHES_ABANDONED = "ragserve:cachestore_fetches_abandoned"
+# Fetched blocks left out for lack of free KV blocks (the request recomputes them).
+CACHESTORE_BLOCKS_NOT_IMPORTED = "ragserve:cachestore_blocks_not_imported"
+# Newly computed blocks never offloaded to the cachestore: the bounded offload queue was full.
+CACHESTORE_OFFLOAD_DROPPED = "ragserve:cachestore_offload_dropped_blocks"
 
 # Engine histograms and info.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"

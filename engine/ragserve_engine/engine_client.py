@@ -47,6 +47,8 @@ class EngineStats:
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
     cachestore_fetches_abandoned: int = 0  # fetches given up at their deadline (the request recomputed) or aborted
+    cachestore_blocks_not_imported: int = 0  # fetched blocks left out for lack of free KV blocks (recomputed)
+    cachestore_offload_dropped: int = 0  # blocks never offloaded: the offload queue was full
     num_swap_fallbacks: int = 0  # swap preemptions recomputed instead: the host swap space was full
     # measured load (ragserve_engine.load_stats), for the router's cost model; 0 until measured
     prefill_tokens_per_s: float = 0.0

@@ -45,7 +45,8 @@ class ConnectorStats:
     queries: int = 0  # tokens looked up in the cachestore
     hits: int = 0  # tokens fetched from it
     offloaded: int = 0  # blocks handed to the store
-    dropped: int = 0  # blocks dropped under backpressure
+    dropped: int = 0  # blocks dropped under backpressure (never offloaded)
+    not_imported: int = 0  # fetched blocks left out: no free KV block for them (the request recomputes those)
     abandoned: int = 0  # fetches cut at their deadline (the request recomputed the rest) or aborted
     fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
 
@@ -164,7 +165,10 @@ class CacheStoreConnector:
             blocks, seconds = list(pending.arrived), time.monotonic() - pending.started
             self.abandon(pending)
         # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
-        blocks = list(itertools.takewhile(self._fits, blocks))[: self.kv_manager.num_importable_blocks()]
+        blocks = list(itertools.takewhile(self._fits, blocks))
+        room = self.kv_manager.num_importable_blocks()
+        self.stats.not_imported += max(0, len(blocks) - room)
+        blocks = blocks[:room]
         if not blocks:
             return 0
         t0 = time.perf_counter()

@@ -360,6 +360,8 @@ class LLMEngine:
             external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
             external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
             cachestore_fetches_abandoned=self.connector.stats.abandoned if self.connector else 0,
+            cachestore_blocks_not_imported=self.connector.stats.not_imported if self.connector else 0,
+            cachestore_offload_dropped=self.connector.stats.dropped if self.connector else 0,
             num_swap_fallbacks=self.kv.swap.num_fallbacks,
             prefill_tokens_per_s=self.load.prefill_tokens_per_s,
             decode_step_s=self.load.decode_step_s(len(self.scheduler.running)),

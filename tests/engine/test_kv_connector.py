@@ -243,6 +243,8 @@ def test_a_fetch_cut_at_its_deadline_keeps_the_prefix_that_arrived(cachestore):
     server.start()
     try:
         b = engine(f"127.0.0.1:{port}", loaded_model=a.engine.runner.model)
+        b.engine.connector.fetch_deadline_s = 5.0  # room for the first chunk on a loaded host; the second never comes
+        b.engine.connector.client.timeout_s = 60.0  # the stalled Get outlives the deadline (the fault under test)
         out = b.generate([prompt], GREEDY)[0]
         assert proxy.gets == 2
         assert out.outputs[0].token_ids == expected
@@ -266,3 +268,25 @@ def test_a_fetch_waits_about_as_long_as_recomputing_its_blocks(cachestore):
     assert speed > 0 and conn.prefill_tokens_per_s() == speed
     conn.prefill_tokens_per_s = lambda: 100.0  # a slow engine: 20 blocks of 16 tokens take 3.2 s to recompute
     assert conn.deadline_s(20) == pytest.approx(max(3.2, 3.0 * 20 * conn.stats.fetch_s_per_block))
+
+
+def test_fetched_blocks_without_a_free_kv_block_are_counted(cachestore):
+    """An engine whose pool has fewer free blocks than a fetch brought imports what fits (the request
+    recomputes the rest) and counts the others: ragserve:cachestore_blocks_not_imported on /metrics."""
+    address, _ = cachestore
+    a = engine(address)
+    a.generate([CONTEXT + [61]], GREEDY)
+    a.engine.connector.flush()
+    b = LLM(str(tiny_model("llama")), num_gpu_blocks=12, cachestore=address, loaded_model=a.engine.runner.model)
+    conn = b.engine.connector
+    hashes = b.engine.kv.hash_blocks(CONTEXT, None)
+    blocks = conn.client.get(hashes)
+    assert len(blocks) == 20
+    room = b.engine.kv.num_importable_blocks()
+    assert 0 < room < 20
+    done: Future = Future()
+    done.set_result((blocks, 0.01))
+    assert conn.finish_fetch(PendingFetch(hashes, 0, done, deadline=0.0)) == room
+    assert conn.stats.not_imported == 20 - room
+    assert b.engine.stats().cachestore_blocks_not_imported == 20 - room
+    assert b.engine.stats().cachestore_offload_dropped == 0

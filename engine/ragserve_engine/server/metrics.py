@@ -73,6 +73,16 @@ class EngineStateCollector:
                 "Cachestore fetches given up (deadline passed: the request recomputed; or aborted)",
                 stats.cachestore_fetches_abandoned,
             ),
+            (
+                m.CACHESTORE_BLOCKS_NOT_IMPORTED,
+                "Fetched cachestore blocks left out for lack of free KV blocks (recomputed)",
+                stats.cachestore_blocks_not_imported,
+            ),
+            (
+                m.CACHESTORE_OFFLOAD_DROPPED,
+                "Blocks never offloaded to the cachestore: the offload queue was full",
+                stats.cachestore_offload_dropped,
+            ),
         ]
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
