@@ -115,11 +115,12 @@ class CacheStoreConnector:
         if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
             return None
         self.stats.queries += len(missing) * self.block_size
+        arrived, stop = [], threading.Event()
+        future = self._fetch_pool.submit(self._download, missing, arrived, stop, tracing.live.get(request_id))
+        self._fetching.add(future)
         now = time.monotonic()
-        pending = PendingFetch(hashes, num_local_hits, Future(), now + self.deadline_s(len(missing)), request_id, now)
-        pending.future = self._fetch_pool.submit(self._download, missing, pending, tracing.live.get(request_id))
-        self._fetching.add(pending.future)
-        return pending
+        deadline = now + self.deadline_s(len(missing))
+        return PendingFetch(hashes, num_local_hits, future, deadline, request_id, now, arrived, stop)
 
     def deadline_s(self, num_blocks: int) -> float:
         """How long a fetch of num_blocks may take: the floor, a margin over the measured fetch cost, or the
@@ -137,24 +138,24 @@ class CacheStoreConnector:
             return False
         return True
 
-    def _download(self, missing: list[bytes], pending: PendingFetch, span=None) -> tuple[list, float]:
+    def _download(self, missing: list[bytes], arrived: list, stop: threading.Event, span=None) -> tuple[list, float]:
         """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread. Chunk by chunk
-        into pending.arrived, until the prefix ends or the step thread stops waiting."""
+        into `arrived`, until the prefix ends or the step thread stops waiting (`stop`)."""
         t0 = time.perf_counter()
         try:
             with tracing.use(span):  # the cachestore calls carry the request's traceparent
                 n = self.client.lookup(missing)
                 for i in range(0, n, FETCH_CHUNK_BLOCKS):
-                    chunk = missing[i : min(n, i + FETCH_CHUNK_BLOCKS)]
-                    if pending.stop.is_set():
+                    if stop.is_set():
                         break
+                    chunk = missing[i : min(n, i + FETCH_CHUNK_BLOCKS)]
                     got = self.client.get(chunk)
-                    pending.arrived.extend(got)
+                    arrived.extend(got)
                     if len(got) < len(chunk):
                         break
         except Exception:  # a broken store costs a miss, never a request
             log.exception("cachestore fetch failed")
-        return list(pending.arrived), time.perf_counter() - t0
+        return list(arrived), time.perf_counter() - t0
 
     def finish_fetch(self, pending: PendingFetch) -> int:
         """On the step thread, once the download is done or its deadline passed: cache the blocks that
