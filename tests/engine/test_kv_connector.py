@@ -135,14 +135,20 @@ class StallingStore(pb_grpc.CacheStoreServicer):
         return pb.PutResponse()
 
 
-@pytest.fixture
-def stalling_store():
-    servicer = StallingStore()
+def serve(servicer: pb_grpc.CacheStoreServicer) -> tuple[str, grpc.Server]:
+    """A real gRPC server for a fault-injecting servicer, on a free loopback port: (address, server)."""
     server = grpc.server(ThreadPoolExecutor(8))
     pb_grpc.add_CacheStoreServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}", servicer
+    return f"127.0.0.1:{port}", server
+
+
+@pytest.fixture
+def stalling_store():
+    servicer = StallingStore()
+    address, server = serve(servicer)
+    yield address, servicer
     servicer.release.set()
     server.stop(grace=None)
 
@@ -237,12 +243,9 @@ def test_a_fetch_cut_at_its_deadline_keeps_the_prefix_that_arrived(cachestore):
     expected = a.generate([prompt], GREEDY)[0].outputs[0].token_ids
     a.engine.connector.flush()
     proxy = StallAfterFirstGet(address)
-    server = grpc.server(ThreadPoolExecutor(4))
-    pb_grpc.add_CacheStoreServicer_to_server(proxy, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    proxy_address, server = serve(proxy)
     try:
-        b = engine(f"127.0.0.1:{port}", loaded_model=a.engine.runner.model)
+        b = engine(proxy_address, loaded_model=a.engine.runner.model)
         b.engine.connector.fetch_deadline_s = 5.0  # room for the first chunk on a loaded host; the second never comes
         b.engine.connector.client.timeout_s = 60.0  # the stalled Get outlives the deadline (the fault under test)
         out = b.generate([prompt], GREEDY)[0]
