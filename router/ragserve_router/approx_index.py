@@ -41,6 +41,13 @@ class ApproxIndex:
             out[engine_id] = n
         return out
 
+    def forget_blocks(self, engine_id: str, hashes: Sequence[bytes]) -> None:
+        """The engine reported evicting these blocks: an earlier route there no longer implies them."""
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is not None:
+                entry.pop(engine_id, None)
+
     def forget(self, engine_id: str) -> None:
         for entry in self._entries.values():
             entry.pop(engine_id, None)

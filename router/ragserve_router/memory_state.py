@@ -67,6 +67,7 @@ class MemoryState(RouterState):
                 blocks.update(op.hashes)
             elif op.kind == REMOVED:
                 blocks.difference_update(op.hashes)
+                self.approx.forget_blocks(engine_id, op.hashes)
             elif op.kind == CLEARED:
                 blocks.clear()
         self._seqs[engine_id] = new_seq

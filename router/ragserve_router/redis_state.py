@@ -156,6 +156,8 @@ class RedisState(RouterState):
                     pipe.sadd(key, *op.hashes)
                 elif op.kind == REMOVED and op.hashes:
                     pipe.srem(key, *op.hashes)
+                    for h in op.hashes:  # an eviction newer than a route there: the route no longer implies it
+                        pipe.hdel(self._k("approx", h.hex()), engine_id)
                 elif op.kind == CLEARED:
                     pipe.delete(key)
             pipe.set(self._k("seq", engine_id), new_seq)

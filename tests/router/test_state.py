@@ -125,6 +125,21 @@ async def test_approximate_index_ttl_per_engine(state):
 
 
 @pytest.mark.asyncio
+async def test_an_eviction_event_overrides_an_earlier_route_there(state):
+    """Routes to an engine count as its blocks for a while (it is about to compute them); once the engine
+    reports evicting them, routing there again must not predict a hit, however recently it was routed."""
+    await state.register(record("a"), BLOB, ttl_s=30)
+    doc = [h(0), h(1), h(2)]
+    await state.record_route(doc, "a")
+    await state.record_route(doc, "b")
+    await state.apply("a", [KVOp(STORED, doc), KVOp(REMOVED, [h(1), h(2)])], 2)
+    assert (await state.match_exact(["a"], doc))["a"] == 1
+    assert await state.match_approx({"a": 600, "b": 600}, doc) == {"a": 1, "b": 3}
+    await state.record_route(doc, "a")  # routed there again: it recomputes them
+    assert (await state.match_approx({"a": 600}, doc))["a"] == 3
+
+
+@pytest.mark.asyncio
 async def test_approximate_index_is_size_bounded(state):
     if isinstance(state, MemoryState):
         state.approx.max_entries = 3
