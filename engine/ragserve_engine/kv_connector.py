@@ -5,7 +5,8 @@ prompt blocks past its local prefix hit are looked up and downloaded by a fetch 
 request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
 the blocks into free paged-cache blocks under their hash (a memcpy), so the request prefills only
 the rest. Blocks arrive in chunks, in chain order; a fetch still running at its deadline is cut there:
-the request keeps the prefix that arrived and recomputes the rest. The deadline is at least the time
+the request keeps the prefix that arrived and recomputes the rest. Blocks that arrive while running
+requests hold the pool wait (in host memory) until they have room. The deadline is at least the time
 recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
 cannot pay; waiting that long costs at most twice the better choice). Offload: after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
@@ -63,6 +64,8 @@ class PendingFetch:
     started: float = 0.0  # monotonic
     arrived: list = field(default_factory=list)  # blocks downloaded so far, in chain order (fetch thread appends)
     stop: threading.Event = field(default_factory=threading.Event)  # the step thread is done waiting
+    blocks: list | None = None  # what the fetch delivered, once settled
+    seconds: float = 0.0  # how long the download took, once settled
 
     def done(self) -> bool:
         return self.future.done()
@@ -157,16 +160,23 @@ class CacheStoreConnector:
             log.exception("cachestore fetch failed")
         return list(arrived), time.perf_counter() - t0
 
+    def settle(self, pending: PendingFetch) -> list:
+        """The fetched blocks, once the download is done or its deadline passed (a fetch cut there keeps the
+        prefix that arrived); the same list on every call, so a request may wait for room to import it."""
+        if pending.blocks is None:
+            if pending.done():
+                blocks, pending.seconds = pending.future.result()
+            else:
+                blocks, pending.seconds = list(pending.arrived), time.monotonic() - pending.started
+                self.abandon(pending)
+            # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
+            pending.blocks = list(itertools.takewhile(self._fits, blocks))
+        return pending.blocks
+
     def finish_fetch(self, pending: PendingFetch) -> int:
-        """On the step thread, once the download is done or its deadline passed: cache the blocks that
-        arrived (a fetch cut at its deadline keeps its prefix); returns how many were added."""
-        if pending.done():
-            blocks, seconds = pending.future.result()
-        else:
-            blocks, seconds = list(pending.arrived), time.monotonic() - pending.started
-            self.abandon(pending)
-        # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
-        blocks = list(itertools.takewhile(self._fits, blocks))
+        """On the step thread: cache the settled blocks that have a free KV block to land in (the request
+        recomputes the rest); returns how many were added."""
+        blocks = self.settle(pending)
         room = self.kv_manager.num_importable_blocks()
         self.stats.not_imported += max(0, len(blocks) - room)
         blocks = blocks[:room]
@@ -182,7 +192,7 @@ class CacheStoreConnector:
         self.stats.hits += len(blocks) * self.block_size
         if span := tracing.live.get(pending.request_id):
             span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.block_size)
-        self._observe_cost((seconds + time.perf_counter() - t0) / len(blocks))
+        self._observe_cost((pending.seconds + time.perf_counter() - t0) / len(blocks))
         return len(blocks)
 
     def _observe_cost(self, cost: float) -> None:

@@ -5,7 +5,7 @@ waiting ones. A request's live sequences (several after an n > 1 or beam fork) m
 lockstep: they are scheduled, preempted and resumed together with equal chunk sizes.
 With a cachestore, a request whose prefix is being fetched waits in WAITING_FOR_REMOTE_KVS
 (`remote`) while the others keep stepping; it returns to `waiting` when the fetch is done or
-its deadline passed (then it recomputes).
+its deadline passed (then it recomputes the rest) and the fetched blocks have free KV blocks to land in.
 """
 
 from __future__ import annotations
@@ -261,18 +261,24 @@ class Scheduler:
         pending = self.connector.start_fetch(hashes, num_local, req.request_id)
         if pending is None:
             return 0
-        if self.connector.wait(pending, INLINE_FETCH_WAIT_S):
+        if self.connector.wait(pending, INLINE_FETCH_WAIT_S) and self._room_for(pending):
             return self.connector.finish_fetch(pending)
         self.waiting.remove(req)
         req.status = Status.WAITING_FOR_REMOTE_KVS
         self.remote[req] = pending
         return None
 
+    def _room_for(self, pending: PendingFetch) -> bool:
+        """A settled fetch imports when its blocks fit; else it waits while running requests hold the blocks
+        it needs (they free them as they finish): importing part of it would mean recomputing the rest."""
+        return len(self.connector.settle(pending)) <= self.kv.num_importable_blocks() or not self.running
+
     def _poll_remote(self) -> None:
-        """Fetched requests (and those past their deadline, with what arrived) go back to waiting."""
+        """Fetched requests (and those past their deadline, with what arrived) go back to waiting once their
+        blocks have room."""
         now = time.monotonic()
         for req, pending in list(self.remote.items()):
-            if not (pending.done() or pending.expired(now)):
+            if not (pending.done() or pending.expired(now)) or not self._room_for(pending):
                 continue
             self.connector.finish_fetch(pending)  # past its deadline: the prefix that arrived, the rest recomputes
             del self.remote[req]

@@ -273,6 +273,25 @@ def test_a_fetch_waits_about_as_long_as_recomputing_its_blocks(cachestore):
     assert conn.deadline_s(20) == pytest.approx(max(3.2, 3.0 * 20 * conn.stats.fetch_s_per_block))
 
 
+def test_a_fetch_without_room_waits_for_running_requests_to_free_blocks(cachestore):
+    """Fetched blocks that find the pool held by a running request wait for it to finish and then all land:
+    importing what fits would make the request recompute the rest (and count them as not imported)."""
+    address, _ = cachestore
+    a = engine(address)
+    question = CONTEXT + [61]
+    reference = a.generate([question], GREEDY)[0]
+    a.engine.connector.flush()
+    b = LLM(str(tiny_model("llama")), num_gpu_blocks=32, cachestore=address, loaded_model=a.engine.runner.model)
+    other = list(range(9000, 9000 + 16 * 12))  # 12 blocks the store does not hold, running for 32 steps
+    long = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    running, warm = b.generate([other, question], [long, GREEDY])
+    assert b.engine.kv.num_importable_blocks() >= 20  # room came back when `other` finished
+    assert warm.num_cached_tokens == 20 * 16
+    assert b.engine.connector.stats.not_imported == 0
+    assert warm.outputs[0].token_ids == reference.outputs[0].token_ids
+    assert len(running.outputs[0].token_ids) == 32
+
+
 def test_fetched_blocks_without_a_free_kv_block_are_counted(cachestore):
     """An engine whose pool has fewer free blocks than a fetch brought imports what fits (the request
     recomputes the rest) and counts the others: ragserve:cachestore_blocks_not_imported on /metrics."""
