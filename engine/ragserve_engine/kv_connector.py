@@ -173,11 +173,15 @@ class CacheStoreConnector:
             pending.blocks = list(itertools.takewhile(self._fits, blocks))
         return pending.blocks
 
+    def room(self, pending: PendingFetch) -> int:
+        """Free KV blocks the fetched blocks may land in, keeping the local prefix they extend."""
+        return self.kv_manager.num_importable_blocks(pending.hashes[: pending.num_local])
+
     def finish_fetch(self, pending: PendingFetch) -> int:
         """On the step thread: cache the settled blocks that have a free KV block to land in (the request
         recomputes the rest); returns how many were added."""
         blocks = self.settle(pending)
-        room = self.kv_manager.num_importable_blocks()
+        room = self.room(pending)
         self.stats.not_imported += max(0, len(blocks) - room)
         blocks = blocks[:room]
         if not blocks:
@@ -186,7 +190,11 @@ class CacheStoreConnector:
         hashes, num_local = pending.hashes, pending.num_local
         fetched = hashes[num_local : num_local + len(blocks)]
         parent = hashes[num_local - 1] if num_local else None
-        self.kv_manager.import_blocks(fetched, parent, lambda i, block_id: self._write(block_id, blocks[i].data))
+        pinned = self.kv_manager.pin(hashes[:num_local])  # the import must not evict the prefix it extends
+        try:
+            self.kv_manager.import_blocks(fetched, parent, lambda i, block_id: self._write(block_id, blocks[i].data))
+        finally:
+            self.kv_manager.unpin(pinned)
         for h in fetched:
             self._remember(h)
         self.stats.hits += len(blocks) * self.block_size

@@ -247,13 +247,16 @@ class Scheduler:
         return num_hits < (seq.num_tokens - 1) // self.kv.block_size and seq.block_hashes[num_hits] in computing
 
     def _fetch_external(self, req: Request, num_local: int) -> int | None:
-        """Once per request: fetch blocks past the local hit from the cachestore.
+        """Fetch blocks past the local hit from the cachestore: once per request, and again if blocks it held
+        since were evicted while it waited for admission (a queued request's prefix is not pinned).
 
         Returns how many blocks were cached at once, or None when the request moved to `remote` to wait.
         """
-        if self.connector is None or req.external_checked or len(req.live_seqs) > 1:
+        if self.connector is None or len(req.live_seqs) > 1:
             return 0
-        req.external_checked = True
+        if req.external_checked and num_local >= req.external_blocks:
+            return 0
+        req.external_checked, req.external_blocks = True, num_local
         if req.params.prompt_logprobs is not None:
             return 0
         seq = req.live_seqs[0]
@@ -262,7 +265,7 @@ class Scheduler:
         if pending is None:
             return 0
         if self.connector.wait(pending, INLINE_FETCH_WAIT_S) and self._room_for(pending):
-            return self.connector.finish_fetch(pending)
+            return self._finish_fetch(req, pending)
         self.waiting.remove(req)
         req.status = Status.WAITING_FOR_REMOTE_KVS
         self.remote[req] = pending
@@ -271,7 +274,12 @@ class Scheduler:
     def _room_for(self, pending: PendingFetch) -> bool:
         """A settled fetch imports when its blocks fit; else it waits while running requests hold the blocks
         it needs (they free them as they finish): importing part of it would mean recomputing the rest."""
-        return len(self.connector.settle(pending)) <= self.kv.num_importable_blocks() or not self.running
+        return len(self.connector.settle(pending)) <= self.connector.room(pending) or not self.running
+
+    def _finish_fetch(self, req: Request, pending: PendingFetch) -> int:
+        num_fetched = self.connector.finish_fetch(pending)
+        req.external_blocks = pending.num_local + num_fetched
+        return num_fetched
 
     def _poll_remote(self) -> None:
         """Fetched requests (and those past their deadline, with what arrived) go back to waiting once their
@@ -280,7 +288,7 @@ class Scheduler:
         for req, pending in list(self.remote.items()):
             if not (pending.done() or pending.expired(now)) or not self._room_for(pending):
                 continue
-            self.connector.finish_fetch(pending)  # past its deadline: the prefix that arrived, the rest recomputes
+            self._finish_fetch(req, pending)  # past its deadline: the prefix that arrived, the rest recomputes
             del self.remote[req]
             req.status = Status.WAITING
             self.waiting.append(req)

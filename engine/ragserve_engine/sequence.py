@@ -92,6 +92,7 @@ class Request:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     needs_fork: bool = False  # n > 1 or beam search: fork once the prompt is prefilled
     external_checked: bool = False  # the cachestore was asked for this request's prefix
+    external_blocks: int = 0  # prompt blocks held (local or fetched) after that: fewer later means evicted
     num_resumed_tokens: int = 0  # output tokens given with the request (migration): not output, not counted
     resumed_text: str = ""  # their text, without a trailing incomplete character (the start of the output text)
     blend: BlendSpec | None = None  # chunks marked by the client: a blended prefill (blend/)

@@ -292,6 +292,30 @@ def test_a_fetch_without_room_waits_for_running_requests_to_free_blocks(cachesto
     assert len(running.outputs[0].token_ids) == 32
 
 
+def test_a_queued_request_fetches_back_the_prefix_evicted_while_it_waited(cachestore):
+    """A request whose document was cached locally when it first reached the head of the queue, but could not
+    be admitted, loses those blocks to a running request's growth; when it is admitted it fetches them back
+    from the cachestore instead of recomputing them."""
+    address, _ = cachestore
+    b = LLM(str(tiny_model("llama")), num_gpu_blocks=40, cachestore=address)
+    question = CONTEXT + [61]
+    reference = b.generate([question], GREEDY)[0]  # CONTEXT's 20 blocks: cached here and offloaded
+    b.engine.connector.flush()
+    other = list(range(9000, 9000 + 16 * 20))  # running first: with it, the pool has no block for `question`
+    engine_ = b.engine
+    running = engine_.add_request("other", other, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    while running.status != Status.RUNNING:  # its own (empty) fetch may wait a step or two
+        engine_.step()
+    warm = engine_.add_request("question", question, GREEDY)
+    finished = {}
+    while engine_.has_unfinished_requests():  # `other` grows past 20 blocks: evicts the idle document
+        finished.update((out.request_id, out) for out in engine_.step() if out.finished)
+    assert warm.num_cached_tokens == 20 * 16
+    assert engine_.connector.stats.hits > 0  # the evicted part came from the store
+    assert finished["question"].outputs[0].token_ids == reference.outputs[0].token_ids
+    assert len(finished["other"].outputs[0].token_ids) == 40
+
+
 def test_fetched_blocks_without_a_free_kv_block_are_counted(cachestore):
     """An engine whose pool has fewer free blocks than a fetch brought imports what fits (the request
     recomputes the rest) and counts the others: ragserve:cachestore_blocks_not_imported on /metrics."""
