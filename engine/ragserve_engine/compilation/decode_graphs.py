@@ -33,6 +33,7 @@ import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata
 from ragserve_engine.cli import COMPILE_THREAD
+from ragserve_engine.compilation import cpu_ops
 from ragserve_engine.compilation.events import compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache, write_new_kv
 from ragserve_engine.layers.attention import ForwardContext
@@ -74,6 +75,8 @@ class DecodeGraphs:
         self.stats = GraphStats()
         self._todo: queue.Queue | None = None  # background mode: sizes to compile
         self._queued: set[int] = set()
+        if self.device.type == "cpu":
+            cpu_ops.load()  # before any trace: the graphs call the C++ attention if it builds
 
     def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
         """The capture size a step of num_seqs runs at, or None (eager; in the background mode also while

@@ -7,7 +7,8 @@ earlier tokens; the new token's own key and value join the softmax as one more t
 returns every layer's new K/V, which the caller writes into the cache with one index_copy_ per K and V
 after the step (no per-layer in-place op, which a compiled graph can only call back into Python for).
 Rows past a sequence's length are masked; padding rows of a bucket attend to their own token only.
-Only the model-dtype cache (--kv-cache-dtype auto) is read this way.
+Only the model-dtype cache (--kv-cache-dtype auto) is read this way. On CPU, once the C++ kernel
+(cpu_ops.py) is loaded, the graph calls it instead: same inputs and result, each block read once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.compilation import cpu_ops
 
 
 @dataclass
@@ -49,6 +51,10 @@ class GraphDecodeAttention:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        if query.device.type == "cpu" and cpu_ops.loaded():
+            return torch.ops.ragserve.paged_decode_attention(
+                query, key, value, cache.kv, cache.layer, meta.block_tables, meta.seq_lens, scale
+            )
         return paged_decode_attention(query, key, value, cache.data, meta.block_tables, meta.seq_lens, scale)
 
 
