@@ -3,7 +3,7 @@
 - ragserve::paged_decode_attention: inductor's code for graph_attention.paged_decode_attention took
   ~20 ms of a batch-32 SmolLM2 step at 128-192 tokens of context (its masked softmax over the gathered
   keys is several passes of indirect, barely vectorised loads). The kernel reads each block once (online
-  softmax, 16 rows' scores per vector, the next block prefetched): ~13 ms, most of it waiting on memory.
+  softmax, 16 rows' scores per vector, the next block prefetched): 13-16 ms, most of it waiting on memory.
 - a CPU kernel for ragserve::packed_linear (the same oneDNN call as its Python one, which stays the
   fallback): no Python call per linear, 121 a step.
 
