@@ -105,10 +105,10 @@ class KVCacheManager:
                     new.append((block, hashes[i]))
         return new
 
-    def num_importable_blocks(self, keep: list[bytes] = ()) -> int:
+    def num_importable_blocks(self, keep: list[bytes] | None = None) -> int:
         """Blocks an import may fill now without evicting the cached prefix of `keep` (the prefix the import
         extends); one stays free for the admission that follows."""
-        kept = sum(1 for block in self._cached_prefix(list(keep)) if block.ref_cnt == 0)
+        kept = sum(1 for block in self._cached_prefix(keep or []) if block.ref_cnt == 0)
         return max(0, self.pool.num_free_blocks - 1 - kept)
 
     def import_blocks(self, hashes: list[bytes], parent: bytes | None, write: Callable[[int, int], None]) -> None:
