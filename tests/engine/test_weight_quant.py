@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.compilation import cpu_ops
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.layers.quant_linear import Int8Linear, quantize_weights
 from ragserve_engine.llm import LLM
@@ -16,18 +17,46 @@ from tests.helpers.tiny_models import tiny_model
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def test_int8_linear_is_the_dequantized_matmul():
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 49, 200])  # tiles of 4 rows
+def test_int8_linear_is_the_dequantized_matmul(rows: int):
+    """The C++ kernel (blocked weight, float32 activations) is the float32 product with the int8 weight,
+    for any number of rows and output features that are not a multiple of the 16-channel block."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 72, bias=True)
+    q = Int8Linear(linear)
+    assert q.blocked and q.qweight.shape == (5, 96, 16)  # CI builds the C++ ops; 72 channels pad to 80
+    weight = q.dequantized()
+    assert weight.shape == (72, 96) and (weight / q.scales[:72, None]).round().abs().amax(dim=1).eq(127).all()
+    x = torch.randn(rows, 2, 96)
+    expected = x.double() @ weight.double().T + linear.bias.double()
+    out = q(x)
+    assert out.shape == (rows, 2, 72) and out.dtype == torch.float32
+    assert (out - expected).abs().max() < 1e-5 * expected.abs().max()
+    assert (out - linear(x)).abs().max() < 5e-2 * linear(x).abs().max()  # and close to the float32 layer
+
+
+def test_int8_linear_without_the_cpp_ops_uses_torch_int8_matmul(monkeypatch: pytest.MonkeyPatch):
+    """No compiler (the build fails): the plain [out, in] weight and torch's bf16-activation int8 matmul."""
+    monkeypatch.setattr(cpu_ops, "load", lambda: False)
     torch.manual_seed(0)
     linear = nn.Linear(96, 40, bias=True)
     q = Int8Linear(linear)
-    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() == 127  # each row uses the full range
+    assert not q.blocked and q.qweight.shape == (40, 96) and q.qweight.abs().max() == 127
     x = torch.randn(5, 3, 96)
-    dequantized = q.qweight.float() * q.scales.float()[:, None]
-    expected = x.bfloat16().float() @ dequantized.T + linear.bias
+    expected = x.bfloat16().float() @ q.dequantized().T + linear.bias
     out = q(x)
     assert out.shape == (5, 3, 40) and out.dtype == torch.float32
     assert (out - expected).abs().max() < 2e-2 * expected.abs().max()
-    assert (out - linear(x)).abs().max() < 5e-2 * linear(x).abs().max()  # and close to the float32 layer
+
+
+def test_int8_linear_runs_inside_a_compiled_graph():
+    """Decode graphs call ragserve::int8_linear as an extern kernel: same result as eager."""
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(64, 48, bias=False))
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        compiled = torch.compile(lambda t: torch.relu(q(t)) * 2, fullgraph=True)
+        assert torch.equal(compiled(x), torch.relu(q(x)) * 2)
 
 
 def test_quantized_engine_tracks_float32():

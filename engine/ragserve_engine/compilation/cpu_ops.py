@@ -4,6 +4,8 @@
   ~20 ms of a batch-32 SmolLM2 step at 128-192 tokens of context (its masked softmax over the gathered
   keys is several passes of indirect, barely vectorised loads). The kernel reads each block once (online
   softmax, 16 rows' scores per vector, the next block prefetched): 13-16 ms, most of it waiting on memory.
+- ragserve::int8_linear (csrc/int8_linear.cpp): --quantization int8's matmul on a blocked int8 weight,
+  float32 activations; used by layers/quant_linear.py in eager and compiled code alike.
 - a CPU kernel for ragserve::packed_linear (the same oneDNN call as its Python one, which stays the
   fallback): no Python call per linear, 121 a step.
 
@@ -26,7 +28,7 @@ import torch
 from ragserve.model_source import cache_dir
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "int8_linear.cpp")]
 ISA_FLAGS = {  # torch's CPU capability -> the flags the kernels' vectors compile to
     "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma", "-mavx2"],
     "AVX2": ["-mavx2", "-mfma"],
@@ -54,14 +56,15 @@ def _build() -> bool:
     import ragserve_engine.layers.packed_linear  # noqa: F401  (defines the op the .so adds a CPU kernel to)
 
     flags = ["-O3", "-fopenmp", *ISA_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])]
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + torch.__version__.encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode())
+    digest.update(torch.__version__.encode())
     name = f"ragserve_cpu_ops_{digest.hexdigest()[:16]}"
     build_dir = cache_dir() / "extensions" / name
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name,
-            [str(SOURCE)],
+            [str(p) for p in SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],  # at::parallel_for's OpenMP pragmas, as libtorch's own
             build_directory=str(build_dir),
@@ -70,10 +73,15 @@ def _build() -> bool:
     except Exception:  # no compiler, no ninja, a read-only cache dir: the Python/inductor paths still work
         logger.warning("building the C++ CPU ops failed; decode graphs use inductor's attention", exc_info=True)
         return False
-    torch.library.register_fake("ragserve::paged_decode_attention")(_fake)  # the schema came with the .so
+    torch.library.register_fake("ragserve::paged_decode_attention")(_fake)  # the schemas came with the .so
+    torch.library.register_fake("ragserve::int8_linear")(_fake_int8_linear)
     logger.info("loaded the C++ CPU ops from %s", build_dir)
     return True
 
 
 def _fake(query, key, value, kv_cache, layer, block_tables, seq_lens, scale) -> torch.Tensor:
     return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
+def _fake_int8_linear(x, qweight, scales, bias, out_features) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
