@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
@@ -147,8 +148,9 @@ def run_linear(args, layers: int = 30, repeats: int = 5) -> None:
 
 def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
     """Decode-sized matmuls per weight format, as the engine runs them: float32 and bfloat16 PackedLinear,
-    --quantization int8's Int8Linear (_weight_int8pack_mm on the int8 weight: no per-step dequantized copy),
-    with the weight bytes each reads per step and the read rate that gives."""
+    --quantization int8's Int8Linear (the C++ ragserve::int8_linear on the blocked int8 weight) and torch's
+    _weight_int8pack_mm it replaced (the fallback without a compiler), with the weight bytes each reads per
+    step and the read rate that gives."""
     import torch
     from torch import nn
 
@@ -158,7 +160,8 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
 
     shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
     formats = {"float32 packed": (torch.float32, PackedLinear, 4), "bfloat16 packed": (torch.bfloat16, PackedLinear, 2),
-               "int8 (_weight_int8pack_mm)": (torch.float32, Int8Linear, 1)}  # fmt: skip
+               "int8 (ragserve::int8_linear)": (torch.float32, Int8Linear, 1),
+               "int8 (_weight_int8pack_mm)": (torch.float32, partial(Int8Linear, blocked=False), 1)}  # fmt: skip
     lines = [f"`python bench/engine.py --part lowp` (CPU, {torch.get_num_threads()} threads): ms per decode step "
              f"for all projections of {layers} layers + lm_head (SmolLM2-135M shapes, distinct weights), best of "
              f"{repeats}; GB/s = weight bytes read / time", "",

@@ -22,14 +22,15 @@ BLOCK = 16  # output channels per vector of the blocked layout
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, blocked: bool | None = None) -> None:
+        """blocked: the C++ kernel's layout; None: when on CPU and the C++ ops load."""
         super().__init__()
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
         qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.out_features, self.in_features = w.shape
-        self.blocked = w.device.type == "cpu" and cpu_ops.load()
+        self.blocked = w.device.type == "cpu" and cpu_ops.load() if blocked is None else blocked
         if self.blocked:
             qweight, scale = block_weight(qweight), F.pad(scale, (0, -self.out_features % BLOCK))
         self.register_buffer("qweight", qweight)

@@ -113,5 +113,10 @@ def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
     tracing.setup(cfg.otlp_traces_endpoint, "ragserve-engine")
     source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
     server = EngineServer(cfg, engine_config, source.name)
-    log.info("engine %s: http %s:%d, model %s loading", cfg.engine_id, cfg.host, cfg.port, source.name)
+    import torch
+
+    log.info(
+        "engine %s: http %s:%d, model %s loading, %d torch threads",
+        *(cfg.engine_id, cfg.host, cfg.port, source.name, torch.get_num_threads()),
+    )
     return asyncio.run(run_server(server))
