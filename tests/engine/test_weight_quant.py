@@ -20,11 +20,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 15, 49, 200])  # tiles of 4 rows
 def test_int8_linear_is_the_dequantized_matmul(rows: int):
     """The C++ kernel (blocked weight, float32 activations) is the float32 product with the int8 weight,
-    for any number of rows and output features that are not a multiple of the 16-channel block."""
+    for any number of rows and output features that are not a multiple of the 64-channel block."""
     torch.manual_seed(0)
     linear = nn.Linear(96, 72, bias=True)
     q = Int8Linear(linear)
-    assert q.blocked and q.qweight.shape == (5, 96, 16)  # CI builds the C++ ops; 72 channels pad to 80
+    assert q.blocked and q.qweight.shape == (2, 96, 64)  # CI builds the C++ ops; 72 channels pad to 128
     weight = q.dequantized()
     assert weight.shape == (72, 96) and (weight / q.scales[:72, None]).round().abs().amax(dim=1).eq(127).all()
     x = torch.randn(rows, 2, 96)

@@ -1,7 +1,7 @@
 """Weight-only int8 linear layers (--quantization int8): memory-bound decode reads a quarter of fp32's bytes.
 
 Symmetric per-output-channel scales, like torchao's int8 weight-only. On CPU, when the C++ ops build
-(compilation/cpu_ops.py), the weight is stored blocked as [out / 16, in, 16] for ragserve::int8_linear
+(compilation/cpu_ops.py), the weight is stored blocked as [out / 64, in, 64] for ragserve::int8_linear
 (float32 activations; reads the weights at close to memory speed). Otherwise the matmul is torch's
 ``_weight_int8pack_mm`` with bf16 activations (it reads int8 weights at ~9 GB/s here: docs/kernels.md).
 Outputs are in the model dtype, so norms, rotary, attention and the KV cache keep their precision.
@@ -18,7 +18,7 @@ from torch import nn
 from ragserve_engine.compilation import cpu_ops
 
 QUANTIZATIONS = ("int8",)
-BLOCK = 16  # output channels per vector of the blocked layout
+BLOCK = 64  # output channels per block of the C++ kernel's layout (one cache line per input feature)
 
 
 class Int8Linear(nn.Module):
@@ -55,7 +55,7 @@ class Int8Linear(nn.Module):
 
 
 def block_weight(qweight: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> [ceil(out / 16), in, 16]: at each input feature, 16 output channels side by side."""
+    """[out, in] -> [ceil(out / 64), in, 64]: at each input feature, 64 output channels side by side."""
     out, k = qweight.shape
     padded = F.pad(qweight, (0, 0, 0, -out % BLOCK))
     return padded.view(-1, BLOCK, k).transpose(1, 2).contiguous()
