@@ -54,6 +54,16 @@ def secret_mounts(spec: RAGServeSpec) -> Mounts:
     return Mounts().add(cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec))
 
 
+def threads_env(raw: dict) -> list[dict]:
+    """Torch threads = the pod's CPU request rounded up (torch would take every core of the node), unless
+    the pool's env sets OMP_NUM_THREADS or there is no CPU request."""
+    cpu = ((raw.get("resources") or {}).get("requests") or {}).get("cpu")
+    if not cpu or any(e.get("name") == "OMP_NUM_THREADS" for e in raw.get("env", [])):
+        return []
+    field = {"containerName": "engine", "resource": "requests.cpu", "divisor": "1"}
+    return [{"name": "OMP_NUM_THREADS", "valueFrom": {"resourceFieldRef": field}}]
+
+
 def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: int) -> dict:
     """replicas: the pool's (its RAGServeEnginePool's spec.replicas)."""
     name, raw = owner.child("engine", pool.name), pool.raw
@@ -75,6 +85,7 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
             {"name": "TRITON_CACHE_DIR", "value": "/cache/triton"},
             {"name": "HF_HOME", "value": "/cache/huggingface"},
             *secret_env("RAGSERVE_API_KEY", spec.engine_api_key),
+            *threads_env(raw),
         ],
         limits={raw["gpuResourceName"]: str(gpus)} if gpus else None,
         mounts=mounts,

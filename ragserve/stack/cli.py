@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--redis", default="auto", help="auto (start redis-server if installed), off, or a redis:// URL")
     add_flag(g, "--no-cachestore", action="store_true", help="run without the shared KV-block store")
     add_flag(g, "--cachestore-memory", type=parse_bytes, default="1GiB", help="cachestore RAM tier")
+    add_flag(g, "--engine-threads", type=int, default=0, help="torch threads per engine (0: cores / engines)")
     add_flag(g, "--engine-arg", action="append", help="extra flag for every engine, e.g. --engine-arg=--seed=1")
     add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--work-weight=1")
     add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")

@@ -200,3 +200,19 @@ def test_shipped_crd_is_valid(chart, kube):
     assert sorted(c["spec"]["names"]["kind"] for c in crds) == ["RAGServe", "RAGServeEnginePool"]
     for crd in crds:
         kubernetes_validate.validate(crd, kube, strict=True)
+
+
+def test_engine_torch_threads_follow_the_cpu_request(render):
+    """OMP_NUM_THREADS from the pod's CPU request (rounded up by the kubelet), unless the pool's env sets it."""
+    from_request = {"resourceFieldRef": {"containerName": "engine", "resource": "requests.cpu", "divisor": "1"}}
+    engines = [
+        {"name": "default", "model": "smollm2-135m"},
+        {"name": "own", "model": "smollm2-135m", "env": [{"name": "OMP_NUM_THREADS", "value": "3"}]},
+    ]
+    docs = render({"engines": engines})
+    env = {}
+    for pool in ("default", "own"):
+        engine = named(docs, "Deployment", f"rs-ragserve-engine-{pool}")["spec"]["template"]["spec"]["containers"][0]
+        env[pool] = [e for e in engine["env"] if e["name"] == "OMP_NUM_THREADS"]
+    assert env["default"] == [{"name": "OMP_NUM_THREADS", "valueFrom": from_request}]  # requests.cpu "2"
+    assert env["own"] == [{"name": "OMP_NUM_THREADS", "value": "3"}]

@@ -171,6 +171,26 @@ def test_engine_pods():
     assert engine["image"] == "ghcr.io/ragserve/ragserve-engine:0.1.0"
 
 
+def test_engine_torch_threads_follow_the_cpu_request():
+    """OMP_NUM_THREADS from the pod's CPU request (the kubelet rounds it up), unless env sets it."""
+    threads = {"resourceFieldRef": {"containerName": "engine", "resource": "requests.cpu", "divisor": "1"}}
+    own = [{"name": "OMP_NUM_THREADS", "value": "3"}]
+    pools = [
+        {"name": "a", "model": "m", "resources": {"requests": {"cpu": "1500m"}}},
+        {"name": "b", "model": "m", "resources": {"requests": {"cpu": "2"}}, "env": own},
+        {"name": "c", "model": "m"},
+    ]
+    spec = parse_spec({"engines": pools}, OWNER.name)
+    objs = desired_children(OWNER, spec, {pool.name: 1 for pool in spec.pools})
+    env = {}
+    for pool in "abc":
+        engine = by_name(objs, "Deployment", f"demo-engine-{pool}")["spec"]["template"]["spec"]["containers"][0]
+        env[pool] = [e for e in engine["env"] if e["name"] == "OMP_NUM_THREADS"]
+    assert env["a"] == [{"name": "OMP_NUM_THREADS", "valueFrom": threads}]
+    assert env["b"] == own
+    assert env["c"] == []  # no CPU request: torch picks
+
+
 def test_engine_api_key_from_a_secret():
     """Engines require it (--api-key via RAGSERVE_API_KEY); the router sends it (--engine-api-key)."""
     expected = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}

@@ -46,6 +46,19 @@ def test_comes_up_with_every_process(up):
     assert "engine-0  |" in out and "router    |" in out  # child logs, prefixed
 
 
+def test_engines_share_the_hosts_cores(up):
+    """Two engines on one host: each runs cores / 2 torch threads, not every core each."""
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    if os.environ.get("OMP_NUM_THREADS"):  # set for the whole run: it wins over the split
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    out = up.output().splitlines()
+    for engine in ("engine-0", "engine-1"):
+        started = [line for line in out if f"engine {engine}: http" in line]
+        assert started and started[0].endswith(f"loading, {threads} torch threads"), started
+        with open(f"/proc/{up.state['pids'][engine]}/environ", "rb") as f:
+            assert f"OMP_NUM_THREADS={threads}".encode() in f.read().split(b"\0")
+
+
 def test_serves_a_request_through_the_router(up):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
     resp = httpx.post(up.state["url"] + "/v1/chat/completions", json=body, timeout=120)
