@@ -46,7 +46,7 @@ from ragserve.demo.client import ChatResult, rag_messages
 from ragserve.demo.corpus import Document, load_corpus
 from ragserve.demo.retrieve import document_context
 from ragserve.stack.process import LogSink
-from ragserve.stack.spec import StackConfig
+from ragserve.stack.spec import StackConfig, engine_threads
 from ragserve.stack.supervisor import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -229,7 +229,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     cfg = StackConfig(
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
-        log_level="warning",
+        log_level="warning", engine_threads=args.engine_threads,
     )  # fmt: skip
     print(f"[{name}] starting {args.engines} engines ({args.model}), policy {policy}, cachestore {cachestore}")
     with Stack(cfg, LogSink(show=args.verbose)) as stack:
@@ -354,7 +354,9 @@ def markdown(results: list[ConfigResult], args) -> str:
     head = (
         f"# Cluster benchmark: {args.scenario}{' (quick)' if args.quick else ''}\n\n"
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
-        f"and a {args.max_num_batched_tokens}-token step budget per engine"
+        f"and a {args.max_num_batched_tokens}-token step budget per engine, "
+        f"{engine_threads(StackConfig(engines=args.engines, engine_threads=args.engine_threads)) or 'OMP_NUM_THREADS'}"
+        " torch threads per engine"
         + (
             f" (--long-prefill-token-threshold {args.long_prefill_token_threshold}: a prefill takes at most that many"
             " tokens a step)"
@@ -472,6 +474,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="default: smollm2-135m (quick: the tiny test model)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--engines", type=int, default=3)
+    p.add_argument("--engine-threads", type=int, default=0, help="torch threads per engine (0: cores / engines)")
     p.add_argument("--requests", type=int, default=None, help="default 80 (quick: 24)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--questions-per-doc", type=int, default=4)
