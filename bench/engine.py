@@ -182,12 +182,14 @@ def part_mixed(args, model, hf, m: Machine, roof: Roofline, t: Table, save) -> N
 
 
 def part_precision(args, model_fp32, cpp, m: Machine, t: Table, save) -> None:
-    """Single-stream decode with bf16 and int8 weights vs llama.cpp; greedy agreement with fp32."""
+    """Single-stream decode with bf16, int8 and int4 weights vs llama.cpp; greedy agreement with fp32."""
     rng = random.Random(5)
     llms = {"float32": fresh_llm(args, model_fp32)}
-    for name, kw in {"bfloat16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}.items():
+    lowp = {"bfloat16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+    for name, kw in lowp.items():
         llms[name] = LLM(args.model, enable_prefix_caching=False, **kw)
-    bytes_per_param = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "Q4_1": 0.625}  # Q4_1: 20 bytes / 32 weights
+    # Q4_1 and int4: 20 bytes / 32 weights (both keep the LM head in 8 bits, not counted here)
+    bytes_per_param = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.625, "Q4_1": 0.625}
     tok = llms["float32"].tokenizer
     words = ["refrigerator", "compiler", "bicycle", "vaccine", "search engine", "battery", "bridge", "database"]
     prompts = [tok.encode(f"Question {i}: explain briefly how a {w} works, step by step.") for i, w in enumerate(words)]

@@ -354,9 +354,8 @@ def markdown(results: list[ConfigResult], args) -> str:
     head = (
         f"# Cluster benchmark: {args.scenario}{' (quick)' if args.quick else ''}\n\n"
         f"{args.engines} engines, model `{args.model}`, {args.num_gpu_blocks} KV blocks of {args.block_size} tokens "
-        f"and a {args.max_num_batched_tokens}-token step budget per engine, "
-        f"{engine_threads(StackConfig(engines=args.engines, engine_threads=args.engine_threads)) or 'OMP_NUM_THREADS'}"
-        " torch threads per engine"
+        f"and a {args.max_num_batched_tokens}-token step budget per engine (torch threads each: "
+        f"{engine_threads(StackConfig(engines=args.engines, engine_threads=args.engine_threads)) or 'OMP_NUM_THREADS'})"
         + (
             f" (--long-prefill-token-threshold {args.long_prefill_token_threshold}: a prefill takes at most that many"
             " tokens a step)"

@@ -17,7 +17,7 @@ from ragserve.model_source import DEFAULT_MODEL
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -34,7 +34,7 @@ class EngineConfig(FromArgs):
     served_model_name: str | None = option(None, "name clients use (default: the model name)", "model")
     dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
-    quantization: str = option("none", "weight quantization (int8: weight-only, per channel)", "model",
+    quantization: str = option("none", "weight-only quantization (int8: per channel; int4: groups of 32, CPU)", "model",
                                choices=QUANTIZATIONS)  # fmt: skip
     enforce_eager: bool = option(False, "no compiled decode graphs or fused ops, no prepacked CPU linears", "model")
     max_seq_len_to_capture: int = option(

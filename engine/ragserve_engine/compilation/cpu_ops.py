@@ -4,8 +4,9 @@
   ~20 ms of a batch-32 SmolLM2 step at 128-192 tokens of context (its masked softmax over the gathered
   keys is several passes of indirect, barely vectorised loads). The kernel reads each block once (online
   softmax, 16 rows' scores per vector, the next block prefetched): 13-16 ms, most of it waiting on memory.
-- ragserve::int8_linear (csrc/int8_linear.cpp): --quantization int8's matmul on a blocked int8 weight,
-  float32 activations; used by layers/quant_linear.py in eager and compiled code alike.
+- ragserve::int8_linear and ragserve::int4_linear (csrc/int8_linear.cpp, int4_linear.cpp): --quantization
+  int8's and int4's matmuls on blocked weights, float32 activations; used by layers/quant_linear.py in
+  eager and compiled code alike.
 - a CPU kernel for ragserve::packed_linear (the same oneDNN call as its Python one, which stays the
   fallback): no Python call per linear, 121 a step.
 
@@ -28,7 +29,7 @@ import torch
 from ragserve.model_source import cache_dir
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "int8_linear.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "int8_linear.cpp", "int4_linear.cpp")]
 ISA_FLAGS = {  # torch's CPU capability -> the flags the kernels' vectors compile to
     "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma", "-mavx2"],
     "AVX2": ["-mavx2", "-mfma"],
@@ -75,6 +76,7 @@ def _build() -> bool:
         return False
     torch.library.register_fake("ragserve::paged_decode_attention")(_fake)  # the schemas came with the .so
     torch.library.register_fake("ragserve::int8_linear")(_fake_int8_linear)
+    torch.library.register_fake("ragserve::int4_linear")(_fake_int4_linear)
     logger.info("loaded the C++ CPU ops from %s", build_dir)
     return True
 
@@ -84,4 +86,8 @@ def _fake(query, key, value, kv_cache, layer, block_tables, seq_lens, scale) -> 
 
 
 def _fake_int8_linear(x, qweight, scales, bias, out_features) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def _fake_int4_linear(x, qweight, scales, mins, bias, out_features) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)

@@ -17,7 +17,8 @@ from torch import nn
 
 from ragserve_engine.compilation import cpu_ops
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int4")
+GROUP = 32  # int4: input features per scale and minimum (llama.cpp's Q4_1 groups)
 BLOCK = 64  # output channels per block of the C++ kernel's layout (one cache line per input feature)
 
 
@@ -54,6 +55,43 @@ class Int8Linear(nn.Module):
         return (w.float() * s[:, None])[: self.out_features]
 
 
+class Int4Linear(nn.Module):
+    """--quantization int4: llama.cpp's Q4_1 scheme, w = d * q + m with q in 0..15, one float16 d and m per
+    32 input features of an output channel (5 bits a weight). On a Q4_1 GGUF, whose tensors are dequantized
+    at load, it gets back the file's own 4-bit values wherever a group used its whole range. CPU only,
+    through ragserve::int4_linear (the C++ ops must build)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        if w.device.type != "cpu" or not cpu_ops.load():
+            raise ValueError("--quantization int4 runs on CPU with the C++ CPU ops (it needs a C++ compiler)")
+        self.out_features, self.in_features = w.shape
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        w = F.pad(w, (0, -self.in_features % GROUP, 0, -self.out_features % BLOCK))
+        groups = w.view(w.shape[0], -1, GROUP)
+        low, high = groups.amin(dim=2), groups.amax(dim=2)
+        d = ((high - low) / 15).clamp(min=1e-8).half()
+        m = low.half()
+        q = torch.round((groups - m.float()[..., None]) / d.float()[..., None]).clamp(0, 15).to(torch.uint8)
+        q = block_weight(q.view(w.shape[0], -1)[:, : self.in_features])  # [n/64, k, 64]
+        self.register_buffer("qweight", q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4))
+        self.register_buffer("scales", d.view(-1, BLOCK, d.shape[1]).transpose(1, 2).contiguous())
+        self.register_buffer("mins", m.view(-1, BLOCK, m.shape[1]).transpose(1, 2).contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        y = torch.ops.ragserve.int4_linear(flat, self.qweight, self.scales, self.mins, self.bias, self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 [out, in] weight this layer multiplies by."""
+        q = torch.cat([self.qweight & 15, self.qweight >> 4], dim=2).float()  # [n/64, k, 64]
+        groups = torch.arange(self.in_features) // GROUP
+        w = q * self.scales.float()[:, groups] + self.mins.float()[:, groups]
+        return w.permute(0, 2, 1).reshape(-1, self.in_features)[: self.out_features]
+
+
 def block_weight(qweight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [ceil(out / 64), in, 64]: at each input feature, 64 output channels side by side."""
     out, k = qweight.shape
@@ -73,4 +111,6 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) ->
 def quantize_weights(model: nn.Module, method: str) -> nn.Module:
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
-    return replace_linears(model, Int8Linear)
+    if method == "int4" and isinstance(getattr(model, "lm_head", None), nn.Linear):
+        model.lm_head = Int8Linear(model.lm_head)  # as llama.cpp's 4-bit files keep the output in 8 bits
+    return replace_linears(model, Int8Linear if method == "int8" else Int4Linear)
