@@ -156,12 +156,13 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
 
     from engine import RESULTS
     from ragserve_engine.layers.packed_linear import PackedLinear
-    from ragserve_engine.layers.quant_linear import Int8Linear
+    from ragserve_engine.layers.quant_linear import Int4Linear, Int8Linear
 
     shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
     formats = {"float32 packed": (torch.float32, PackedLinear, 4), "bfloat16 packed": (torch.bfloat16, PackedLinear, 2),
                "int8 (ragserve::int8_linear)": (torch.float32, Int8Linear, 1),
-               "int8 (_weight_int8pack_mm)": (torch.float32, partial(Int8Linear, blocked=False), 1)}  # fmt: skip
+               "int8 (_weight_int8pack_mm)": (torch.float32, partial(Int8Linear, blocked=False), 1),
+               "int4 (ragserve::int4_linear)": (torch.float32, Int4Linear, 0.625)}  # fmt: skip
     lines = [f"`python bench/engine.py --part lowp` (CPU, {torch.get_num_threads()} threads): ms per decode step "
              f"for all projections of {layers} layers + lm_head (SmolLM2-135M shapes, distinct weights), best of "
              f"{repeats}; GB/s = weight bytes read / time", "",
@@ -178,7 +179,7 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
                         mods.append(make(lin))
                     x = torch.randn(rows, k, dtype=dtype)
                     ms += _best_of(repeats, lambda mods=mods, x=x: [m(x) for m in mods])
-                    nbytes += len(mods) * n * k * width
+                    nbytes += int(len(mods) * n * k * width)
                 lines.append(f"| {rows} | {label} | {ms:.1f} | {nbytes / 1e6:.0f} | {nbytes / ms / 1e6:.1f} |")
     text = "\n".join(lines)
     print(text)

@@ -1,10 +1,12 @@
-"""Weight-only int8 linear layers (--quantization int8): memory-bound decode reads a quarter of fp32's bytes.
+"""Weight-only quantized linear layers: memory-bound decode reads a quarter (int8) or ~a sixth (int4) of
+fp32's bytes. Outputs are in the model dtype, so norms, rotary, attention and the KV cache keep their
+precision.
 
-Symmetric per-output-channel scales, like torchao's int8 weight-only. On CPU, when the C++ ops build
+int8: symmetric per-output-channel scales, like torchao's int8 weight-only. On CPU, when the C++ ops build
 (compilation/cpu_ops.py), the weight is stored blocked as [out / 64, in, 64] for ragserve::int8_linear
 (float32 activations; reads the weights at close to memory speed). Otherwise the matmul is torch's
 ``_weight_int8pack_mm`` with bf16 activations (it reads int8 weights at ~9 GB/s here: docs/kernels.md).
-Outputs are in the model dtype, so norms, rotary, attention and the KV cache keep their precision.
+int4: Int4Linear below.
 """
 
 from __future__ import annotations
