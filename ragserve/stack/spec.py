@@ -231,7 +231,8 @@ def engine_threads(cfg: StackConfig) -> int:
         return cfg.engine_threads
     if os.environ.get("OMP_NUM_THREADS"):
         return 0
-    return max(1, len(os.sched_getaffinity(0)) // cfg.engines)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // cfg.engines)
 
 
 def _connect_host(host: str) -> str:
