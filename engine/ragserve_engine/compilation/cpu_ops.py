@@ -4,7 +4,7 @@
   ~20 ms of a batch-32 SmolLM2 step at 128-192 tokens of context (its masked softmax over the gathered
   keys is several passes of indirect, barely vectorised loads). The kernel reads each block once (online
   softmax, 16 rows' scores per vector, the next block prefetched): 13-16 ms, most of it waiting on memory.
-- ragserve::int8_linear and ragserve::int4_linear (csrc/int8_linear.cpp, int4_linear.cpp): --quantization
+- ragserve::int8_linear and ragserve::int4_linear (csrc/quant_linear.cpp): --quantization
   int8's and int4's matmuls on blocked weights, float32 activations; used by layers/quant_linear.py in
   eager and compiled code alike.
 - a CPU kernel for ragserve::packed_linear (the same oneDNN call as its Python one, which stays the
@@ -29,7 +29,7 @@ import torch
 from ragserve.model_source import cache_dir
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "int8_linear.cpp", "int4_linear.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "quant_linear.cpp")]
 ISA_FLAGS = {  # torch's CPU capability -> the flags the kernels' vectors compile to
     "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma", "-mavx2"],
     "AVX2": ["-mavx2", "-mfma"],

@@ -51,10 +51,8 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 [out, in] weight this layer multiplies by."""
-        w, s = self.qweight, self.scales.float()
-        if self.blocked:
-            w = w.permute(0, 2, 1).reshape(-1, self.in_features)
-        return (w.float() * s[:, None])[: self.out_features]
+        w = unblock_weight(self.qweight) if self.blocked else self.qweight
+        return (w.float() * self.scales.float()[:, None])[: self.out_features]
 
 
 class Int4Linear(nn.Module):
@@ -91,7 +89,7 @@ class Int4Linear(nn.Module):
         q = torch.cat([self.qweight & 15, self.qweight >> 4], dim=2).float()  # [n/64, k, 64]
         groups = torch.arange(self.in_features) // GROUP
         w = q * self.scales.float()[:, groups] + self.mins.float()[:, groups]
-        return w.permute(0, 2, 1).reshape(-1, self.in_features)[: self.out_features]
+        return unblock_weight(w)[: self.out_features]
 
 
 def block_weight(qweight: torch.Tensor) -> torch.Tensor:
@@ -99,6 +97,11 @@ def block_weight(qweight: torch.Tensor) -> torch.Tensor:
     out, k = qweight.shape
     padded = F.pad(qweight, (0, 0, 0, -out % BLOCK))
     return padded.view(-1, BLOCK, k).transpose(1, 2).contiguous()
+
+
+def unblock_weight(blocked: torch.Tensor) -> torch.Tensor:
+    """block_weight's inverse, padding channels kept: [n / 64, in, 64] -> [n, in]."""
+    return blocked.transpose(1, 2).reshape(-1, blocked.shape[1])
 
 
 def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:

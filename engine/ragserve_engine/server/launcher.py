@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import torch
 import uvicorn
 
 from ragserve import tracing
@@ -113,8 +114,6 @@ def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
     tracing.setup(cfg.otlp_traces_endpoint, "ragserve-engine")
     source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
     server = EngineServer(cfg, engine_config, source.name)
-    import torch
-
     log.info(
         "engine %s: http %s:%d, model %s loading, %d torch threads",
         *(cfg.engine_id, cfg.host, cfg.port, source.name, torch.get_num_threads()),
