@@ -10,7 +10,7 @@ import time
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from ragserve_engine.compilation.decode_graphs import capture_sizes, decode_forward
+from ragserve_engine.compilation.decode_graphs import capture_sizes
 from ragserve_engine.llm import LLM
 from ragserve_engine.llm_engine import LLMEngine
 from ragserve_engine.sampling_params import SamplingParams
@@ -40,14 +40,15 @@ def test_compiled_decode_matches_eager_and_compiles_once_per_size():
     assert eager.engine.runner.decode_graphs is None  # --enforce-eager: no graphs
     graphs = LLM(path, num_gpu_blocks=128, max_num_seqs=8, loaded_model=eager.engine.runner.model)
     stats = graphs.engine.runner.decode_graphs.stats
-    before = len(_debug_get_cache_entry_list(decode_forward))  # dynamo's compiled graphs of the function
+    forward = graphs.engine.runner.decode_graphs.forward.__wrapped__  # this model signature's decode_forward
+    before = len(_debug_get_cache_entry_list(forward))  # dynamo's compiled graphs of the function
     for n in range(1, 10):  # 3, 5, 6, 7 and 9 (8 + 1 waiting) need padding rows
         prompts = _prompts(n, shift=n)
         assert _tokens(graphs, prompts) == _tokens(eager, prompts), n
     assert stats.steps > 0
     assert set(stats.compiled) == {1, 2, 4, 8}
     # one graph per capture size, whatever the width
-    assert len(_debug_get_cache_entry_list(decode_forward)) - before <= 4
+    assert len(_debug_get_cache_entry_list(forward)) - before <= 4
     # a second pass hits the prefix cache: decode-only steps over cached blocks, same tokens
     prompts = _prompts(6, shift=6)
     steps = stats.steps
@@ -55,11 +56,36 @@ def test_compiled_decode_matches_eager_and_compiles_once_per_size():
     assert sum(o.num_cached_tokens for o in out) > 0 and stats.steps > steps
     assert [o.outputs[0].token_ids for o in out] == _tokens(eager, prompts)
     # another pool size (another kv cache shape) reuses the graphs: the block count is dynamic too
-    entries = len(_debug_get_cache_entry_list(decode_forward))
+    entries = len(_debug_get_cache_entry_list(forward))
     other = LLM(path, num_gpu_blocks=200, max_num_seqs=8, loaded_model=eager.engine.runner.model)
     assert _tokens(other, prompts[:2]) == _tokens(eager, prompts[:2])
     assert other.engine.runner.decode_graphs.stats.steps > 0
-    assert len(_debug_get_cache_entry_list(decode_forward)) == entries
+    assert len(_debug_get_cache_entry_list(forward)) == entries
+
+
+def test_models_share_graphs_only_with_their_own_signature():
+    """The graphs keep no guards on the model: a model with another config or other shapes gets its own
+    copy of decode_forward, one with the same signature (other weights) shares it and reads its own
+    weights. Each matches its eager tokens."""
+    models = {
+        "llama": tiny_model("llama"),
+        "llama seed 1": tiny_model("llama", seed=1),
+        "qwen3": tiny_model("qwen3"),
+        "llama eps 0.5": tiny_model("llama", rms_norm_eps=0.5),  # only a constant differs (not the KV shape)
+    }
+    forwards = {}
+    for name, path in models.items():
+        eager = LLM(str(path), num_gpu_blocks=32, max_num_seqs=1, enforce_eager=True)
+        graphs = LLM(str(path), num_gpu_blocks=32, max_num_seqs=1, loaded_model=eager.engine.runner.model)
+        prompts = _prompts(2)
+        assert _tokens(graphs, prompts) == _tokens(eager, prompts), name
+        assert graphs.engine.runner.decode_graphs.stats.steps > 0
+        forwards[name] = graphs.engine.runner.decode_graphs.forward
+    assert forwards["llama seed 1"] is forwards["llama"]
+    assert len({id(f) for f in forwards.values()}) == 3
+    guards = str(_debug_get_cache_entry_list(forwards["llama"].__wrapped__)[0].guard_manager).splitlines()
+    on_model = [g for g in guards if "L['model']" in g and "GuardManager" not in g]
+    assert len(on_model) < 8, on_model  # not one per parameter and module attribute (a few on dict keys remain)
 
 
 def test_compiled_decode_with_preemption():

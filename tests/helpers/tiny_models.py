@@ -72,11 +72,11 @@ CONFIGS: dict[str, dict] = {
 }
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, sharded: bool = False) -> Path:
-    """Path to a cached tiny HF model directory, creating it on first use."""
+def tiny_model(arch: str = "llama", seed: int = 0, sharded: bool = False, **overrides) -> Path:
+    """Path to a cached tiny HF model directory, creating it on first use; overrides change its config."""
     if arch not in CONFIGS:
         raise ValueError(f"unknown tiny model {arch!r}; choose from {sorted(CONFIGS)}")
-    config = CONFIGS[arch]
+    config = {**CONFIGS[arch], **overrides}
     tag = hashlib.sha256(json.dumps([config, seed, sharded], sort_keys=True).encode()).hexdigest()[:10]
     out = cache_dir() / "tiny-models" / f"{arch}-s{seed}{'-sharded' if sharded else ''}-{tag}"
     if not (out / "config.json").is_file():

@@ -8,7 +8,10 @@ graph (padding rows attend to their own token and write nothing); the block-tabl
 of KV blocks are dynamic dimensions, so neither context growth nor another pool size recompiles. On CPU
 the graph's wrapper is C++ (inductor's cpp_wrapper), so a step costs one call instead of ~25
 Python-dispatched ops per layer. Weights stay graph inputs (not frozen constants): every engine in the
-process shares the graphs, and no size holds a copy of the weights.
+process whose model has the same signature (config, module types, parameter shapes) shares the graphs,
+and no size holds a copy of the weights. Each signature compiles its own copy of decode_forward, so
+dynamo's guards on the model (~5,000 on SmolLM2: every parameter's metadata, every module attribute) are
+dropped: the signature already fixes them, and checking them cost ~1 ms a step.
 
 Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
 inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Offline
@@ -22,9 +25,11 @@ a context over --max-seq-len-to-capture run the eager model. Off with --enforce-
 from __future__ import annotations
 
 import logging
+import hashlib
 import queue
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +46,7 @@ from ragserve_engine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 MAX_CAPTURE_SIZE = 512
-RECOMPILE_LIMIT = 1024  # graphs of decode_forward a process may hold, all models and sizes together
+RECOMPILE_LIMIT = 1024  # graphs one model signature may hold, all sizes together
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -73,6 +78,7 @@ class DecodeGraphs:
         self.block_size = kv_data.shape[3]
         self.device = kv_data.device
         self.stats = GraphStats()
+        self.forward = _compiled(self.device, model_signature(model))
         self._todo: queue.Queue | None = None  # background mode: sizes to compile
         self._queued: set[int] = set()
         if self.device.type == "cpu":
@@ -150,20 +156,19 @@ class DecodeGraphs:
 
     def _call(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
-            return _compiled(self.device)(self.model, self.kv_data, *inputs)
+            return self.forward(self.model, self.kv_data, *inputs)
 
 
 _BACKEND = GraphDecodeAttention()
-_COMPILED: dict[str, Callable] = {}
+_COMPILED: dict[tuple[str, str], Callable] = {}
 
 
 def decode_forward(
     model: LlamaForCausalLM, kv, input_ids, positions, block_tables, seq_lens
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The model's forward and logits for one-token sequences, with the graph attention backend, and the
-    step's keys and values [layers, batch, KVH, D] for the caller to write. Module-level, so every engine
-    in a process (same architecture and shapes) shares its graphs: parameters are graph inputs, not
-    constants."""
+    step's keys and values [layers, batch, KVH, D] for the caller to write. Parameters are graph inputs,
+    not constants: engines whose models share a signature share the graphs."""
     meta = AttentionMetadata(None, seq_lens, seq_lens, block_tables, 1, 0, [], [])  # no slot_mapping: no writes
     new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     caches = [GraphLayerCache(kv, i, new_kv) for i in range(kv.shape[1])]
@@ -173,13 +178,32 @@ def decode_forward(
     return model.compute_logits(hidden), keys, values
 
 
-def _compiled(device: torch.device) -> Callable:
-    fn = _COMPILED.get(device.type)
+def model_signature(model: torch.nn.Module) -> str:
+    """What a graph specialises on besides its inputs: the config (constants such as eps or rope theta),
+    each module's type and each parameter's and buffer's name, shape, dtype and strides."""
+    parts = [repr(getattr(model, "config", None))]
+    parts += [f"{name}:{type(m).__qualname__}" for name, m in model.named_modules()]
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        parts.append(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.stride()}:{t.device}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _unguarded_by_model(entries) -> list[bool]:
+    """dynamo guard filter: keep the guards on the step's inputs and global state, drop those on the model
+    (its signature picked the function) and dynamo's duplicate-input checks on module globals."""
+    return [not e.name.startswith("model") and e.guard_type != "DUPLICATE_INPUT" for e in entries]
+
+
+def _compiled(device: torch.device, signature: str) -> Callable:
+    fn = _COMPILED.get((device.type, signature))
     if fn is None:
+        # dynamo keeps compiled graphs on the code object: one copy of decode_forward's code per signature
+        code = decode_forward.__code__.replace(co_name=f"decode_forward_{signature}")
+        forward = types.FunctionType(code, decode_forward.__globals__, code.co_name)
         # Per compile, not via torch._dynamo.config: dynamo's config settings are thread-local, and
-        # engines step on their own threads. Each (model shape, capture size) pair is one entry.
-        options = {"cpp_wrapper": device.type == "cpu"}
-        fn = _COMPILED[device.type] = torch.compile(
-            decode_forward, fullgraph=True, options=options, recompile_limit=RECOMPILE_LIMIT
+        # engines step on their own threads. Each capture size is one entry.
+        options = {"cpp_wrapper": device.type == "cpu", "guard_filter_fn": _unguarded_by_model}
+        fn = _COMPILED[(device.type, signature)] = torch.compile(
+            forward, fullgraph=True, options=options, recompile_limit=RECOMPILE_LIMIT
         )
     return fn
