@@ -24,8 +24,8 @@ a context over --max-seq-len-to-capture run the eager model. Off with --enforce-
 
 from __future__ import annotations
 
-import logging
 import hashlib
+import logging
 import queue
 import threading
 import time
