@@ -87,6 +87,10 @@ class EngineConfig(FromArgs):
             (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.num_gpu_blocks is None or self.num_gpu_blocks > 1, "num_gpu_blocks must be > 1"),
+            (
+                self.quantization != "int4" or not self.device.startswith("cuda"),
+                "quantization int4 runs on CPU only (its kernels are C++ CPU ops); use int8 on CUDA",
+            ),
         ]
         for ok, message in checks:
             if not ok:

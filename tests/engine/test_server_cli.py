@@ -54,6 +54,7 @@ def test_building_the_parser_does_not_import_torch():
         (["--router-tls-cert", "/nonexistent.crt"], "--router-tls-cert needs --router-tls-key"),
         ([], "unknown model '/nonexistent/model'"),
         (["--block-size", "7"], "block_size must be"),
+        (["--quantization", "int4", "--device", "cuda"], "quantization int4 runs on CPU only"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(args, message):
