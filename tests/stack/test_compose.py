@@ -91,3 +91,12 @@ def test_only_engine_images_install_torch():
     for name, index in (("Dockerfile.engine", "whl/cpu"), ("Dockerfile.engine-cuda", "whl/cu128")):
         text = (ROOT / name).read_text()
         assert index in text and pip_installs(text) == ["", "cachestore", "engine"], name
+
+
+def test_engines_get_their_own_cores(config):
+    """torch's thread count in each engine equals its CPU limit (the chart's OMP_NUM_THREADS from
+    requests.cpu; `ragserve up`'s cores / engines), so co-located engines do not oversubscribe the host."""
+    for name in ("engine-0", "engine-1"):
+        engine = config["services"][name]
+        assert float(engine["cpus"]) >= 1
+        assert int(engine["environment"]["OMP_NUM_THREADS"]) == float(engine["cpus"])
