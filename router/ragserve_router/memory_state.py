@@ -70,6 +70,7 @@ class MemoryState(RouterState):
                 self.approx.forget_blocks(engine_id, op.hashes)
             elif op.kind == CLEARED:
                 blocks.clear()
+                self.approx.forget(engine_id)  # a route there before the clear no longer implies its blocks
         self._seqs[engine_id] = new_seq
 
     async def num_blocks(self, engine_id: str) -> int:

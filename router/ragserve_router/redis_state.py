@@ -111,8 +111,15 @@ class RedisState(RouterState):
             pipe.hdel(self._k("engines"), engine_id)
             for part in ("alive", "seq", "blocks"):
                 pipe.delete(self._k(part, engine_id))
+            self._forget_routes(pipe, engine_id)
             removed, *_ = await pipe.execute()
         return bool(removed)
+
+    def _forget_routes(self, pipe, engine_id: str) -> None:
+        """Routes to the engine recorded until now no longer imply its blocks (it was dropped or cleared its
+        cache). Routes are spread over one key per block hash, so instead of finding them all, a per-engine
+        epoch hides the older ones; it expires with them, after approx_ttl."""
+        pipe.set(self._k("approx_epoch", engine_id), repr(time.time()), px=int(self.approx_ttl * 1000))
 
     async def _records(self) -> tuple[list[EngineRecord], list[bool]]:
         raw = await self.redis.hgetall(self._k("engines"))
@@ -160,6 +167,7 @@ class RedisState(RouterState):
                         pipe.hdel(self._k("approx", h.hex()), engine_id)
                 elif op.kind == CLEARED:
                     pipe.delete(key)
+                    self._forget_routes(pipe, engine_id)
             pipe.set(self._k("seq", engine_id), new_seq)
             await pipe.execute()
 
@@ -192,14 +200,15 @@ class RedisState(RouterState):
         if not hashes or not engine_ids:
             return dict.fromkeys(engine_ids, 0)
         async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.mget([self._k("approx_epoch", e) for e in engine_ids])
             for h in hashes:
                 pipe.hmget(self._k("approx", h.hex()), engine_ids)
-            rows = await pipe.execute()
+            epochs, *rows = await pipe.execute()
         now = time.time()
         out = {}
         for i, engine_id in enumerate(engine_ids):
-            ttl = ttl_by_engine[engine_id]
-            out[engine_id] = leading(row[i] is not None and now - float(row[i]) <= ttl for row in rows)
+            oldest = max(now - ttl_by_engine[engine_id], float(epochs[i] or "-inf"))
+            out[engine_id] = leading(row[i] is not None and float(row[i]) > oldest for row in rows)
         return out
 
     async def trim_approx(self) -> int:

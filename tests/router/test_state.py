@@ -140,6 +140,24 @@ async def test_an_eviction_event_overrides_an_earlier_route_there(state):
 
 
 @pytest.mark.asyncio
+async def test_a_cleared_or_dropped_engine_forgets_its_routing_history(state):
+    """Routes recorded before the engine cleared its cache (or was dropped: a restart under the same id comes
+    back empty) no longer predict hits there; routes after it do, and other engines keep theirs."""
+    doc = [h(0), h(1), h(2)]
+    for engine_id in ("a", "b"):
+        await state.register(record(engine_id), BLOB, ttl_s=30)
+        await state.record_route(doc, engine_id)
+    assert await state.match_approx({"a": 600, "b": 600}, doc) == {"a": 3, "b": 3}
+    await state.apply("a", [KVOp(CLEARED, [])], 1)
+    assert await state.match_approx({"a": 600, "b": 600}, doc) == {"a": 0, "b": 3}
+    await asyncio.sleep(0.01)  # a route after the clear: a later timestamp
+    await state.record_route(doc[:2], "a")
+    assert await state.match_approx({"a": 600}, doc) == {"a": 2}
+    assert await state.drop("b")
+    assert await state.match_approx({"a": 600, "b": 600}, doc) == {"a": 2, "b": 0}
+
+
+@pytest.mark.asyncio
 async def test_approximate_index_is_size_bounded(state):
     if isinstance(state, MemoryState):
         state.approx.max_entries = 3
