@@ -211,7 +211,10 @@ class CacheStoreConnector:
         """The request stopped waiting (deadline, abort): the download stops, what it brings later is dropped.
         Past its deadline with nothing arrived, the fetch cost at least that long per block: the estimate (the
         router's fetch cost, the next deadline) learns it, instead of being measured only on fetches fast
-        enough to finish (with blocks arrived, finish_fetch measures those)."""
+        enough to finish (with blocks arrived, finish_fetch measures those). Once per fetch: one cut at its
+        deadline that then waits for room may be aborted too."""
+        if pending.stop.is_set():
+            return
         now = time.monotonic()
         pending.stop.set()
         num_blocks = len(pending.hashes) - pending.num_local

@@ -214,6 +214,18 @@ def test_a_block_that_does_not_fit_ends_the_fetched_chain(cachestore):
     assert cached == [True, True, False, False]
 
 
+def test_a_fetch_cut_at_its_deadline_and_then_aborted_counts_once(cachestore):
+    """A fetch past its deadline is cut when it settles (abandoned: counted, its cost learned); if the request
+    is then aborted while it waits for room, the scheduler abandons it again: still one abandoned fetch."""
+    address, _ = cachestore
+    conn = engine(address).engine.connector
+    pending = PendingFetch([bytes(32)] * 4, 0, Future(), deadline=0.0)  # a download that never finishes
+    assert conn.settle(pending) == []
+    cost = conn.stats.fetch_s_per_block
+    conn.abandon(pending)  # Scheduler.finish on the abort
+    assert conn.stats.abandoned == 1 and conn.stats.fetch_s_per_block == cost
+
+
 class StallAfterFirstGet(pb_grpc.CacheStoreServicer):
     """A proxy to a real cachestore whose second and later Get calls stall (the fault under test: a store
     that slows down mid-transfer); everything else is the real store's answer."""
