@@ -10,7 +10,7 @@ import torch
 
 from ragserve.engine_args import EngineConfig
 from ragserve.model_source import ModelSource
-from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
 from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.selector import get_attention_backend
 from ragserve_engine.compilation.decode_graphs import DecodeGraphs, capture_sizes
@@ -177,7 +177,7 @@ class ModelRunner:
                 sample_idx.append(int(q_starts[i + 1]) - 1)
         row = np.repeat(np.arange(n), q_lens)
         pos = np.arange(q_starts[-1]) - q_starts[row] + starts[row]
-        slots = tables[row, pos // bs] * bs + pos % bs
+        slots = slot_mapping(tables, row, pos, bs)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.from_numpy(slots).to(dev),

@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
+
+
+def slot_mapping(tables: np.ndarray, rows: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """The slot of each token: token i is at `positions[i]` of the sequence whose block table is
+    `tables[rows[i]]`."""
+    return tables[rows, positions // block_size] * block_size + positions % block_size
 
 
 @dataclass

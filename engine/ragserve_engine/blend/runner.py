@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import torch
 
 from ragserve.keys import chunk_key
+from ragserve_engine.attention.backend import slot_mapping
 from ragserve_engine.blend.forward import ReusePlan, blend_forward
 from ragserve_engine.blend.remote import RemoteChunks
 from ragserve_engine.blend.rope import rerotate
@@ -93,7 +95,8 @@ class Blender:
     def prefill(self, token_ids: list[int], block_table: list[int], spec: BlendSpec) -> torch.Tensor:
         """Blend the prompt into its paged blocks; returns the last token's logits."""
         dev, n, bs = self.runner.device, len(token_ids), self.runner.block_size
-        slots = torch.tensor([block_table[p // bs] * bs + p % bs for p in range(n)], dtype=torch.int64, device=dev)
+        slots = slot_mapping(np.array([block_table]), np.zeros(n, np.int64), np.arange(n), bs)
+        slots = torch.from_numpy(slots).to(dev)
         plan = self.plan(token_ids, spec)
 
         def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ragserve_engine.attention.backend import AttentionMetadata
+from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
 from ragserve_engine.cli import COMPILE_THREAD
 from ragserve_engine.compilation import cpu_ops
 from ragserve_engine.compilation.events import compiling
@@ -149,7 +149,7 @@ class DecodeGraphs:
             self.stats.compiled.append(size)
             logger.info("compiled the decode graph for batch %d in %.1f s", size, self.stats.compile_seconds[size])
         if n:
-            slots = table[np.arange(n), pos[:n] // bs] * bs + pos[:n] % bs
+            slots = slot_mapping(table, np.arange(n), pos[:n], bs)
             write_new_kv(self.kv_data, torch.from_numpy(slots).to(self.device), keys[:, :n], values[:, :n])
             self.stats.steps += 1
         return logits[:n]
