@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -51,6 +53,22 @@ def test_int8_linear_without_the_cpp_ops_uses_torch_int8_matmul(monkeypatch: pyt
 
 
 @pytest.mark.parametrize("rows", [1, 4, 7, 60])
+def test_grouped_int8_linear_is_its_dequantized_matmul(rows: int):
+    """ragserve::int8_group_linear (int4's LM head): the float32 product with d * q, a float16 d per 32 input
+    features; output and input features not multiples of the block or the group."""
+    torch.manual_seed(0)
+    linear = nn.Linear(100, 72, bias=True)
+    q = Int8Linear(linear, grouped=True)
+    assert q.qweight.dtype == torch.int8 and q.qweight.shape == (2, 100, 64) and q.scales.shape == (2, 4, 64)
+    weight = q.dequantized()
+    assert weight.shape == (72, 100)
+    assert (weight - linear.weight).abs().max() < 0.6 * q.scales.float().max()  # within half a step, per group
+    x = torch.randn(rows, 100)
+    expected = x.double() @ weight.double().T + linear.bias.double()
+    assert (q(x) - expected).abs().max() < 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7, 60])
 def test_int4_linear_is_its_dequantized_matmul(rows: int):
     """ragserve::int4_linear is the float32 product with d * q + m (q 4-bit, d and m per 32 input features),
     here with output and input features that are not multiples of the 64-channel block or the group."""
@@ -84,7 +102,23 @@ def test_int4_keeps_a_q4_1_gguf_s_own_weights():
         assert (Int4Linear(linear).dequantized() - w).abs().max() < 1e-4 * w.abs().max()
 
 
-@pytest.mark.parametrize("make", [Int8Linear, Int4Linear])
+def test_int4_s_lm_head_keeps_the_gguf_s_q8_0_output_weights():
+    """The file's output (its tied embedding) is Q8_0: int4's LM head, int8 in groups of 32, gets those values
+    back exactly, where one scale per channel (int8's) cannot."""
+    from gguf import GGUFReader, dequantize
+
+    reader = GGUFReader(resolve_model("smollm2-135m").path)
+    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert t.tensor_type.name == "Q8_0"
+    w = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32")).reshape(int(t.shape[1]), -1)
+    w = w[:4096]  # a slice of the 49,152 rows keeps the test quick
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    assert torch.equal(Int8Linear(linear, grouped=True).dequantized(), w)
+    assert not torch.equal(Int8Linear(linear).dequantized(), w)
+
+
+@pytest.mark.parametrize("make", [Int8Linear, partial(Int8Linear, grouped=True), Int4Linear])
 def test_quantized_linear_runs_inside_a_compiled_graph(make):
     """Decode graphs call ragserve::int8_linear / int4_linear as extern kernels: same result as eager."""
     torch.manual_seed(0)
@@ -106,6 +140,7 @@ def test_quantized_engine_tracks_float32(method: str, layer: type, min_cos: floa
     model = llm.engine.runner.model
     assert not [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert isinstance(model.layers[0].mlp.down_proj, layer) and isinstance(model.lm_head, Int8Linear)
+    assert model.lm_head.grouped == (method == "int4")  # int4's head: Q8_0-style groups, as llama.cpp's files
     assert model.embed_tokens.weight.dtype == torch.float32
     prompt = list(range(300, 340))
     logits = [_logits(r, prompt) for r in (ref, llm)]

@@ -4,9 +4,9 @@
   ~20 ms of a batch-32 SmolLM2 step at 128-192 tokens of context (its masked softmax over the gathered
   keys is several passes of indirect, barely vectorised loads). The kernel reads each block once (online
   softmax, 16 rows' scores per vector, the next block prefetched): 13-16 ms, most of it waiting on memory.
-- ragserve::int8_linear and ragserve::int4_linear (csrc/quant_linear.cpp): --quantization
-  int8's and int4's matmuls on blocked weights, float32 activations; used by layers/quant_linear.py in
-  eager and compiled code alike.
+- ragserve::int8_linear, ragserve::int8_group_linear and ragserve::int4_linear (csrc/quant_linear.cpp):
+  --quantization int8's and int4's matmuls (int8 per channel, int8 per 32-group for int4's LM head, Q4_1)
+  on blocked weights, float32 activations; used by layers/quant_linear.py in eager and compiled code alike.
 - a CPU kernel for ragserve::packed_linear (the same oneDNN call as its Python one, which stays the
   fallback): no Python call per linear, 121 a step.
 
@@ -76,6 +76,7 @@ def _build() -> bool:
         return False
     torch.library.register_fake("ragserve::paged_decode_attention")(_fake)  # the schemas came with the .so
     torch.library.register_fake("ragserve::int8_linear")(_fake_int8_linear)
+    torch.library.register_fake("ragserve::int8_group_linear")(_fake_int8_linear)
     torch.library.register_fake("ragserve::int4_linear")(_fake_int4_linear)
     logger.info("loaded the C++ CPU ops from %s", build_dir)
     return True

@@ -20,28 +20,36 @@ from torch import nn
 from ragserve_engine.compilation import cpu_ops
 
 QUANTIZATIONS = ("int8", "int4")
-GROUP = 32  # int4: input features per scale and minimum (llama.cpp's Q4_1 groups)
+GROUP = 32  # int4 and grouped int8: input features per scale (llama.cpp's Q4_1 and Q8_0 groups)
 BLOCK = 64  # output channels per block of the C++ kernel's layout (one cache line per input feature)
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, blocked: bool | None = None) -> None:
-        """blocked: the C++ kernel's layout; None: when on CPU and the C++ ops load."""
+    def __init__(self, linear: nn.Linear, blocked: bool | None = None, grouped: bool = False) -> None:
+        """blocked: the C++ kernel's layout; None: when on CPU and the C++ ops load. grouped: a float16 scale
+        per 32 input features of a channel (llama.cpp's Q8_0; int4's LM head), not one per channel; CPU
+        with the C++ ops only (always blocked)."""
         super().__init__()
         w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.out_features, self.in_features = w.shape
-        self.blocked = w.device.type == "cpu" and cpu_ops.load() if blocked is None else blocked
-        if self.blocked:
-            qweight, scale = block_weight(qweight), F.pad(scale, (0, -self.out_features % BLOCK))
+        self.grouped = grouped
+        if grouped:
+            if w.device.type != "cpu" or not cpu_ops.load():
+                raise ValueError("int8 in groups of 32 runs on CPU with the C++ CPU ops (it needs a C++ compiler)")
+            self.blocked = True
+            qweight, scale = int8_per_group(w)
+        else:
+            self.blocked = w.device.type == "cpu" and cpu_ops.load() if blocked is None else blocked
+            qweight, scale = int8_per_channel(w, self.blocked)
         self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scale if self.blocked else scale.to(torch.bfloat16))
+        self.register_buffer("scales", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.blocked:
+        if self.grouped:
+            y = torch.ops.ragserve.int8_group_linear(flat, self.qweight, self.scales, self.bias, self.out_features)
+        elif self.blocked:
             y = torch.ops.ragserve.int8_linear(flat, self.qweight, self.scales, self.bias, self.out_features)
         else:
             y = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
@@ -51,8 +59,32 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 [out, in] weight this layer multiplies by."""
+        if self.grouped:
+            w = self.qweight.float() * self.scales.float()[:, torch.arange(self.in_features) // GROUP]
+            return unblock_weight(w)[: self.out_features]
         w = unblock_weight(self.qweight) if self.blocked else self.qweight
         return (w.float() * self.scales.float()[:, None])[: self.out_features]
+
+
+def int8_per_channel(w: torch.Tensor, blocked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one scale per output channel: blocked [n / 64, k, 64] with float32 scales padded
+    to the block, or plain [n, k] with bfloat16 scales (torch's _weight_int8pack_mm)."""
+    out = w.shape[0]
+    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    if blocked:
+        return block_weight(qweight), F.pad(scale, (0, -out % BLOCK))
+    return qweight, scale.to(torch.bfloat16)
+
+
+def int8_per_group(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with a float16 scale per 32 input features of a channel (Q8_0): blocked
+    [n / 64, k, 64] weight, scales [n / 64, groups, 64]."""
+    out, k = w.shape
+    groups = F.pad(w, (0, -k % GROUP, 0, -out % BLOCK)).unflatten(1, (-1, GROUP))  # [n, groups, 32]
+    scale = (groups.abs().amax(dim=2) / 127.0).clamp(min=1e-8).half()
+    qweight = torch.round(groups / scale.float()[..., None]).clamp(-127, 127).to(torch.int8).flatten(1)
+    return block_weight(qweight[:, :k]), scale.view(-1, BLOCK, scale.shape[1]).transpose(1, 2).contiguous()
 
 
 class Int4Linear(nn.Module):
@@ -117,5 +149,6 @@ def quantize_weights(model: nn.Module, method: str) -> nn.Module:
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {method!r}")
     if method == "int4" and isinstance(getattr(model, "lm_head", None), nn.Linear):
-        model.lm_head = Int8Linear(model.lm_head)  # as llama.cpp's 4-bit files keep the output in 8 bits
+        # as llama.cpp's 4-bit files keep the output in 8 bits (Q8_0: a scale per 32)
+        model.lm_head = Int8Linear(model.lm_head, grouped=True)
     return replace_linears(model, Int8Linear if method == "int8" else Int4Linear)

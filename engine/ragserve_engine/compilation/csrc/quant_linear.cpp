@@ -10,6 +10,8 @@
 // (torch's _weight_int8pack_mm rounds them to bfloat16).
 //
 // int8 (--quantization int8): w = scale[n] * q, q in -127..127; weight [n / 64, k, 64].
+// int8 in groups (int4's LM head, llama.cpp's Q8_0 scheme): w = d * q with a float16 d per 32 input features
+// of a channel; weight as int8, d [n / 64, k / 32, 64] as int4's.
 // int4 (--quantization int4), llama.cpp's Q4_1 scheme: along the input features, groups of 32 weights of
 // one output channel share a scale d and a minimum m (float16), w = d * q + m with q in 0..15. So
 // y[r, n] = sum_g (d[g, n] * sum_{k in g} q[n, k] x[r, k] + m[g, n] * sum_{k in g} x[r, k]). Weight
@@ -108,27 +110,36 @@ inline vec halves(const c10::Half* p) {
 #endif
 }
 
-// R rows of x (stride ldx; xsum: their per-group sums, stride ldg) times one block: weights [k, 32] bytes,
-// d and m [groups, 64]; y's rows have stride ldy.
-template <int R>
-void tile_int4(const float* x, int64_t ldx, const float* xsum, int64_t ldg, const uint8_t* w, int64_t k,
-               const c10::Half* d, const c10::Half* m, float* y, int64_t ldy) {
+// R rows of x (stride ldx; xsum: their per-group sums, stride ldg) times one block: weights [k, 32] bytes
+// (int4) or [k, 64] int8 (kInt4 false: no minimums, xsum unused), d and m [groups, 64]; y's rows have stride ldy.
+template <int R, bool kInt4>
+void tile_grouped(const float* x, int64_t ldx, const float* xsum, int64_t ldg, const uint8_t* w, int64_t k,
+                  const c10::Half* d, const c10::Half* m, float* y, int64_t ldy) {
+  constexpr int64_t kLine = kInt4 ? kBlock / 2 : kBlock;  // bytes per input feature
   vec acc[R][kVecs] = {};
   for (int64_t g0 = 0, g = 0; g0 < k; g0 += kGroup, ++g) {
     vec part[R][kVecs] = {};
     for (int64_t i = g0; i < std::min<int64_t>(g0 + kGroup, k); ++i) {
-      const uint8_t* line = w + i * (kBlock / 2);
-      if ((i & 1) == 0) __builtin_prefetch(line + kPrefetch);
+      const uint8_t* line = w + i * kLine;
+      if (!kInt4 || (i & 1) == 0) __builtin_prefetch(line + kPrefetch);
       vec wv[kVecs];
-      unpack(line, wv);
+      if constexpr (kInt4) {
+        unpack(line, wv);
+      } else {
+        for (int v = 0; v < kVecs; ++v) wv[v] = widen(reinterpret_cast<const int8_t*>(line) + v * kLanes);
+      }
       for (int r = 0; r < R; ++r) {
         const vec xb = vec{} + x[r * ldx + i];
         for (int v = 0; v < kVecs; ++v) part[r][v] += wv[v] * xb;
       }
     }
     for (int v = 0; v < kVecs; ++v) {
-      const vec dv = halves(d + g * kBlock + v * kLanes), mv = halves(m + g * kBlock + v * kLanes);
-      for (int r = 0; r < R; ++r) acc[r][v] += dv * part[r][v] + mv * xsum[r * ldg + g];
+      const vec dv = halves(d + g * kBlock + v * kLanes);
+      for (int r = 0; r < R; ++r) acc[r][v] += dv * part[r][v];
+      if constexpr (kInt4) {
+        const vec mv = halves(m + g * kBlock + v * kLanes);
+        for (int r = 0; r < R; ++r) acc[r][v] += mv * xsum[r * ldg + g];
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -137,9 +148,12 @@ void tile_int4(const float* x, int64_t ldx, const float* xsum, int64_t ldg, cons
 
 using Int8Tile = void (*)(const float*, int64_t, const int8_t*, int64_t, const float*, float*, int64_t);
 constexpr Int8Tile kInt8Tiles[kRows] = {tile_int8<1>, tile_int8<2>, tile_int8<3>, tile_int8<4>};
-using Int4Tile = void (*)(const float*, int64_t, const float*, int64_t, const uint8_t*, int64_t, const c10::Half*,
-                          const c10::Half*, float*, int64_t);
-constexpr Int4Tile kInt4Tiles[kRows] = {tile_int4<1>, tile_int4<2>, tile_int4<3>, tile_int4<4>};
+using GroupTile = void (*)(const float*, int64_t, const float*, int64_t, const uint8_t*, int64_t, const c10::Half*,
+                           const c10::Half*, float*, int64_t);
+constexpr GroupTile kInt4Tiles[kRows] = {tile_grouped<1, true>, tile_grouped<2, true>, tile_grouped<3, true>,
+                                         tile_grouped<4, true>};
+constexpr GroupTile kInt8GroupTiles[kRows] = {tile_grouped<1, false>, tile_grouped<2, false>,
+                                              tile_grouped<3, false>, tile_grouped<4, false>};
 
 // y [m, nb * 64] (float32): tile(b, r, rows, y at row r and block b, ldy) for every block b and every tile of
 // up to 4 rows from r; then the padding channels dropped, the bias added, the result in dtype.
@@ -207,14 +221,35 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
                         });
 }
 
+at::Tensor int8_group_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2 && qweight.dim() == 3 && qweight.size(2) == kBlock, "x [M, K], qweight [N/64, K, 64]");
+  TORCH_CHECK(qweight.scalar_type() == at::kChar && scales.scalar_type() == at::kHalf, "int8 weight, float16 scales");
+  const int64_t k = x.size(1), nb = qweight.size(0), groups = (k + kGroup - 1) / kGroup;
+  TORCH_CHECK(qweight.size(1) == k, "x has ", k, " features, the weight ", qweight.size(1));
+  TORCH_CHECK(qweight.is_contiguous() && scales.is_contiguous() && scales.numel() == nb * groups * kBlock,
+              "contiguous blocked weight and scales [N/64, K/32, 64]");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  const uint8_t* wp = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
+  const c10::Half* dp = scales.data_ptr<c10::Half>();
+  return blocked_linear(xf, nb, out_features, bias, x.scalar_type(),
+                        [&](int64_t b, int64_t r, int64_t rows, float* y, int64_t ldy) {
+                          kInt8GroupTiles[rows - 1](xp + r * k, k, nullptr, 0, wp + b * k * kBlock, k,
+                                                    dp + b * groups * kBlock, nullptr, y, ldy);
+                        });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ragserve, m) {
   m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? bias, int out_features) -> Tensor");
   m.def("int4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins, Tensor? bias, int out_features) -> Tensor");
+  m.def("int8_group_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? bias, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ragserve, CPU, m) {
   m.impl("int8_linear", &int8_linear);
   m.impl("int4_linear", &int4_linear);
+  m.impl("int8_group_linear", &int8_group_linear);
 }
