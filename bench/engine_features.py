@@ -149,8 +149,9 @@ def run_linear(args, layers: int = 30, repeats: int = 5) -> None:
 def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
     """Decode-sized matmuls per weight format, as the engine runs them: float32 and bfloat16 PackedLinear,
     --quantization int8's Int8Linear (the C++ ragserve::int8_linear on the blocked int8 weight) and torch's
-    _weight_int8pack_mm it replaced (the fallback without a compiler), with the weight bytes each reads per
-    step and the read rate that gives."""
+    _weight_int8pack_mm it replaced (the fallback without a compiler), int8 in groups of 32 and int4 (whose
+    LM head is grouped int8, as in the engine), with the weight bytes each reads per step and the read rate
+    that gives."""
     import torch
     from torch import nn
 
@@ -158,11 +159,14 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
     from ragserve_engine.layers.packed_linear import PackedLinear
     from ragserve_engine.layers.quant_linear import Int4Linear, Int8Linear
 
+    grouped = partial(Int8Linear, grouped=True)
     shapes = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
     formats = {"float32 packed": (torch.float32, PackedLinear, 4), "bfloat16 packed": (torch.bfloat16, PackedLinear, 2),
                "int8 (ragserve::int8_linear)": (torch.float32, Int8Linear, 1),
                "int8 (_weight_int8pack_mm)": (torch.float32, partial(Int8Linear, blocked=False), 1),
-               "int4 (ragserve::int4_linear)": (torch.float32, Int4Linear, 0.625)}  # fmt: skip
+               "int8 in groups of 32 (ragserve::int8_group_linear)": (torch.float32, grouped, 1.0625),
+               "int4 (ragserve::int4_linear; lm_head grouped int8)": (torch.float32, Int4Linear, 0.625)}  # fmt: skip
+    heads = {"int4 (ragserve::int4_linear; lm_head grouped int8)": (grouped, 1.0625)}  # as the engine's int4
     lines = [f"`python bench/engine.py --part lowp` (CPU, {torch.get_num_threads()} threads): ms per decode step "
              f"for all projections of {layers} layers + lm_head (SmolLM2-135M shapes, distinct weights), best of "
              f"{repeats}; GB/s = weight bytes read / time", "",
@@ -172,6 +176,7 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
             for label, (dtype, make, width) in formats.items():
                 ms, nbytes = 0.0, 0
                 for name, (n, k) in shapes.items():
+                    make, width = heads[label] if name == "lm_head" and label in heads else formats[label][1:]
                     mods = []
                     for _ in range(1 if name == "lm_head" else layers):
                         lin = nn.Linear(k, n, bias=False)
