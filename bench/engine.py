@@ -5,7 +5,7 @@ weights, in one run, with this machine's measured limits.
     python bench/engine.py --part mixed        # 64 requests of mixed lengths, fair (length-bucketed) HF
     python bench/engine.py --part precision    # bf16 / int8 weights: single-stream decode, token agreement
     python bench/engine.py --part features     # prefix-cache TTFT, KV waste, forked sequences
-    python bench/engine.py --part profile      # torch.profiler top-10 of decode steps at batch 32
+    python bench/engine.py --part profile      # torch.profiler top-10 of decode steps (--batch 32, --quantization)
     python bench/engine.py --part linear       # decode-sized matmuls: nn.Linear vs oneDNN prepacked
     python bench/engine.py --part lowp         # decode-sized matmuls: fp32 / bf16 packed vs int8 weights
     add --quick for a short run
@@ -254,6 +254,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true", help="--part profile: without decode graphs")
+    parser.add_argument("--batch", type=int, default=32, help="--part profile: sequences decoding")
+    parser.add_argument("--quantization", default="none", help="--part profile: none, int8 or int4")
+    parser.add_argument("--tag", default="", help="--part profile: suffix of the result file's name")
     args = parser.parse_args()
     torch.manual_seed(0)
     started, load0 = time.time(), os.getloadavg()[0]

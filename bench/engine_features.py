@@ -84,15 +84,18 @@ def run_features(args) -> None:
     (RESULTS / f"engine-features{'-quick' if args.quick else ''}.md").write_text(text + "\n")
 
 
-def run_profile(args, batch: int = 32, steps: int = 10) -> None:
-    """Top-10 ops (self CPU time) over `steps` decode steps at `batch` sequences of 128-token prompts,
-    with compiled decode graphs or --enforce-eager; the wall time not in any op is Python."""
+def run_profile(args) -> None:
+    """Top-10 ops (self CPU time) over `steps` decode steps at --batch sequences of 128-token prompts,
+    with compiled decode graphs or --enforce-eager, float32 or --quantization; the wall time not in any op
+    is Python."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine import RESULTS, rand_prompts
 
-    mode = "eager" if args.enforce_eager else "graphs"
-    llm = LLM(args.model, enable_prefix_caching=False, enforce_eager=args.enforce_eager)
+    batch, quant = args.batch, args.quantization
+    steps = max(10, 64 // batch)
+    mode = ("eager" if args.enforce_eager else "graphs") + ("" if quant == "none" else f"-{quant}") + args.tag
+    llm = LLM(args.model, enable_prefix_caching=False, enforce_eager=args.enforce_eager, quantization=quant)
     engine = llm.engine
     for i, p in enumerate(rand_prompts(random.Random(0), batch, 128)):
         engine.add_request(f"p{i}", p, SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True))
@@ -108,7 +111,8 @@ def run_profile(args, batch: int = 32, steps: int = 10) -> None:
     events = prof.key_averages()
     in_ops = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
     table = events.table(sort_by="self_cpu_time_total", row_limit=10)
-    flag = " --enforce-eager" if args.enforce_eager else ""
+    flag = (" --enforce-eager" if args.enforce_eager else "") + f" --batch {batch}" + (
+        f" --quantization {quant}" if quant != "none" else "")  # fmt: skip
     text = (
         f"`python bench/engine.py --part profile{flag}` {RESULTS_NOTE}, {mode}: {steps} decode steps at batch "
         f"{batch} (128-token prompts), {dt * 1000:.0f} ms/step under the profiler ({batch / dt:.0f} tok/s), of "
