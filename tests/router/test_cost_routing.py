@@ -80,7 +80,11 @@ def test_hot_prefix_is_fetched_by_the_other_engine_instead_of_pinning_one(cluste
         with ThreadPoolExecutor(BURST) as pool:
             list(pool.map(one, range(BURST)))
         other = next(e for e in engines if e.name != home)
-        assert set(used) == {"hot-0", "hot-1"} and min(used.count(e) for e in set(used)) >= 2, (used, why)
+        # both engines served (the hot prefix did not pin the burst): how many go to the other depends on the
+        # per-sequence decode cost the warm engine measured, ~0 for the tiny model on compiled decode graphs
+        # (a measured 0 falls back to the fleet default, 15 % of a step; a small positive one is used as is:
+        # 1 of 8 went to the other in such a CI run, 2-4 otherwise)
+        assert set(used) == {"hot-0", "hot-1"}, (used, why)
         home_url = next(e.url for e in engines if e.name == home)
         assert engine_metric(home_url, "ragserve:prefill_tokens_per_second") > 0  # measured, for the cost model
         # the other engine fetched the hot prefix from the store rather than computing it
