@@ -177,10 +177,10 @@ def run_linear_lowp(args, layers: int = 30, repeats: int = 5) -> None:
              "| rows | format | ms | weight MB | GB/s |", "|---:|---|---:|---:|---:|"]  # fmt: skip
     with torch.inference_mode():
         for rows in (1, 8, 32):
-            for label, (dtype, make, width) in formats.items():
+            for label, (dtype, *layer) in formats.items():
                 ms, nbytes = 0.0, 0
                 for name, (n, k) in shapes.items():
-                    make, width = heads[label] if name == "lm_head" and label in heads else formats[label][1:]
+                    make, width = heads.get(label, layer) if name == "lm_head" else layer
                     mods = []
                     for _ in range(1 if name == "lm_head" else layers):
                         lin = nn.Linear(k, n, bias=False)

@@ -80,11 +80,10 @@ def int8_per_channel(w: torch.Tensor, blocked: bool) -> tuple[torch.Tensor, torc
 def int8_per_group(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 with a float16 scale per 32 input features of a channel (Q8_0): blocked
     [n / 64, k, 64] weight, scales [n / 64, groups, 64]."""
-    out, k = w.shape
-    groups = F.pad(w, (0, -k % GROUP, 0, -out % BLOCK)).unflatten(1, (-1, GROUP))  # [n, groups, 32]
+    groups = group_weight(w)
     scale = (groups.abs().amax(dim=2) / 127.0).clamp(min=1e-8).half()
     qweight = torch.round(groups / scale.float()[..., None]).clamp(-127, 127).to(torch.int8).flatten(1)
-    return block_weight(qweight[:, :k]), scale.view(-1, BLOCK, scale.shape[1]).transpose(1, 2).contiguous()
+    return block_weight(qweight[:, : w.shape[1]]), block_weight(scale)
 
 
 class Int4Linear(nn.Module):
@@ -100,16 +99,15 @@ class Int4Linear(nn.Module):
             raise ValueError("--quantization int4 runs on CPU with the C++ CPU ops (it needs a C++ compiler)")
         self.out_features, self.in_features = w.shape
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-        w = F.pad(w, (0, -self.in_features % GROUP, 0, -self.out_features % BLOCK))
-        groups = w.view(w.shape[0], -1, GROUP)
+        groups = group_weight(w)
         low, high = groups.amin(dim=2), groups.amax(dim=2)
         d = ((high - low) / 15).clamp(min=1e-8).half()
         m = low.half()
         q = torch.round((groups - m.float()[..., None]) / d.float()[..., None]).clamp(0, 15).to(torch.uint8)
-        q = block_weight(q.view(w.shape[0], -1)[:, : self.in_features])  # [n/64, k, 64]
+        q = block_weight(q.flatten(1)[:, : self.in_features])  # [n/64, k, 64]
         self.register_buffer("qweight", q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4))
-        self.register_buffer("scales", d.view(-1, BLOCK, d.shape[1]).transpose(1, 2).contiguous())
-        self.register_buffer("mins", m.view(-1, BLOCK, m.shape[1]).transpose(1, 2).contiguous())
+        self.register_buffer("scales", block_weight(d))  # [n/64, groups, 64]
+        self.register_buffer("mins", block_weight(m))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -122,6 +120,12 @@ class Int4Linear(nn.Module):
         groups = torch.arange(self.in_features) // GROUP
         w = q * self.scales.float()[:, groups] + self.mins.float()[:, groups]
         return unblock_weight(w)[: self.out_features]
+
+
+def group_weight(w: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> [out padded to 64, ceil(in / 32), 32]: each channel's groups of 32 input features."""
+    out, k = w.shape
+    return F.pad(w, (0, -k % GROUP, 0, -out % BLOCK)).unflatten(1, (-1, GROUP))
 
 
 def block_weight(qweight: torch.Tensor) -> torch.Tensor:
