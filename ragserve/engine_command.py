@@ -9,20 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragserve.command_line import TLSFiles, arg, bool_flag, tls_flags
 from ragserve.engine_args import ENGINE_PORT, spec_options
-from ragserve.flags import flag_of
 
 # The kubelet expands $(POD_IP) from the container's POD_IP env var (the downward API's status.podIP).
 ADVERTISE_URL = "http://$(POD_IP):{port}"
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    """Client-side TLS files mounted in the pod; ca alone is TLS, with cert and key it is mutual TLS."""
-
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,33 +36,13 @@ class EnginePod:
     extra_args: tuple[str, ...] = ()
 
 
-def scalar(value: Any) -> str:
-    """A flag value as text; whole floats as integers (YAML and JSON numbers may arrive as floats)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def arg(name: str, value: Any) -> list[str]:
-    """[--flag, value] for a field name, or nothing when the value is unset (None or "")."""
-    return [] if value is None or value == "" else [flag_of(name), scalar(value)]
-
-
 def spec_flags(engine: Mapping[str, Any]) -> list[str]:
     """The engine settings a pool sets, in field order; bools as --flag / --no-flag, unset ones left out."""
     out: list[str] = []
     for key, f in spec_options():
         value = engine.get(key)
-        if isinstance(value, bool):
-            out.append(flag_of(f.name) if value else "--no-" + flag_of(f.name)[2:])
-        else:
-            out += arg(f.name, value)
+        out += bool_flag(f.name, value) if isinstance(value, bool) else arg(f.name, value)
     return out
-
-
-def tls_flags(peer: str, files: TLSFiles) -> list[str]:
-    """--<peer>-tls-ca/-cert/-key for the files that are set."""
-    return [a for part in ("ca", "cert", "key") for a in arg(f"{peer}_tls_{part}", getattr(files, part))]
 
 
 def engine_command(pod: EnginePod) -> list[str]:

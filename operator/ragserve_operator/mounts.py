@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ragserve.engine_command import TLSFiles
+from ragserve.command_line import TLSFiles
 from ragserve_operator.spec import RAGServeSpec
 
 SERVING_TLS_DIR = "/etc/ragserve/tls"  # a server's own certificate: the cachestore's, or the router registry's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ragserve.engine_command import arg, tls_flags
+from ragserve.command_line import arg, tls_flags
 from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, serving_tls
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 
 from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve.logs import LOG_LEVELS
-from ragserve_router.policies import POLICIES
+from ragserve.router_args import DEFAULT_POLICY, POLICIES
 
 
 @dataclass
@@ -18,7 +18,7 @@ class RouterConfig:
     port: int = 8080
     grpc_port: int = 50051
     router_id: str = ""
-    policy: str = "kv_aware"
+    policy: str = DEFAULT_POLICY
     allow_policy_header: bool = False
     redis: str | None = None
     redis_prefix: str = "ragserve:"
@@ -117,7 +117,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--engine-api-key", default=None, help="API key the router sends to engines")
     add_flag(g, "--heartbeat-interval-ms", type=positive_int, default=1000, help="engine heartbeat interval")
     g = parser.add_argument_group("routing")
-    add_flag(g, "--policy", default="kv_aware", choices=POLICIES, help="routing policy")
+    add_flag(g, "--policy", default=DEFAULT_POLICY, choices=POLICIES, help="routing policy")
     add_flag(g, "--allow-policy-header", action="store_true", help="let clients pick via X-Ragserve-Policy")
     add_flag(g, "--work-weight", type=float, default=0.5, help="kv_aware: weight of the request's own prefill time")
     add_flag(g, "--store-lookup-ttl", type=float, default=1.0, help="kv_aware: seconds to trust a cachestore lookup")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.engine_command import EnginePod, TLSFiles, engine_command
+from ragserve.command_line import TLSFiles
+from ragserve.engine_command import EnginePod, engine_command
 
 DEFAULTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/ragserve/values.yaml").read_text())
 NAMESPACE, FULLNAME = "ai", "rs-ragserve"  # conftest's release "rs" in namespace "ai"
