@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 
-COMPILE_THREAD = "ragserve-decode-compile"  # compilation.decode_graphs names its thread so
+from ragserve_engine.compilation.events import COMPILE_THREAD
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

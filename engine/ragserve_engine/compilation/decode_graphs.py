@@ -38,9 +38,8 @@ import numpy as np
 import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
-from ragserve_engine.cli import COMPILE_THREAD
 from ragserve_engine.compilation import cpu_ops
-from ragserve_engine.compilation.events import compiling
+from ragserve_engine.compilation.events import COMPILE_THREAD, compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache, write_new_kv
 from ragserve_engine.layers.attention import ForwardContext
 from ragserve_engine.models.llama import LlamaForCausalLM

@@ -9,6 +9,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+COMPILE_THREAD = "ragserve-decode-compile"  # the thread compilation.decode_graphs compiles on in the background
 _lock = threading.Lock()
 _in_flight = 0  # compiles running now, all threads
 _epoch = 0  # compiles started or finished so far, all threads

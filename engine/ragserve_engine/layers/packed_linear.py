@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ragserve_engine.layers.quant_linear import replace_linears
+from ragserve_engine.layers.replace import replace_linears
 
 PACK_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 32  # the M oneDNN picks the blocked layout for; any M runs on it

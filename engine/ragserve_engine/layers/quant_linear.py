@@ -11,13 +11,12 @@ int4: Int4Linear below.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ragserve_engine.compilation import cpu_ops
+from ragserve_engine.layers.replace import replace_linears
 
 QUANTIZATIONS = ("int8", "int4")
 GROUP = 32  # int4 and grouped int8: input features per scale (llama.cpp's Q4_1 and Q8_0 groups)
@@ -138,15 +137,6 @@ def block_weight(qweight: torch.Tensor) -> torch.Tensor:
 def unblock_weight(blocked: torch.Tensor) -> torch.Tensor:
     """block_weight's inverse, padding channels kept: [n / 64, in, 64] -> [n, in]."""
     return blocked.transpose(1, 2).reshape(-1, blocked.shape[1])
-
-
-def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
-    """Replace every nn.Linear (lm_head included; a tied embedding keeps its own full-precision copy)."""
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, make(child))
-    return model
 
 
 def quantize_weights(model: nn.Module, method: str) -> nn.Module:

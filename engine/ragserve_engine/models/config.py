@@ -1,11 +1,8 @@
-"""ModelConfig: the architecture facts the engine needs, from config.json or GGUF metadata."""
+"""ModelConfig: the architecture facts the engine needs, from config.json (GGUF metadata: models.gguf_loader)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-
-from ragserve.model_source import ModelSource
 
 SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -28,14 +25,6 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     eos_token_ids: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_source(cls, source: ModelSource) -> ModelConfig:
-        if source.kind == "gguf":
-            from ragserve_engine.models.gguf_loader import gguf_config
-
-            return gguf_config(source.path)
-        return cls.from_hf(json.loads((source.path / "config.json").read_text()))
 
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:

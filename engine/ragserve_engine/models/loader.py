@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,8 +69,17 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         raise ValueError(f"checkpoint is missing weights: {missing[:5]}")
 
 
+def model_config(source: ModelSource) -> ModelConfig:
+    """The architecture of an HF directory (config.json) or a GGUF file (its metadata)."""
+    if source.kind == "gguf":
+        from ragserve_engine.models.gguf_loader import gguf_config
+
+        return gguf_config(source.path)
+    return ModelConfig.from_hf(json.loads((source.path / "config.json").read_text()))
+
+
 def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    cfg = ModelConfig.from_source(source)
+    cfg = model_config(source)
     with torch.device("cpu"):
         model = LlamaForCausalLM(cfg)
     if source.kind == "gguf":
