@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-GRPC, STATIC, K8S = "grpc", "static", "k8s"
+GRPC, STATIC, K8S = "grpc", "static", "k8s"  # where the router learned of an engine
+CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"  # how an engine failed a request
 
 
 @dataclass

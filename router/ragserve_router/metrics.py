@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from ragserve.http.outcomes import Outcome
 from ragserve.metric_names import LATENCY_BUCKETS
+from ragserve_router.engines import CONNECT, GRPC, K8S, SERVER_ERROR, STATIC, TIMEOUT
+from ragserve_router.state import CLEARED, REMOVED, STORED
 
 REGISTRATION_REFUSALS = ("invalid", "tokenizer", "key_scheme", "tokenizer_fingerprint", "block_size")
 REGISTRATION_REFUSALS += ("model_conflict", "probe_hashes")  # ragserve_router.admission.Refused reasons
@@ -91,10 +93,6 @@ class RouterMetrics:
         self._zero()
 
     def _zero(self) -> None:
-        from ragserve_router.engines import GRPC, K8S, STATIC
-        from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT
-        from ragserve_router.state import CLEARED, REMOVED, STORED
-
         for family, values in (
             (self.retries, (CONNECT, TIMEOUT, SERVER_ERROR)),
             (self.registrations_refused, REGISTRATION_REFUSALS),

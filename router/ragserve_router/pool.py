@@ -18,13 +18,12 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from ragserve.prom_text import engine_load
-from ragserve_router.config import RouterConfig
-from ragserve_router.engines import GRPC, K8S, STATIC, EngineRecord, Load, ModelSpec
+from ragserve.router_args import RouterConfig
+from ragserve_router.engines import CONNECT, GRPC, K8S, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
-CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from starlette.background import BackgroundTask
 
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
-from ragserve_router.config import RouterConfig
-from ragserve_router.engines import EngineRecord
+from ragserve.router_args import RouterConfig
+from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decision
-from ragserve_router.pool import CONNECT, SERVER_ERROR, TIMEOUT, EnginePool, Slot
+from ragserve_router.pool import EnginePool, Slot
 from ragserve_router.prompt import RoutingKey
 from ragserve_router.resume import ResumePlan
 

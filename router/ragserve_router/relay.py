@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ragserve.http.errors import REQUEST_SCOPE, ApiError, error_body
-from ragserve_router.engines import EngineRecord
-from ragserve_router.pool import CONNECT, SERVER_ERROR
+from ragserve_router.engines import CONNECT, SERVER_ERROR, EngineRecord
 
 if TYPE_CHECKING:
     from ragserve_router.proxy import Proxy, Routed
