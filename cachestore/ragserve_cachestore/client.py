@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import grpc
 
 from ragserve import tracing
+from ragserve.cachestore_args import DEFAULT_MAX_BLOCKS_PER_CALL, DEFAULT_MAX_MESSAGE_BYTES
 from ragserve.tls import channel_credentials
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.record import block_error, checksum, key_error, layout_error
-from ragserve_cachestore.service import DEFAULT_MAX_BLOCKS_PER_CALL, DEFAULT_MAX_MESSAGE_BYTES
 from ragserve_cachestore.sharding import Backoff, parse_addresses, rendezvous_owner
 
 log = logging.getLogger(__name__)

@@ -2,69 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from concurrent import futures
-from dataclasses import dataclass, fields
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ragserve.cachestore_args import CacheStoreConfig
 from ragserve.tls import server_credentials
+from ragserve.token_auth import read_token
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
-from ragserve_cachestore.auth import TokenAuthInterceptor, read_token
+from ragserve_cachestore.auth import TokenAuthInterceptor
 from ragserve_cachestore.metrics import serve_metrics
-from ragserve_cachestore.service import (
-    DEFAULT_MAX_BLOCKS_PER_CALL,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    CacheStoreServicer,
-    Limits,
-)
+from ragserve_cachestore.service import CacheStoreServicer, Limits
 from ragserve_cachestore.store import TieredStore
 from ragserve_cachestore.tiers.disk import DiskTier
 from ragserve_cachestore.tiers.memory import MemoryTier
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheStore"].full_name
-
-
-@dataclass
-class CacheStoreConfig:
-    host: str = "0.0.0.0"
-    port: int = 50061
-    memory: int = 4 * 1024**3
-    disk_dir: str | None = None
-    disk: int = 50 * 1024**3
-    redis: str | None = None
-    redis_capacity: int = 4 * 1024**3
-    redis_prefix: str = "ragserve:kv:"
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    auth_token_file: str | None = None
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_blocks_per_call: int = DEFAULT_MAX_BLOCKS_PER_CALL
-    metrics_port: int = 9090  # 0: no metrics server
-    workers: int = 16
-
-    def __post_init__(self) -> None:
-        checks = [
-            (bool(self.tls_cert) == bool(self.tls_key), "--tls-cert and --tls-key go together"),
-            (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca (mutual TLS) needs --tls-cert/--tls-key"),
-            (0 <= self.port < 65536 and 0 <= self.metrics_port < 65536, "ports must be in 0..65535"),
-            (self.memory >= 0 and self.disk >= 0 and self.redis_capacity >= 0, "tier sizes must be >= 0"),
-            (self.max_message_bytes >= 1024**2, "--max-message-bytes must be at least 1MiB"),
-            (self.max_blocks_per_call > 0 and self.workers > 0, "--max-blocks-per-call and --workers must be > 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> CacheStoreConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def build_store(config: CacheStoreConfig) -> TieredStore:

@@ -8,14 +8,12 @@ from dataclasses import dataclass
 import grpc
 
 from ragserve import tracing
+from ragserve.cachestore_args import DEFAULT_MAX_BLOCKS_PER_CALL
 from ragserve.keys import store_key
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.record import StoredBlock, block_error, key_error, layout_error
 from ragserve_cachestore.store import TieredStore
-
-DEFAULT_MAX_BLOCKS_PER_CALL = 8192
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024**2
 
 
 @dataclass(frozen=True)

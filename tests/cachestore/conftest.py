@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ragserve_cachestore.server import CacheStoreConfig, CacheStoreServer
+from ragserve.cachestore_args import CacheStoreConfig
+from ragserve_cachestore.server import CacheStoreServer
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
