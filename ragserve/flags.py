@@ -94,12 +94,22 @@ def option(
     choices: tuple | None = None,
     spec: bool = False,
     schema: dict[str, Any] | None = None,
+    negatable: bool = True,
 ) -> Any:
     """A dataclass field that is also the flag --<field-name> in argument group `group` (a bool field gets
-    --no-<flag> too). `spec`: also a camelCase setting of the RAGServe CRD and the chart's values, with
-    `schema`'s JSON-schema keywords added to what the type and choices say (e.g. an enum checked after parsing)."""
+    --no-<flag> too, unless not `negatable`: then a plain switch). A list default is copied for each instance.
+    `spec`: also a camelCase setting of the RAGServe CRD and the chart's values, with `schema`'s JSON-schema
+    keywords added to what the type and choices say (e.g. an enum checked after parsing)."""
     metadata = {"help": help, "group": group, "type": type, "choices": choices, "spec": spec, "schema": schema or {}}
+    metadata["negatable"] = negatable
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """An option's default value (a fresh copy of a list default)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def flag_of(name: str) -> str:
@@ -123,9 +133,9 @@ def add_options(parser: argparse.ArgumentParser, classes: tuple[type, ...], grou
 
 
 def _argparse_kwargs(f: dataclasses.Field) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+    kwargs: dict[str, Any] = {"default": default_of(f), "help": f.metadata["help"]}
     if isinstance(f.default, bool):
-        kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs["action"] = argparse.BooleanOptionalAction if f.metadata["negatable"] else "store_true"
     for key in ("type", "choices"):
         if f.metadata[key] is not None:
             kwargs[key] = f.metadata[key]

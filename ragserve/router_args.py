@@ -1,9 +1,122 @@
-"""`ragserve router` settings, written once. Torch-free and importable without the router package, so
-`ragserve up`, the operator and the chart tests read the same policy names and defaults.
+"""`ragserve router` settings, written once: RouterConfig's fields are also the router's CLI flags and
+RAGSERVE_* variables (ragserve.flags.option), and its spec=True fields the RAGServe CRD's router properties.
+Torch-free and importable without the router package, so `ragserve up`, the operator and the chart tests
+read the same policy names and defaults.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import socket
+from dataclasses import Field, dataclass
+
+from ragserve.engine_args import spec_key
+from ragserve.flags import FromArgs, add_options, option, options, parse_bytes, positive_int
+from ragserve.logs import LOG_LEVELS
+
 # The routing policies, in the order the router registers them (ragserve_router.policies keys its classes by these).
 POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")
 DEFAULT_POLICY = "kv_aware"
+ROUTER_GROUPS = ("serving", "engines", "routing", "shared state", "reliability", "security and limits")
+PORT = {"minimum": 1, "maximum": 65535}
+
+
+def url_list(text: str) -> list[str]:
+    """'http://a:8000, http://b:8000/' -> engine base URLs (no trailing slash)."""
+    urls = [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise argparse.ArgumentTypeError(f"engine URL must start with http:// or https://, got {url!r}")
+    return urls
+
+
+@dataclass
+class RouterConfig(FromArgs):
+    host: str = option("0.0.0.0", "bind address for HTTP and gRPC", "serving")
+    port: int = option(8080, "OpenAI-compatible HTTP port", "serving", type=int, spec=True, schema=PORT)
+    grpc_port: int = option(50051, "gRPC registry port engines register on", "serving", type=int, spec=True,
+                            schema=PORT)  # fmt: skip
+    router_id: str = option("", "this replica's name (default: hostname-pid)", "serving")
+    log_level: str = option("info", "log level", "serving", choices=LOG_LEVELS, type=str.lower)
+    drain_delay: float = option(0.0, "seconds /ready reports 503 before stopping", "serving", type=float)
+    drain_timeout: float = option(30.0, "seconds to finish in-flight requests", "serving", type=float)
+    otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "serving")
+    static_engines: list[str] = option([], "comma-separated OpenAI base URLs", "engines", type=url_list)
+    k8s_selector: str | None = option(None, "discover ready pods by label selector", "engines")
+    k8s_namespace: str | None = option(None, "namespace to watch (default: the pod's own)", "engines")
+    k8s_port: int = option(8000, "engine port unless annotated ragserve.io/port", "engines", type=int)
+    engine_api_key: str | None = option(None, "API key the router sends to engines", "engines")
+    heartbeat_interval_ms: int = option(1000, "engine heartbeat interval", "engines", type=positive_int)
+    policy: str = option(DEFAULT_POLICY, "routing policy", "routing", choices=POLICIES, spec=True)
+    allow_policy_header: bool = option(False, "let clients pick via X-Ragserve-Policy", "routing", negatable=False)
+    work_weight: float = option(0.5, "kv_aware: weight of the request's own prefill time", "routing", type=float)
+    store_lookup_ttl: float = option(1.0, "kv_aware: seconds to trust a cachestore lookup", "routing", type=float)
+    cachestore_token_file: str | None = option(None, "the cachestore's shared token (for lookups)", "routing")
+    cachestore_tls_ca: str | None = option(None, "CA bundle to verify the cachestore (enables TLS)", "routing")
+    cachestore_tls_cert: str | None = option(None, "client certificate for mutual TLS with the cachestore", "routing")
+    cachestore_tls_key: str | None = option(None, "client key for mutual TLS with the cachestore", "routing")
+    bounded_load: float = option(1.25, "prefix/session: no engine above c x average", "routing", type=float)
+    prefix_key_blocks: int = option(8, "prefix policy: leading blocks hashed", "routing", type=positive_int)
+    session_header: str = option("X-Session-Id", "session policy header (else body 'user')", "routing")
+    context_header: str = option("X-Context-Hash", "prefix policy: explicit context identity", "routing")
+    approx_ttl: float = option(600.0, "approximate index TTL, seconds", "routing", type=float)
+    approx_pending_ttl: float = option(10.0, "trust routing history for engines with events", "routing", type=float)
+    approx_max_entries: int = option(200_000, "approximate index size bound", "routing", type=positive_int)
+    redis: str | None = option(None, "redis:// URL: share registry and KV index between replicas", "shared state")
+    redis_prefix: str = option("ragserve:", "key prefix in Redis", "shared state")
+    max_attempts: int = option(3, "engines tried before the first byte", "reliability", type=positive_int)
+    retry_backoff: float = option(0.05, "seconds before the 1st retry, doubling", "reliability", type=float)
+    connect_timeout: float = option(5.0, "engine connect timeout, seconds", "reliability", type=float)
+    upstream_timeout: float = option(600.0, "engine read timeout, seconds", "reliability", type=float)
+    breaker_failures: int = option(3, "consecutive engine 5xx before a probe", "reliability", type=positive_int)
+    migration_limit: int = option(3, "times a stream may move to another engine (0: off)", "reliability", type=int)
+    probe_interval: float = option(2.0, "health probe interval, seconds", "reliability", type=float)
+    api_keys_file: str | None = option(None, "one key per line, optional 'rps=N burst=M'", "security and limits")
+    rate_limit_rps: float = option(0.0, "default requests/s per key (0: off)", "security and limits", type=float)
+    rate_limit_burst: int = option(0, "default bucket size (0: 2 x rps)", "security and limits", type=int)
+    max_body_bytes: int = option(8 * 1024**2, "request body limit", "security and limits", type=parse_bytes)
+    grpc_max_message_bytes: int = option(64 * 1024**2, "gRPC message limit", "security and limits", type=parse_bytes)
+    tls_cert: str | None = option(None, "gRPC registry TLS certificate (PEM)", "security and limits")
+    tls_key: str | None = option(None, "gRPC registry TLS private key (PEM)", "security and limits")
+    tls_client_ca: str | None = option(None, "require engine client certificates signed by this CA",
+                                       "security and limits")  # fmt: skip
+    registry_token_file: str | None = option(None, "engines must register with this shared token",
+                                             "security and limits")  # fmt: skip
+    registry_allow_unauthenticated: bool = option(
+        False, "accept registrations without a token or mTLS (else they are refused)", "security and limits",
+        negatable=False,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if not self.router_id:
+            self.router_id = f"{socket.gethostname()}-{os.getpid()}"
+        checks = [
+            (self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"),
+            (bool(self.tls_cert) == bool(self.tls_key), "--tls-cert and --tls-key must be given together"),
+            (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
+            (self.bounded_load >= 1.0, "--bounded-load must be >= 1.0"),
+            (self.max_attempts >= 1, "--max-attempts must be >= 1"),
+            (self.migration_limit >= 0, "--migration-limit must be >= 0"),
+            (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
+            (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
+            (self.work_weight >= 0, "--work-weight must be >= 0"),
+            (not self.redis or self.redis.startswith(("redis://", "rediss://", "unix://")), "--redis must be a URL"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        paths = (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file)
+        for path in (*paths, self.registry_token_file):
+            if path and not os.path.isfile(path):
+                raise FileNotFoundError(f"no such file: {path}")
+
+
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ragserve router`'s flags, one argument group per ROUTER_GROUPS name."""
+    add_options(parser, (RouterConfig,), ROUTER_GROUPS)
+
+
+def router_spec_options() -> list[tuple[str, Field]]:
+    """(camelCase key, field) of every router setting a RAGServe CR sets (spec.router), in field order."""
+    return [(spec_key(f.name), f) for f in options(RouterConfig) if f.metadata["spec"]]

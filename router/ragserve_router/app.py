@@ -18,8 +18,8 @@ from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.limits import check_request
 from ragserve.http.outcomes import CountResponses
+from ragserve.router_args import RouterConfig
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.config import RouterConfig
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import POLICIES, Policies, RouteRequest
 from ragserve_router.pool import EnginePool

@@ -1,11 +1,11 @@
-"""`ragserve router`: flags here (cheap to import), the server in ragserve_router.server."""
+"""`ragserve router`: flags in ragserve.router_args (cheap to import), the server in ragserve_router.server."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 
-from ragserve_router.config import RouterConfig, add_router_arguments
+from ragserve.router_args import RouterConfig, add_router_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

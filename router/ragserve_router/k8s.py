@@ -13,7 +13,7 @@ import logging
 import threading
 from pathlib import Path
 
-from ragserve_router.config import RouterConfig
+from ragserve.router_args import RouterConfig
 from ragserve_router.engines import K8S, EngineRecord
 from ragserve_router.pool import EnginePool, Health
 

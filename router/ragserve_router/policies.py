@@ -21,8 +21,8 @@ from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
 from ragserve_router.state import RouterState
 from ragserve_router.store_index import StoreIndex
 
-if TYPE_CHECKING:  # config imports POLICIES from here
-    from ragserve_router.config import RouterConfig
+if TYPE_CHECKING:  # annotations only
+    from ragserve.router_args import RouterConfig
 
 log = logging.getLogger(__name__)
 TEXT_CHUNK_TOKENS = TEXT_CHUNK_BYTES // 4  # about, for prompts hashed as text chunks

@@ -11,11 +11,11 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from ragserve.router_args import RouterConfig
 from ragserve.tls import server_credentials
 from ragserve.token_auth import AioTokenAuth, read_token
 from ragserve.v1 import registry_pb2, registry_pb2_grpc
 from ragserve_router.admission import Refused, admit
-from ragserve_router.config import RouterConfig
 from ragserve_router.engines import Load
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool

@@ -15,9 +15,9 @@ from ragserve import tracing
 from ragserve.http.auth import ApiKeys
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
+from ragserve.router_args import RouterConfig
 from ragserve_router.app import Gateway, create_app
 from ragserve_router.auth import RateLimiter, parse_keys_file
-from ragserve_router.config import RouterConfig
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Policies

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ragserve_cachestore.client import CacheStoreClient, TLSConfig
 
 if TYPE_CHECKING:  # config imports the policies, which import this
-    from ragserve_router.config import RouterConfig
+    from ragserve.router_args import RouterConfig
 
 log = logging.getLogger(__name__)
 LOOKUP_TIMEOUT_S = 0.1

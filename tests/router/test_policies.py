@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from ragserve_router.config import RouterConfig
+from ragserve.router_args import RouterConfig
 from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, predict
 from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
