@@ -20,13 +20,15 @@ from ragserve.http.limits import check_request
 from ragserve.http.outcomes import CountResponses
 from ragserve.router_args import RouterConfig
 from ragserve_router.auth import LimitedKey, RateLimiter
+from ragserve_router.engines import EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import POLICIES, Policies, RouteRequest
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
-from ragserve_router.proxy import Proxy, Routed
+from ragserve_router.proxy import Proxy
 from ragserve_router.resume import ResumePlan, unresumable
 from ragserve_router.state import RouterState
+from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -86,11 +88,10 @@ def create_app(gw: Gateway) -> FastAPI:
     async def route(request: Request, path: str, chat: bool) -> Response:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
-        body, model = parse_body(raw)
-        check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
-        stream = body.get("stream") is True
-        routed = Routed(request, request.state.request_id, model, path, raw, stream, None, None, started)
-        return await _dispatch(gw, routed, body, chat)
+        routed = await _route(gw, request, path, raw, chat, started)
+        attributes = _trace_attributes(routed) if tracing.enabled() else None
+        with tracing.span("router.route", tracing.extract(request.headers), attributes):
+            return await gw.proxy.forward(routed)
 
     @app.post("/v1/chat/completions", dependencies=generate)
     async def chat_completions(request: Request) -> Response:
@@ -125,8 +126,8 @@ def create_app(gw: Gateway) -> FastAPI:
     return app
 
 
-async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Response:
-    model, request = routed.model, routed.request
+def _candidates(gw: Gateway, request: Request, model: str) -> list[EngineRecord]:
+    """The healthy engines serving `model` (404 for a model nobody serves, 503 while none is up)."""
     if model not in gw.pool.models() and model not in gw.pool.served_models:
         raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
     request.state.model = model  # a served model: a bounded metric label
@@ -134,30 +135,39 @@ async def _dispatch(gw: Gateway, routed: Routed, body: dict, chat: bool) -> Resp
     if not candidates:  # a model the cluster serves, with no engine up right now: come back soon
         retry = {"Retry-After": str(max(1, round(gw.cfg.probe_interval)))}
         raise ApiError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine", None, retry)
-    policy = gw.cfg.policy
+    return candidates
+
+
+def _policy(gw: Gateway, request: Request) -> str:
+    """--policy, or the client's X-Ragserve-Policy where --allow-policy-header lets it choose."""
     if gw.cfg.allow_policy_header and (wanted := request.headers.get(POLICY_HEADER)):
         if wanted not in POLICIES:
             raise ApiError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
-        policy = wanted
+        return wanted
+    return gw.cfg.policy
+
+
+async def _route(gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float) -> Routed:
+    """Decide where the request goes and reserve its slot on the first engine of that order."""
+    body, model = parse_body(raw)
+    check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
+    candidates, policy = _candidates(gw, request, model), _policy(gw, request)
     t0 = time.monotonic()
-    key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(routed.body))
+    key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(raw))
     decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
-    chosen = decision.predictions.get(decision.order[0].engine_id)
-    prefill = chosen.computed_tokens if chosen else 0
-    routed.slot = gw.pool.reserve(decision.order[0], prefill, key.hashes)  # no await since the decision: counted next
+    first = decision.order[0]
+    chosen = decision.predictions.get(first.engine_id)
+    slot = gw.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes)  # no await since the decision
     gw.metrics.routing_latency.observe(time.monotonic() - t0)
     gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
     if chosen:
-        gw.metrics.observe_prediction(decision.order[0].engine_id, chosen)
+        gw.metrics.observe_prediction(first.engine_id, chosen)
     request.state.policy = decision.policy
     if key.hashes:
-        gw.background(_record(gw, key.hashes, decision.order[0].engine_id))
-    routed.decision, routed.key = decision, key
-    reason = unresumable(body, chat, routed.stream, gw.cfg.migration_limit, decision.order[0])
-    routed.plan = ResumePlan(body, routed.body, chat, reason)
-    attributes = _trace_attributes(routed) if tracing.enabled() else None
-    with tracing.span("router.route", tracing.extract(request.headers), attributes):
-        return await gw.proxy.forward(routed)
+        gw.background(_record(gw, key.hashes, first.engine_id))
+    stream = body.get("stream") is True
+    plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))
+    return Routed(request, request.state.request_id, model, path, raw, stream, decision, key, started, slot, plan)
 
 
 def _trace_attributes(routed: Routed) -> dict:

@@ -13,15 +13,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import httpx
 
 from ragserve.http.errors import REQUEST_SCOPE, ApiError, error_body
 from ragserve_router.engines import CONNECT, SERVER_ERROR, EngineRecord
-
-if TYPE_CHECKING:
-    from ragserve_router.proxy import Proxy, Routed
+from ragserve_router.upstream import Routed, Upstream
 
 log = logging.getLogger(__name__)
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -35,8 +32,8 @@ def sse(obj: dict) -> bytes:
 class Relay:
     """close() runs exactly once, however the stream ends (the client leaving included)."""
 
-    def __init__(self, proxy: Proxy, r: Routed, engine: EngineRecord, resp: httpx.Response) -> None:
-        self.proxy, self.r, self.engine, self.resp = proxy, r, engine, resp
+    def __init__(self, upstream: Upstream, r: Routed, engine: EngineRecord, resp: httpx.Response) -> None:
+        self.upstream, self.r, self.engine, self.resp = upstream, r, engine, resp
         self.plan = r.plan
         self.tokens: list[int] = []  # output token ids streamed so far (a resume continues after them)
         self.first: dict = {}  # id, object, created, model of the first segment: resumed chunks carry them too
@@ -76,8 +73,8 @@ class Relay:
                             self.sent_any = True
                             self.r.slot.first_token()
                             elapsed = time.monotonic() - self.r.started
-                            self.proxy.metrics.ttft.labels(self.r.model).observe(elapsed)
-                            self.proxy.metrics.engine_ttft.labels(self.engine.engine_id).observe(elapsed)
+                            self.upstream.metrics.ttft.labels(self.r.model).observe(elapsed)
+                            self.upstream.metrics.engine_ttft.labels(self.engine.engine_id).observe(elapsed)
                         yield out
                     if self.outcome in (DONE, ENGINE_ERROR):
                         break
@@ -87,7 +84,7 @@ class Relay:
         except httpx.HTTPError as exc:
             log.warning("request %s: engine %s broke the stream: %s", self.r.request_id, self.engine.engine_id, exc)
         if self.outcome in (CUT, ENGINE_ERROR):
-            self.proxy.pool.mark_failure(self.engine, CONNECT if self.outcome == CUT else SERVER_ERROR)
+            self.upstream.pool.mark_failure(self.engine, CONNECT if self.outcome == CUT else SERVER_ERROR)
 
     def _event(self, event: bytes) -> bytes | None:
         """What to send the client for one upstream event (None: nothing)."""
@@ -158,20 +155,20 @@ class Relay:
 
     async def _resume(self) -> bytes | None:
         """Continue on another engine (None), or the last bytes to send: an error event."""
-        cfg = self.proxy.cfg
+        cfg = self.upstream.cfg
         reason = self.plan.reason or ("limit" if self.migrations >= cfg.migration_limit else "")
         if reason:
             return self._fail(reason)
         body = self.plan.resumed_body(self.tokens)
         if body is None:  # the engine died right after the last token of the budget: only the end was lost
-            self.proxy.metrics.migrations.labels("completed").inc()
+            self.upstream.metrics.migrations.labels("completed").inc()
             end = {"delta": {}} if self.plan.chat else {"text": ""}
             return sse({**self.first, "choices": [{"index": 0, **end, "finish_reason": "length"}]}) + DONE_EVENT
-        engines = self.proxy.fallbacks(self.r, self.tried, only_registered=True)
+        engines = self.upstream.fallbacks(self.r, self.tried, only_registered=True)
         if not engines:
             return self._fail("no_engine")
         try:
-            engine, resp = await self.proxy.connect(self.r, engines, body)
+            engine, resp = await self.upstream.connect(self.r, engines, body)
         except ApiError:
             return self._fail("no_engine")
         self.tried.add(engine.engine_id)
@@ -186,11 +183,11 @@ class Relay:
         self.engine, self.resp = engine, resp
         self.prior = len(self.tokens)
         self.migrations += 1
-        self.proxy.metrics.migrations.labels("resumed").inc()
+        self.upstream.metrics.migrations.labels("resumed").inc()
         return None
 
     def _fail(self, reason: str) -> bytes:
-        self.proxy.metrics.migrations.labels(reason).inc()
+        self.upstream.metrics.migrations.labels(reason).inc()
         log.warning("request %s: stream from engine %s lost (%s)", self.r.request_id, self.engine.engine_id, reason)
         message = f"the engine serving this stream failed and it could not be resumed ({reason}): answer incomplete"
         return sse(error_body(502, message, "stream_interrupted"))
@@ -200,5 +197,4 @@ class Relay:
             return
         self.closed = True
         await self.resp.aclose()
-        self.proxy._account_usage(self.r, self.engine, self.usage)
-        self.proxy._finish(self.r, self.engine)
+        self.upstream.finish(self.r, self.engine, self.usage)

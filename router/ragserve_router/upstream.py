@@ -1,0 +1,133 @@
+"""Sending one routed request to the engines: tried in order before the first byte, finished once.
+
+A failure the engine marks as the request's own (every 4xx, a 5xx with `x-ragserve-error-scope: request`) is the
+client's answer: passed through, never replayed elsewhere, never held against the engine's health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+
+from ragserve import tracing
+from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
+from ragserve.router_args import RouterConfig
+from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.policies import Decision
+from ragserve_router.pool import EnginePool, Slot
+from ragserve_router.prompt import RoutingKey
+from ragserve_router.resume import ResumePlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One request on its way: what was decided, the slot it holds (which moves with it) and how it resumes."""
+
+    request: Request
+    request_id: str
+    model: str
+    path: str
+    body: bytes
+    stream: bool
+    decision: Decision
+    key: RoutingKey
+    started: float
+    slot: Slot
+    plan: ResumePlan
+
+
+def request_scoped(resp: httpx.Response) -> bool:
+    """The engine's answer is about this request alone: the client gets it as it is."""
+    scope = resp.headers.get(ERROR_SCOPE_HEADER, "")
+    return resp.status_code < 500 or scope == REQUEST_SCOPE
+
+
+class Upstream:
+    """The engines' side of the proxy: one HTTP client, the retry order, and each request's end."""
+
+    def __init__(self, cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.metrics = metrics
+        timeout = httpx.Timeout(cfg.upstream_timeout, connect=cfg.connect_timeout)
+        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=30)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+
+    def _headers(self, r: Routed) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}
+        if accept := r.request.headers.get("accept"):
+            headers["Accept"] = accept
+        if self.cfg.engine_api_key:
+            headers["Authorization"] = f"Bearer {self.cfg.engine_api_key}"
+        return headers | tracing.headers()
+
+    async def connect(self, r: Routed, engines: list[EngineRecord], body: bytes) -> tuple[EngineRecord, httpx.Response]:
+        """Send to engines in order (at most --max-attempts) until one answers or fails for the request's own
+        reasons; the request's slot moves along."""
+        failure = "unavailable"
+        for attempt, engine in enumerate(engines[: self.cfg.max_attempts]):
+            if attempt:
+                self.metrics.retries.labels(failure).inc()
+                await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
+            if r.slot.engine.engine_id != engine.engine_id:
+                r.slot.move(engine)
+            try:
+                req = self.client.build_request("POST", engine.url + r.path, content=body, headers=self._headers(r))
+                resp = await self.client.send(req, stream=True)
+            except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
+                raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
+            except httpx.TimeoutException:
+                failure = TIMEOUT
+            except httpx.HTTPError:
+                failure = CONNECT
+            else:
+                if request_scoped(resp):
+                    if resp.status_code < 500:
+                        self.pool.mark_success(engine)
+                    return engine, resp
+                await resp.aclose()
+                failure = SERVER_ERROR
+            self.pool.mark_failure(engine, failure)
+            log.warning("request %s: engine %s failed (%s)", r.request_id, engine.engine_id, failure)
+        status, message = (504, "the engine timed out") if failure == TIMEOUT else (502, "no engine could serve it")
+        raise ApiError(status, f"request failed: {message}; try again", code=failure)
+
+    def fallbacks(self, r: Routed, tried: set[str], only_registered: bool = False) -> list[EngineRecord]:
+        """Healthy engines for the model not tried yet: the decision's order first, then the least loaded."""
+        rank = {e.engine_id: i for i, e in enumerate(r.decision.order)}
+        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried]
+        if only_registered:
+            left = [e for e in left if e.has_events]
+        return sorted(left, key=lambda e: (rank.get(e.engine_id, len(rank)), self.pool.load(e)))
+
+    def finish(self, r: Routed, engine: EngineRecord, usage: dict | None = None) -> None:
+        """The request is over on `engine`: its usage (when it reported one) accounted, its slot released,
+        its answer credited to the engine (ragserve.http.outcomes counts it) and its latency observed."""
+        self.account_usage(r, engine, usage)
+        r.slot.release()
+        r.request.state.engine = engine.engine_id
+        self.metrics.latency.labels(r.model).observe(time.monotonic() - r.started)
+
+    def account_usage(self, r: Routed, engine: EngineRecord, usage: dict | None) -> None:
+        """Routing accuracy: predicted cached tokens vs. what the engine reports (when it does)."""
+        if not isinstance(usage, dict):
+            return
+        details = usage.get("prompt_tokens_details") or {}
+        actual = details.get("cached_tokens") if isinstance(details, dict) else None
+        predicted = r.decision.predicted_cached_tokens(engine.engine_id, r.key)
+        if isinstance(usage.get("prompt_tokens"), int):
+            self.metrics.prompt_tokens.labels(engine.engine_id).inc(usage["prompt_tokens"])
+        if isinstance(actual, int) and predicted is not None:
+            self.metrics.predicted_cached.labels(engine.engine_id).inc(predicted)
+            self.metrics.actual_cached.labels(engine.engine_id).inc(actual)
+
+    async def close(self) -> None:
+        await self.client.aclose()
