@@ -47,3 +47,17 @@ def switch(name: str, on: bool) -> list[str]:
 def tls_flags(peer: str, files: TLSFiles) -> list[str]:
     """--<peer>-tls-ca/-cert/-key for the files that are set."""
     return [a for part in ("ca", "cert", "key") for a in arg(f"{peer}_tls_{part}", getattr(files, part))]
+
+
+@dataclass(frozen=True)
+class ServingTLS:
+    """A server's TLS files (cachestore, router registry): cert and key serve TLS; client_ca adds mutual TLS."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+def serving_tls_flags(files: ServingTLS) -> list[str]:
+    """--tls-cert/--tls-key/--tls-client-ca for the files that are set."""
+    return arg("tls_cert", files.cert) + arg("tls_key", files.key) + arg("tls_client_ca", files.client_ca)

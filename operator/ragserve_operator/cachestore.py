@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+from ragserve.cachestore_command import CacheStorePod, cachestore_command
 from ragserve.flags import parse_bytes
-from ragserve_operator.mounts import cachestore_server
+from ragserve_operator.mounts import Mounts, cachestore_server
 from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
-from ragserve_operator.pods import container, pod_template, redis_args, redis_url_env
+from ragserve_operator.pods import container, pod_template, redis_url, redis_url_env
 from ragserve_operator.spec import RAGServeSpec
 
 DATA_DIR = "/data"
@@ -20,22 +21,29 @@ def disk_quantity(disk: str) -> str:
     return f"{math.ceil(parse_bytes(disk) * 1.1 / GIB)}Gi"
 
 
-def cachestore_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
+def cachestore_pod(owner: Owner, spec: RAGServeSpec) -> tuple[CacheStorePod, Mounts]:
+    """A cachestore pod's command line settings, and the Secrets it mounts for them."""
     cs = spec.cachestore
-    args = ["cachestore", "--host", "0.0.0.0", "--port", str(cs["port"]), "--memory", cs["memory"]]
-    if cs["disk"]:
-        args += ["--disk-dir", DATA_DIR, "--disk", cs["disk"]]
-    if cs["redisTier"]:  # replicas share the Redis: each its own key prefix
-        args += redis_args(owner, spec, db=1) + ["--redis-prefix", "ragserve-kv:$(POD_NAME):"]
-    if cs.get("maxMessageBytes"):
-        args += ["--max-message-bytes", str(cs["maxMessageBytes"])]
-    return args + cachestore_server(spec).args + ["--metrics-port", str(CACHESTORE_METRICS_PORT)]
+    secrets, tls, token = cachestore_server(spec)
+    pod = CacheStorePod(
+        port=cs["port"],
+        metrics_port=CACHESTORE_METRICS_PORT,
+        memory=cs["memory"],
+        disk_dir=DATA_DIR if cs["disk"] else None,
+        disk=cs["disk"] or None,
+        redis=redis_url(owner, spec, db=1) if cs["redisTier"] else None,
+        redis_prefix="ragserve-kv:$(POD_NAME):" if cs["redisTier"] else None,  # replicas share the Redis
+        tls=tls,
+        auth_token_file=token,
+        max_message_bytes=cs.get("maxMessageBytes"),
+    )
+    return pod, secrets
 
 
 def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
     cs = spec.cachestore
     name = owner.child("cachestore")
-    secrets = cachestore_server(spec)
+    pod, secrets = cachestore_pod(owner, spec)
     mounts = [{"name": "data", "mountPath": DATA_DIR}] if cs["disk"] else []
     mounts += secrets.mounts
     volumes, claims = list(secrets.volumes), []
@@ -58,7 +66,7 @@ def cachestore_statefulset(owner: Owner, spec: RAGServeSpec) -> dict:
     store = container(
         "cachestore",
         spec.image,
-        cachestore_args(owner, spec),
+        cachestore_command(pod),
         cs,
         env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
         + (redis_url_env(spec) if cs["redisTier"] else []),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ragserve.command_line import TLSFiles
+from ragserve.command_line import ServingTLS, TLSFiles, serving_tls_flags
 from ragserve_operator.spec import RAGServeSpec
 
 SERVING_TLS_DIR = "/etc/ragserve/tls"  # a server's own certificate: the cachestore's, or the router registry's
@@ -39,13 +39,18 @@ class Mounts:
         return self
 
 
+def serving_tls_files(tls: dict, out: Mounts) -> ServingTLS:
+    """A server's certificate (and, with clientAuth, the CA client certificates must chain to), mounted."""
+    if not tls["enabled"]:
+        return ServingTLS()
+    out.secret("tls", tls["secretName"], SERVING_TLS_DIR)
+    client_ca = f"{SERVING_TLS_DIR}/ca.crt" if tls["clientAuth"] else None
+    return ServingTLS(f"{SERVING_TLS_DIR}/tls.crt", f"{SERVING_TLS_DIR}/tls.key", client_ca)
+
+
 def serving_tls(tls: dict, out: Mounts) -> None:
-    """A server's certificate (and, with clientAuth, the CA client certificates must chain to) and its flags."""
-    if tls["enabled"]:
-        out.secret("tls", tls["secretName"], SERVING_TLS_DIR)
-        out.args += ["--tls-cert", f"{SERVING_TLS_DIR}/tls.crt", "--tls-key", f"{SERVING_TLS_DIR}/tls.key"]
-        if tls["clientAuth"]:
-            out.args += ["--tls-client-ca", f"{SERVING_TLS_DIR}/ca.crt"]
+    """serving_tls_files() and its flags."""
+    out.args += serving_tls_flags(serving_tls_files(tls, out))
 
 
 def client_tls(tls: dict, peer: str, out: Mounts) -> TLSFiles:
@@ -60,14 +65,14 @@ def client_tls(tls: dict, peer: str, out: Mounts) -> TLSFiles:
     return TLSFiles(f"{ca_dir}/ca.crt", f"{client_dir}/tls.crt", f"{client_dir}/tls.key")
 
 
-def cachestore_server(spec: RAGServeSpec) -> Mounts:
-    """The cachestore's serving certificate (and client CA for mutual TLS), and its token."""
-    cs, out = spec.cachestore, Mounts()
-    serving_tls(cs["tls"], out)
+def cachestore_server(spec: RAGServeSpec) -> tuple[Mounts, ServingTLS, str | None]:
+    """The cachestore's serving certificate (and client CA for mutual TLS), and its token file, mounted."""
+    cs, out, token = spec.cachestore, Mounts(), None
+    tls = serving_tls_files(cs["tls"], out)
     if secret := cs["auth"].get("existingSecret"):
         out.secret("auth", secret, CACHESTORE_AUTH_DIR, cs["auth"]["key"])
-        out.args += ["--auth-token-file", f"{CACHESTORE_AUTH_DIR}/{cs['auth']['key']}"]
-    return out
+        token = f"{CACHESTORE_AUTH_DIR}/{cs['auth']['key']}"
+    return out, tls, token
 
 
 def cachestore_client(spec: RAGServeSpec) -> tuple[Mounts, TLSFiles, str | None]:
@@ -95,10 +100,9 @@ def registry_token_file(spec: RAGServeSpec) -> str | None:
 
 
 def registry_token(spec: RAGServeSpec) -> Mounts:
-    """The registry token's Secret mount and flag, for the router and every engine alike."""
+    """The registry token's Secret mount (at registry_token_file()), for the router and every engine alike."""
     out = Mounts()
-    if path := registry_token_file(spec):
+    if registry_token_file(spec):
         ref = spec.router["registryAuth"]["tokenSecret"]
         out.secret("registry-token", ref["name"], REGISTRY_TOKEN_DIR, ref["key"])
-        out.args += ["--registry-token-file", path]
     return out

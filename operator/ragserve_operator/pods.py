@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ragserve import __version__
+from ragserve.command_line import arg
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import Image, RAGServeSpec
 
@@ -102,9 +103,14 @@ def secret_env(name: str, ref: dict | None) -> list[dict]:
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}]
 
 
-def redis_args(owner: Owner, spec: RAGServeSpec, db: int) -> list[str]:
+def redis_url(owner: Owner, spec: RAGServeSpec, db: int) -> str | None:
+    """The --redis URL of router (db 0) and cachestore (db 1); a URL in a Secret comes as RAGSERVE_REDIS instead."""
     if spec.redis["mode"] == "inCluster":
-        return ["--redis", f"redis://{owner.host(owner.child('redis'))}:6379/{db}"]
-    if spec.redis["mode"] == "external" and spec.redis.get("url"):
-        return ["--redis", spec.redis["url"]]
-    return []
+        return f"redis://{owner.host(owner.child('redis'))}:6379/{db}"
+    if spec.redis["mode"] == "external":
+        return spec.redis.get("url") or None
+    return None
+
+
+def redis_args(owner: Owner, spec: RAGServeSpec, db: int) -> list[str]:
+    return arg("redis", redis_url(owner, spec, db))
