@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from ragserve.token_auth import HEALTH_PREFIX, UNAUTHENTICATED_MESSAGE, authorized, denying, read_token
-
-__all__ = ["TokenAuthInterceptor", "read_token"]
+from ragserve.token_auth import HEALTH_PREFIX, UNAUTHENTICATED_MESSAGE, authorized, denying
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):

@@ -71,14 +71,16 @@ class KVEvent:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, external_keys: Callable[[], list[bytes]] = list
+    ) -> None:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
         self.enable_caching = enable_caching
         self.events: list[KVEvent] = []
         self.record_events = False  # turned on by whoever publishes them
-        self.external_keys: Callable[[], list[bytes]] = list  # keys held outside the pool (blend chunks)
+        self.external_keys = external_keys  # keys held outside the pool (blend chunks)
 
     @property
     def num_blocks(self) -> int:

@@ -82,11 +82,14 @@ class CacheStoreConnector:
         kv_manager: KVCacheManager,
         queue_blocks: int = 512,
         fetch_deadline_s: float = FETCH_DEADLINE_S,
+        prefill_tokens_per_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """`prefill_tokens_per_s`: the engine's measured prefill speed (0 until measured), for fetch deadlines."""
         self.client = client
         self.fetch_deadline_s = fetch_deadline_s
         self.kv_cache, self.kv_manager = kv_cache, kv_manager
         self.block_size = kv_manager.block_size
+        self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
@@ -94,13 +97,17 @@ class CacheStoreConnector:
         self._thread.start()
         self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch")
         self._fetching: set[Future] = set()
-        self.prefill_tokens_per_s: Callable[[], float] = lambda: 0.0  # the engine's measured speed (LLMEngine sets it)
 
     @classmethod
     def from_config(
-        cls, config, layout: str, kv_cache: KVCacheTensors, kv_manager: KVCacheManager
+        cls,
+        config,
+        layout: str,
+        kv_cache: KVCacheTensors,
+        kv_manager: KVCacheManager,
+        prefill_tokens_per_s: Callable[[], float] = lambda: 0.0,
     ) -> CacheStoreConnector:
-        from ragserve_cachestore.auth import read_token
+        from ragserve.token_auth import read_token
         from ragserve_cachestore.client import CacheStoreClient, TLSConfig
 
         tls = None
@@ -108,7 +115,7 @@ class CacheStoreConnector:
             tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
         token = read_token(config.cachestore_token_file) if config.cachestore_token_file else None
         client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
-        return cls(client, kv_cache, kv_manager)
+        return cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s)
 
     # ---- fetch ------------------------------------------------------------------------------------
     def start_fetch(self, hashes: list[bytes], num_local_hits: int, request_id: str = "") -> PendingFetch | None:

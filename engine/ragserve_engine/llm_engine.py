@@ -48,33 +48,36 @@ class LLMEngine:
         if config.max_model_len and config.max_model_len > mc.max_position:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {mc.max_position} positions")
         self.max_model_len = config.max_model_len or mc.max_position
-        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching)
+        self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching, external_keys=self._chunk_keys)
         self.kv = KVCacheManager(self.pool, config.block_size, root_hash(self.model_id), self.runner.num_swap_blocks)
         self.layout = KVLayout(
             self.model_id, f"{self.runner.kv.kv_dtype}:{self.runner.kv.storage_dtype_name}", config.block_size,
             mc.num_layers, mc.num_kv_heads, mc.head_dim,
         )  # fmt: skip
+        self.load = LoadTracker(config.max_num_batched_tokens)
         self.connector = None
-        if config.cachestore:
+        if config.cachestore:  # a fetch waits at most about as long as recomputing its blocks
             from ragserve_engine.kv_connector import CacheStoreConnector
 
-            self.connector = CacheStoreConnector.from_config(config, self.layout.fingerprint(), self.runner.kv, self.kv)
+            self.connector = CacheStoreConnector.from_config(
+                config, self.layout.fingerprint(), self.runner.kv, self.kv, lambda: self.load.prefill_tokens_per_s
+            )
         self.scheduler = Scheduler(config, self.kv, self.connector)
         root = root_hash(self.model_id)
         store = self.connector.client if self.connector else None
         self.blender = Blender(
-            self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory, cachestore=store
-        )
-        self.blender.store.listener = self.pool.external_event  # chunk keys reach the router with block events
-        self.pool.external_keys = lambda: list(self.blender.store.entries)
-        self.load = LoadTracker(config.max_num_batched_tokens)
-        if self.connector is not None:  # a fetch waits at most about as long as recomputing its blocks
-            self.connector.prefill_tokens_per_s = lambda: self.load.prefill_tokens_per_s
+            self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory, cachestore=store,
+            listener=self.pool.external_event,  # chunk keys reach the router with block events
+        )  # fmt: skip
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
         self.failed: dict[str, Exception] = {}  # request id -> what failed it during the last steps
         eos_ids = frozenset(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
         self.stop_criteria = StopCriteria(self.tokenizer, eos_ids, self.max_model_len)
+
+    def _chunk_keys(self) -> list[bytes]:
+        """The blend chunk keys held (the pool reports them with its cached blocks)."""
+        return list(self.blender.store.entries)
 
     @property
     def info(self) -> EngineInfo:

@@ -32,7 +32,7 @@ class StoreIndex:
         self._clock = clock
         self._token = None
         if cfg.cachestore_token_file:
-            from ragserve_cachestore.auth import read_token
+            from ragserve.token_auth import read_token
 
             self._token = read_token(cfg.cachestore_token_file)
         self._tls = None

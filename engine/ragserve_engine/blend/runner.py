@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from ragserve_engine.blend.remote import RemoteChunks
 from ragserve_engine.blend.rope import rerotate
 from ragserve_engine.blend.spec import BlendSpec, Selection
 from ragserve_engine.blend.store import ChunkStore
+from ragserve_engine.block_pool import KVEvent
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
 
@@ -43,13 +45,15 @@ class Blender:
         canonical_prefix: list[int] = (),
         cachestore=None,
         selection: Selection | None = None,
+        listener: Callable[[KVEvent], None] | None = None,
     ) -> None:
-        """`cachestore`: a CacheStoreClient; chunks are then shared with every engine of the same layout."""
+        """`cachestore`: a CacheStoreClient; chunks are then shared with every engine of the same layout.
+        `listener` is told each chunk key stored or evicted (a KV event)."""
         self.runner = runner
         self.model = runner.model
         self.root = root
         self.recompute_fraction = recompute_fraction
-        self.store = ChunkStore(store_bytes)
+        self.store = ChunkStore(store_bytes, listener)
         self.canonical_prefix = list(canonical_prefix)
         self.selection = selection or Selection()
         self.counters = BlendCounters()

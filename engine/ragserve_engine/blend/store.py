@@ -23,12 +23,12 @@ class StoreStats:
 
 
 class ChunkStore:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, listener: Callable[[KVEvent], None] | None = None) -> None:
         self.capacity = capacity_bytes
         self.used = 0
         self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.stats = StoreStats()
-        self.listener: Callable[[KVEvent], None] | None = None
+        self.listener = listener
 
     def get(self, key: bytes) -> torch.Tensor | None:
         kv = self.entries.get(key)
