@@ -12,7 +12,6 @@ from grpc_reflection.v1alpha import reflection
 from ragserve.cachestore_args import CacheStoreConfig
 from ragserve.tls import server_credentials
 from ragserve.token_auth import read_token
-from ragserve.token_auth import read_token
 from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from ragserve_cachestore.auth import TokenAuthInterceptor
