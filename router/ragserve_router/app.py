@@ -18,11 +18,11 @@ from ragserve.http.body import parse_json_object, read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.limits import check_request
 from ragserve.http.outcomes import CountResponses
-from ragserve.router_args import RouterConfig
+from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.engines import EngineRecord
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import POLICIES, Policies, RouteRequest
+from ragserve_router.policies import Decider, RouteRequest
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy
@@ -41,7 +41,7 @@ class Gateway:
     state: RouterState
     pool: EnginePool
     tokenizers: Tokenizers
-    policies: Policies
+    decider: Decider
     proxy: Proxy
     auth: ApiKeys
     limiter: RateLimiter
@@ -154,7 +154,7 @@ async def _route(gw: Gateway, request: Request, path: str, raw: bytes, chat: boo
     candidates, policy = _candidates(gw, request, model), _policy(gw, request)
     t0 = time.monotonic()
     key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(raw))
-    decision = await gw.policies.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
+    decision = await gw.decider.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
     first = decision.order[0]
     chosen = decision.predictions.get(first.engine_id)
     slot = gw.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes)  # no await since the decision

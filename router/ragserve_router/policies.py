@@ -1,7 +1,8 @@
 """Routing policies. Each orders the candidate engines best first; the proxy tries them in that order.
 
-A policy is a small class with one `route()` method, registered by name in POLICY_CLASSES; POLICIES is
-the list of names (command-line choices, the policy header, the local stack).
+A policy is a RoutingPolicy subclass with one `route()` method. POLICY_CLASSES maps each name of
+ragserve.router_args.POLICIES (the launch spec's choices: flag, policy header, CRD enum) to its class;
+a Decider holds one instance of each over a shared Context and asks the one a request names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from ragserve.chunks import chunk_record_keys
+from ragserve.keys import cacheable_blocks
+from ragserve.router_args import POLICIES
 from ragserve_router.cost_model import Prediction, calibrate, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
@@ -53,7 +56,22 @@ class Decision:
             p = self.predictions[engine_id]
             return p.local_tokens + p.fetched_tokens
         bs = key.block_tokens
-        return min(self.cached_blocks.get(engine_id, 0) * bs, (key.num_prompt_tokens - 1) // bs * bs)
+        return min(self.cached_blocks.get(engine_id, 0) * bs, cacheable_blocks(key.num_prompt_tokens, bs) * bs)
+
+
+def reported_queued(r: EngineRecord) -> int:
+    """Prefill tokens waiting on an engine, as its last heartbeat says."""
+    return r.load.queued_prefill_tokens
+
+
+def reported_queued_prompts(r: EngineRecord) -> int:
+    """How many prompts those tokens belong to, as its last heartbeat says (at least one)."""
+    return max(1, r.load.num_waiting)
+
+
+def nothing_routed(r: EngineRecord, hashes: Sequence[bytes]) -> int:
+    """No blocks known to be on their way to the engine (a router that does not track what it sent)."""
+    return 0
 
 
 @dataclass
@@ -66,11 +84,11 @@ class Context:
     kv_usage: Callable[[EngineRecord], float]
     store: StoreIndex
     # prefill tokens waiting on an engine (its heartbeat, reconciled with what this replica sent it since)
-    queued: Callable[[EngineRecord], int] = lambda r: r.load.queued_prefill_tokens
+    queued: Callable[[EngineRecord], int] = reported_queued
     # how many prompts those tokens belong to (they share steps under a per-step prefill cap)
-    queued_prompts: Callable[[EngineRecord], int] = lambda r: max(1, r.load.num_waiting)
+    queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts
     # leading blocks of a prompt that requests this replica sent the engine will leave there (no KV event yet)
-    routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = lambda r, hashes: 0
+    routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -89,7 +107,9 @@ class Context:
         return [by_id[e] for e in order]
 
 
-class Policy:
+class RoutingPolicy:
+    """One way to order the candidate engines; `name` is its entry in ragserve.router_args.POLICIES."""
+
     name: ClassVar[str]
 
     def __init__(self, ctx: Context) -> None:
@@ -100,16 +120,7 @@ class Policy:
         raise NotImplementedError
 
 
-POLICY_CLASSES: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    POLICY_CLASSES[cls.name] = cls
-    return cls
-
-
-@register
-class RoundRobin(Policy):
+class RoundRobin(RoutingPolicy):
     name = "round_robin"
 
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
@@ -117,16 +128,14 @@ class RoundRobin(Policy):
         return Decision(cands[start:] + cands[:start], self.name, "rotation")
 
 
-@register
-class LeastLoaded(Policy):
+class LeastLoaded(RoutingPolicy):
     name = "least_loaded"
 
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         return Decision(self.ctx.by_load(cands), self.name, "load")
 
 
-@register
-class Session(Policy):
+class Session(RoutingPolicy):
     """Sticky by session header (or the body's `user`) on a consistent-hash ring."""
 
     name = "session"
@@ -138,8 +147,7 @@ class Session(Policy):
         return Decision(self.ctx.ring("session:" + key, cands, bounded=False), self.name, "session_key")
 
 
-@register
-class Prefix(Policy):
+class Prefix(RoutingPolicy):
     """Same leading blocks (or context header) to the same engine, on a bounded-load ring."""
 
     name = "prefix"
@@ -158,8 +166,7 @@ class Prefix(Policy):
         return Decision(self.ctx.ring(key, cands, bounded=True), self.name, reason)
 
 
-@register
-class KVAware(Policy):
+class KVAware(RoutingPolicy):
     """Lowest predicted time to first token (cost_model): cached, fetchable and queued work per engine."""
 
     name = "kv_aware"
@@ -225,12 +232,12 @@ class KVAware(Policy):
         """Leading blocks each engine could fetch from the cachestore it uses (one lookup per store)."""
         if not key.exact or not key.hashes:
             return {}
-        stores = {(r.load.cachestore, r.layout_fingerprint) for r in cands if r.load.cachestore}
+        stores = {(r.cachestore, r.layout_fingerprint) for r in cands if r.cachestore}
         found = {}
         for address, layout in stores:
             if layout:
                 found[(address, layout)] = await self.ctx.store.leading(address, layout, key.hashes)
-        return {r.engine_id: found.get((r.load.cachestore, r.layout_fingerprint), 0) for r in cands}
+        return {r.engine_id: found.get((r.cachestore, r.layout_fingerprint), 0) for r in cands}
 
     async def _chunk_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> tuple[dict, dict]:
         """A chunk set (docs/blend.md): per engine, the blocks' worth of its chunks it holds (KV events, else
@@ -249,17 +256,26 @@ class KVAware(Policy):
     async def _chunk_in_stores(self, key: bytes, n: int, bs: int, cands: list[EngineRecord]) -> dict[str, bool]:
         records = chunk_record_keys(key, n, bs)
         found = {}
-        for address, layout in {(r.load.cachestore, r.layout_fingerprint) for r in cands if r.load.cachestore}:
+        for address, layout in {(r.cachestore, r.layout_fingerprint) for r in cands if r.cachestore}:
             if layout:
                 found[(address, layout)] = await self.ctx.store.leading(address, layout, records) == len(records)
-        return {r.engine_id: found.get((r.load.cachestore, r.layout_fingerprint), False) for r in cands}
+        return {r.engine_id: found.get((r.cachestore, r.layout_fingerprint), False) for r in cands}
 
 
-POLICIES = tuple(POLICY_CLASSES)
+def keyed_by_name(*classes: type[RoutingPolicy]) -> dict[str, type[RoutingPolicy]]:
+    """{name: class} in the order of ragserve.router_args.POLICIES, which must name exactly these classes."""
+    by_name = {cls.name: cls for cls in classes}
+    if sorted(by_name) != sorted(POLICIES) or len(by_name) != len(classes):
+        raise RuntimeError(f"policy classes {sorted(by_name)} do not match ragserve.router_args.POLICIES {POLICIES}")
+    return {name: by_name[name] for name in POLICIES}
 
 
-class Policies:
-    """One instance of every registered policy over a shared context."""
+POLICY_CLASSES = keyed_by_name(RoundRobin, LeastLoaded, Session, Prefix, KVAware)
+
+
+class Decider:
+    """Where a request goes: every routing policy, instantiated once over one shared Context; decide() asks
+    the one the request names."""
 
     def __init__(
         self,
@@ -267,15 +283,12 @@ class Policies:
         state: RouterState,
         load: Callable[[EngineRecord], float],
         kv_usage: Callable[[EngineRecord], float],
-        queued: Callable[[EngineRecord], int] | None = None,
-        routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] | None = None,
-        queued_prompts: Callable[[EngineRecord], int] | None = None,
+        queued: Callable[[EngineRecord], int] = reported_queued,
+        routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed,
+        queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts,
     ) -> None:
         self.store = StoreIndex(cfg)
-        ctx = Context(cfg, state, load, kv_usage, self.store)
-        ctx.queued = queued or ctx.queued
-        ctx.routed_blocks = routed_blocks or ctx.routed_blocks
-        ctx.queued_prompts = queued_prompts or ctx.queued_prompts
+        ctx = Context(cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks)
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

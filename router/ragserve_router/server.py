@@ -20,7 +20,7 @@ from ragserve_router.app import Gateway, create_app
 from ragserve_router.auth import RateLimiter, parse_keys_file
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import Policies
+from ragserve_router.policies import Decider
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy
@@ -86,7 +86,7 @@ async def serve(cfg: RouterConfig) -> int:
         state=state,
         pool=pool,
         tokenizers=tokenizers,
-        policies=Policies(
+        decider=Decider(
             cfg, state, pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks, pool.queued_prompts
         ),
         proxy=Proxy(cfg, pool, metrics),

@@ -8,13 +8,23 @@ from collections import Counter
 
 import pytest
 
-from ragserve.router_args import RouterConfig
+from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, predict
 from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import Policies, RouteRequest
+from ragserve_router.policies import (
+    POLICY_CLASSES,
+    Decider,
+    KVAware,
+    LeastLoaded,
+    Prefix,
+    RoundRobin,
+    RouteRequest,
+    Session,
+    keyed_by_name,
+)
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import RoutingKey
 from ragserve_router.state import STORED, KVOp
@@ -30,8 +40,8 @@ def setup(**cfg):
     state = MemoryState()
     loads = dict.fromkeys(IDS, 0.0)
     records = [EngineRecord(e, f"http://127.0.0.1:1/{e}", ["m"], model_id="m@1", block_size=16) for e in IDS]
-    policies = Policies(RouterConfig(**cfg), state, lambda r: loads.get(r.engine_id, 0.0), lambda r: 0.0)
-    return state, loads, records, policies
+    decider = Decider(RouterConfig(**cfg), state, lambda r: loads.get(r.engine_id, 0.0), lambda r: 0.0)
+    return state, loads, records, decider
 
 
 def req(hashes: list[bytes], headers: dict | None = None, body: dict | None = None, tokens: int | None = None):
@@ -109,43 +119,43 @@ def test_unmeasured_engines_borrow_the_fleets_median_speed():
 
 @pytest.mark.asyncio
 async def test_kv_aware_keeps_locality_until_queued_work_outweighs_it():
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     for r in records:
         r.load = measured()
     await state.apply("e1", [KVOp(STORED, [h(i) for i in range(40)])], 1)
     request = req([h(i) for i in range(40)] + [h(1000)], tokens=16 * 41 + 5)  # 645 of 661 tokens on e1
-    decision = await policies.decide("kv_aware", request, records)
+    decision = await decider.decide("kv_aware", request, records)
     assert decision.order[0].engine_id == "e1" and decision.reason == "prefix_hit"
     assert decision.predicted_cached_tokens("e1", request.key) == 640
     records[1].load = measured(queued_prefill_tokens=400, reported_at=time.time())
     # e1: (400 + 21) / 1000 = 0.42 s + a step; elsewhere 0.66 s + a step + half of it as work: still e1
-    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e1"
+    assert (await decider.decide("kv_aware", request, records)).order[0].engine_id == "e1"
     records[1].load = measured(queued_prefill_tokens=2000, reported_at=time.time())
-    decision = await policies.decide("kv_aware", request, records)
+    decision = await decider.decide("kv_aware", request, records)
     assert decision.order[0].engine_id != "e1" and decision.reason == "spread"
     # with a per-step prefill cap the request shares e1's steps with that prefill: it stays ...
     for r in records:
         r.load = measured(long_prefill_token_threshold=256, queued_prefill_tokens=2000 * (r is records[1]))
-    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e1"
+    assert (await decider.decide("kv_aware", request, records)).order[0].engine_id == "e1"
     # ... unless enough prompts wait there to fill every step's budget
     records[1].load = measured(long_prefill_token_threshold=256, queued_prefill_tokens=2000, num_waiting=8)
-    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id != "e1"
+    assert (await decider.decide("kv_aware", request, records)).order[0].engine_id != "e1"
 
 
 def pooled():
-    """Policies over a real EnginePool: the pool's slots carry what this replica sent each engine."""
+    """A Decider over a real EnginePool: the pool's slots carry what this replica sent each engine."""
     pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
     _, _, records, _ = setup()
-    policies = Policies(
+    decider = Decider(
         RouterConfig(), MemoryState(), pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks,
         pool.queued_prompts,
     )  # fmt: skip
-    return pool, records, policies
+    return pool, records, decider
 
 
-async def send(pool: EnginePool, policies: Policies, request: RouteRequest, records: list[EngineRecord]):
+async def send(pool: EnginePool, decider: Decider, request: RouteRequest, records: list[EngineRecord]):
     """Decide and reserve as the gateway does (no await in between): the next decision sees this one."""
-    decision = await policies.decide("kv_aware", request, records)
+    decision = await decider.decide("kv_aware", request, records)
     chosen = decision.order[0]
     slot = pool.reserve(chosen, decision.predictions[chosen.engine_id].computed_tokens, request.key.hashes)
     return decision, slot
@@ -156,15 +166,15 @@ async def test_kv_aware_counts_work_it_routed_since_the_last_heartbeat():
     """A burst of distinct cold prompts spreads although no heartbeat reported the first ones yet; a burst of
     one new document stays together (its blocks will be there), and once a heartbeat reports the queue the
     work is not counted twice."""
-    pool, records, policies = pooled()
+    pool, records, decider = pooled()
     for r in records:
         r.load = measured()
-    firsts = [(await send(pool, policies, req([h(1000 * d + i) for i in range(60)]), records))[0] for d in range(9)]
+    firsts = [(await send(pool, decider, req([h(1000 * d + i) for i in range(60)]), records))[0] for d in range(9)]
     assert Counter(d.order[0].engine_id for d in firsts) == {"e0": 3, "e1": 3, "e2": 3}
     for r in records:  # a heartbeat arrives: the engines now report that work themselves
         r.load = measured(queued_prefill_tokens=3 * 965, reported_at=time.time() + 1)
     assert all(pool.queued_prefill(r) == 3 * 965 for r in records)
-    again, _ = await send(pool, policies, req([h(i) for i in range(60)] + [h(10**6)]), records)  # doc 0 again
+    again, _ = await send(pool, decider, req([h(i) for i in range(60)] + [h(10**6)]), records)  # doc 0 again
     assert again.order[0] is firsts[0].order[0] and again.reason == "prefix_hit"
     assert again.predictions[again.order[0].engine_id].local_tokens == 60 * 16
 
@@ -172,61 +182,61 @@ async def test_kv_aware_counts_work_it_routed_since_the_last_heartbeat():
 @pytest.mark.asyncio
 async def test_kv_aware_counts_the_cachestores_blocks_as_fetchable(monkeypatch):
     """A hot prefix held by e0 and by the store: e1 and e2 can fetch it, so a busy e0 no longer pins it."""
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     hot = [h(i) for i in range(30)]
     for r in records:
-        r.layout_fingerprint = "layout-1"
-        r.load = measured(cachestore="store:1", fetch_s_per_block=0.002)
+        r.layout_fingerprint, r.cachestore = "layout-1", "store:1"
+        r.load = measured(fetch_s_per_block=0.002)
     stored = set(hot)
 
     async def leading(address, layout, hashes):
         assert (address, layout) == ("store:1", "layout-1")
         return next((i for i, x in enumerate(hashes) if x not in stored), len(hashes))
 
-    monkeypatch.setattr(policies.store, "leading", leading)
+    monkeypatch.setattr(decider.store, "leading", leading)
     await state.apply("e0", [KVOp(STORED, hot)], 1)
-    records[0].load = measured(cachestore="store:1", queued_prefill_tokens=600)
+    records[0].load = measured(queued_prefill_tokens=600)
     request = req(hot + [h(999)], tokens=16 * 31 + 3)
-    decision = await policies.decide("kv_aware", request, records)
+    decision = await decider.decide("kv_aware", request, records)
     assert decision.order[0].engine_id != "e0" and decision.reason == "spread"
     chosen = decision.predictions[decision.order[0].engine_id]
     assert (chosen.local_tokens, chosen.fetched_tokens, chosen.computed_tokens) == (0, 480, 19)
     assert decision.predicted_cached_tokens(decision.order[0].engine_id, request.key) == 480
     stored.clear()  # the store lost it: recomputing 480 tokens elsewhere is slower than waiting on e0
-    records[0].load = measured(cachestore="store:1", queued_prefill_tokens=300, reported_at=time.time() + 1)
-    assert (await policies.decide("kv_aware", request, records)).order[0].engine_id == "e0"
+    records[0].load = measured(queued_prefill_tokens=300, reported_at=time.time() + 1)
+    assert (await decider.decide("kv_aware", request, records)).order[0].engine_id == "e0"
 
 
 @pytest.mark.asyncio
 async def test_kv_aware_uses_routing_history_for_engines_without_events():
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     static = [EngineRecord(f"static-{i}", f"http://127.0.0.1:1/{i}", ["m"], source=STATIC) for i in range(3)]
     hashes = [h(i) for i in range(8)]
     await state.record_route(hashes, "static-2")
-    decision = await policies.decide("kv_aware", req(hashes + [h(99)]), static)
+    decision = await decider.decide("kv_aware", req(hashes + [h(99)]), static)
     assert decision.order[0].engine_id == "static-2" and decision.cached_blocks["static-2"] == 8
 
 
 @pytest.mark.asyncio
 async def test_kv_aware_predicts_at_most_all_but_the_last_token():
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     hashes = [h(i) for i in range(4)]
     await state.apply("e0", [KVOp(STORED, hashes)], 1)
     request = req(hashes, tokens=64)  # block-aligned prompt: the engine recomputes the last block
-    decision = await policies.decide("kv_aware", request, records)
+    decision = await decider.decide("kv_aware", request, records)
     assert decision.predicted_cached_tokens("e0", request.key) == 48
 
 
 @pytest.mark.asyncio
 async def test_prefix_policy_follows_the_context_header():
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     chosen = {
-        (await policies.decide("prefix", req([h(i)], {"x-context-hash": "doc-7"}), records)).order[0].engine_id
+        (await decider.decide("prefix", req([h(i)], {"x-context-hash": "doc-7"}), records)).order[0].engine_id
         for i in range(20)
     }
     assert len(chosen) == 1
     docs = {
-        (await policies.decide("prefix", req([], {"x-context-hash": f"d{i}"}), records)).order[0].engine_id
+        (await decider.decide("prefix", req([], {"x-context-hash": f"d{i}"}), records)).order[0].engine_id
         for i in range(40)
     }
     assert docs == set(IDS)
@@ -234,49 +244,49 @@ async def test_prefix_policy_follows_the_context_header():
 
 @pytest.mark.asyncio
 async def test_prefix_policy_keys_on_leading_blocks_only():
-    state, loads, records, policies = setup(prefix_key_blocks=4)
+    state, loads, records, decider = setup(prefix_key_blocks=4)
     shared = [h(i) for i in range(4)]
     picks = {
-        (await policies.decide("prefix", req(shared + [h(100 + i)]), records)).order[0].engine_id for i in range(10)
+        (await decider.decide("prefix", req(shared + [h(100 + i)]), records)).order[0].engine_id for i in range(10)
     }
     assert len(picks) == 1
 
 
 @pytest.mark.asyncio
 async def test_session_policy_sticks_to_user_and_falls_back_to_load():
-    state, loads, records, policies = setup()
+    state, loads, records, decider = setup()
     picks = {
-        (await policies.decide("session", req([], body={"user": "alice"}), records)).order[0].engine_id
+        (await decider.decide("session", req([], body={"user": "alice"}), records)).order[0].engine_id
         for _ in range(10)
     }
     assert len(picks) == 1
-    by_header = await policies.decide("session", req([], {"x-session-id": "s1"}), records)
+    by_header = await decider.decide("session", req([], {"x-session-id": "s1"}), records)
     assert by_header.reason == "session_key"
     loads.update(e0=5, e1=0, e2=5)
-    no_key = await policies.decide("session", req([]), records)
+    no_key = await decider.decide("session", req([]), records)
     assert no_key.reason == "no_session_key" and no_key.order[0].engine_id == "e1"
 
 
 @pytest.mark.asyncio
 async def test_round_robin_and_least_loaded():
-    state, loads, records, policies = setup()
-    firsts = [(await policies.decide("round_robin", req([]), records)).order[0].engine_id for _ in range(6)]
+    state, loads, records, decider = setup()
+    firsts = [(await decider.decide("round_robin", req([]), records)).order[0].engine_id for _ in range(6)]
     assert Counter(firsts) == {"e0": 2, "e1": 2, "e2": 2}
     loads.update(e0=3, e1=1, e2=2)
-    order = (await policies.decide("least_loaded", req([]), records)).order
+    order = (await decider.decide("least_loaded", req([]), records)).order
     assert [r.engine_id for r in order] == ["e1", "e2", "e0"]
 
 
 @pytest.mark.asyncio
 async def test_kv_aware_spreads_new_documents_that_share_a_system_prompt():
-    state, loads, records, policies = setup(prefix_key_blocks=4)
+    state, loads, records, decider = setup(prefix_key_blocks=4)
 
     def doc(d: int, question: int) -> list[bytes]:
         return [h(0), h(1)] + [h(1000 * d + i) for i in range(2, 6)] + [h(10**6 + question)]
 
-    firsts = {d: (await policies.decide("kv_aware", req(doc(d, 0)), records)).order[0].engine_id for d in range(30)}
+    firsts = {d: (await decider.decide("kv_aware", req(doc(d, 0)), records)).order[0].engine_id for d in range(30)}
     assert set(firsts.values()) == set(IDS)  # not all on one engine because block 0 is shared
-    again = {d: (await policies.decide("kv_aware", req(doc(d, 1)), records)).order[0].engine_id for d in range(30)}
+    again = {d: (await decider.decide("kv_aware", req(doc(d, 1)), records)).order[0].engine_id for d in range(30)}
     assert again == firsts  # a burst of one new document stays together even before any event
 
 
@@ -300,7 +310,7 @@ async def test_kv_aware_counts_our_prompts_without_a_first_token_over_a_stale_he
     """An engine admits requests only between steps and reports its queue after one: a heartbeat arriving
     mid-step says 'queue empty' although we just sent it a cold prompt. Until its first token the prompt
     still counts, so the next cold prompt goes where the decoders are rather than behind that prefill."""
-    pool, records, policies = pooled()
+    pool, records, decider = pooled()
     e0, e1, e2 = records
     cold = pool.reserve(e0, 3000)  # sent, still prefilling
     decoding = [pool.reserve(r) for r in (e1, e1, e2, e2)]
@@ -309,14 +319,25 @@ async def test_kv_aware_counts_our_prompts_without_a_first_token_over_a_stale_he
     for r in records:  # heartbeats newer than every send, none showing the 3,000 queued tokens
         r.load = measured(reported_at=time.time() + 1)
     assert (pool.prefilling(e0), pool.prefilling(e1)) == (3000, 0)
-    decision = await policies.decide("kv_aware", req([h(7000 + i) for i in range(60)]), records)
+    decision = await decider.decide("kv_aware", req([h(7000 + i) for i in range(60)]), records)
     assert decision.order[0] is not e0 and decision.predictions["e0"].queued_tokens == 3000
     cold.first_token()  # its prefill is done: it no longer counts, and only once
     cold.first_token()
     assert pool.prefilling(e0) == 0
-    assert (await policies.decide("kv_aware", req([h(8000 + i) for i in range(60)]), records)).order[0] is e0
+    assert (await decider.decide("kv_aware", req([h(8000 + i) for i in range(60)]), records)).order[0] is e0
     again = pool.reserve(e0, 500)
     again.move(e1)  # a retry takes its prompt along
     assert (pool.prefilling(e0), pool.prefilling(e1)) == (0, 500)
     again.release()
     assert pool.prefilling(e1) == 0
+
+
+def test_policy_classes_are_keyed_by_the_launch_specs_names():
+    """Any order in, ragserve.router_args.POLICIES' order out; a class missing, or two of one name, is refused."""
+    shuffled = keyed_by_name(KVAware, Prefix, Session, LeastLoaded, RoundRobin)
+    assert list(shuffled.items()) == list(POLICY_CLASSES.items())
+    assert list(POLICY_CLASSES) == list(POLICIES)
+    with pytest.raises(RuntimeError, match="do not match ragserve.router_args.POLICIES"):
+        keyed_by_name(RoundRobin, LeastLoaded, Session, Prefix)
+    with pytest.raises(RuntimeError, match="do not match"):
+        keyed_by_name(RoundRobin, LeastLoaded, Session, Prefix, KVAware, KVAware)
