@@ -18,6 +18,7 @@ from ragserve.logs import LOG_LEVELS
 # The routing policies, in the order the router registers them (ragserve_router.policies keys its classes by these).
 POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")
 DEFAULT_POLICY = "kv_aware"
+ROUTER_PORT, ROUTER_GRPC_PORT = 8080, 50051
 ROUTER_GROUPS = ("serving", "engines", "routing", "shared state", "reliability", "security and limits")
 PORT = {"minimum": 1, "maximum": 65535}
 
@@ -34,9 +35,10 @@ def url_list(text: str) -> list[str]:
 @dataclass
 class RouterConfig(FromArgs):
     host: str = option("0.0.0.0", "bind address for HTTP and gRPC", "serving")
-    port: int = option(8080, "OpenAI-compatible HTTP port", "serving", type=int, spec=True, schema=PORT)
-    grpc_port: int = option(50051, "gRPC registry port engines register on", "serving", type=int, spec=True,
-                            schema=PORT)  # fmt: skip
+    port: int = option(ROUTER_PORT, "OpenAI-compatible HTTP port", "serving", type=int, spec=True, schema=PORT)
+    grpc_port: int = option(
+        ROUTER_GRPC_PORT, "gRPC registry port engines register on", "serving", type=int, spec=True, schema=PORT
+    )
     router_id: str = option("", "this replica's name (default: hostname-pid)", "serving")
     log_level: str = option("info", "log level", "serving", choices=LOG_LEVELS, type=str.lower)
     drain_delay: float = option(0.0, "seconds /ready reports 503 before stopping", "serving", type=float)

@@ -2,49 +2,53 @@
 
 from __future__ import annotations
 
-from ragserve.command_line import arg, tls_flags
-from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, serving_tls
+from ragserve.router_command import RouterLaunch, router_command
+from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file, serving_tls_files
 from ragserve_operator.names import Owner
-from ragserve_operator.pods import container, http_probe, pod_template, redis_args, redis_url_env, secret_env
+from ragserve_operator.pods import container, http_probe, pod_template, redis_url, redis_url_env, secret_env
 from ragserve_operator.spec import RAGServeSpec
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
 
 
-def router_secrets(spec: RAGServeSpec) -> Mounts:
-    """Registry TLS and token, the cachestore's CA / client certificate / token (for store lookups), API keys."""
-    r, out = spec.router, Mounts()
-    serving_tls(r["tls"], out)
-    token = registry_token(spec)
-    out.add(token)
-    # without a token or mutual TLS anyone in the cluster may register an engine: said explicitly, as the router asks
-    if not token.args and not (r["tls"]["enabled"] and r["tls"]["clientAuth"]):
-        out.args.append("--registry-allow-unauthenticated")
+def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
+    """A router pod's command line settings, and the Secrets it mounts for them: registry TLS and token, the
+    cachestore's CA / client certificate / token (for store lookups), API keys."""
+    r, mounts = spec.router, Mounts()
+    tls = serving_tls_files(r["tls"], mounts)
+    token = registry_token_file(spec)
     store, store_tls, store_token = cachestore_client(spec)
-    out.add(store).args += tls_flags("cachestore", store_tls) + arg("cachestore_token_file", store_token)
+    mounts.add(registry_token(spec), store)
+    api_keys = None
     if secret := r.get("apiKeySecret"):
-        out.secret("api-keys", secret["name"], API_KEYS_DIR)
-        out.args += ["--api-keys-file", f"{API_KEYS_DIR}/{secret['key']}"]
-    return out
-
-
-def router_args(owner: Owner, spec: RAGServeSpec) -> list[str]:
-    r = spec.router
-    args = ["router", "--host", "0.0.0.0", "--port", str(r["port"]), "--grpc-port", str(r["grpcPort"])]
-    args += ["--policy", r["policy"]] + redis_args(owner, spec, db=0)
-    if r.get("maxBodyBytes"):
-        args += ["--max-body-bytes", str(r["maxBodyBytes"])]
-    return args + router_secrets(spec).args
+        mounts.secret("api-keys", secret["name"], API_KEYS_DIR)
+        api_keys = f"{API_KEYS_DIR}/{secret['key']}"
+    mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
+    launch = RouterLaunch(
+        port=r["port"],
+        grpc_port=r["grpcPort"],
+        policy=r["policy"],
+        redis=redis_url(owner, spec, db=0),
+        max_body_bytes=r.get("maxBodyBytes") or None,
+        tls=tls,
+        registry_token_file=token,
+        # without a token or mutual TLS anyone in the cluster may register an engine: said explicitly, as asked
+        registry_allow_unauthenticated=not token and not mutual_tls,
+        cachestore_tls=store_tls,
+        cachestore_token_file=store_token,
+        api_keys_file=api_keys,
+    )
+    return launch, mounts
 
 
 def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
     r = spec.router
-    secrets = router_secrets(spec)
+    launch, secrets = router_pod(owner, spec)
     volumes, mounts = secrets.volumes, secrets.mounts
     router = container(
         "router",
         spec.image,
-        router_args(owner, spec),
+        router_command(launch),
         r,
         env=redis_url_env(spec) + secret_env("RAGSERVE_ENGINE_API_KEY", spec.engine_api_key),
         mounts=mounts,

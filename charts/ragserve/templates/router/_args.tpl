@@ -1,4 +1,5 @@
-{{/* ragserve.routerArgs: the `ragserve router` command line. */}}
+{{/* ragserve.routerArgs: the `ragserve router` command line, in ragserve.router_command's order
+(tests/charts/test_router_command.py requires the same arguments). */}}
 {{- define "ragserve.routerArgs" -}}
 {{- $r := .Values.router -}}
 - router
@@ -14,9 +15,6 @@
 {{- include "ragserve.arg" (list "--k8s-selector" (printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=engine" .Release.Name)) }}
 {{- include "ragserve.arg" (list "--k8s-namespace" .Release.Namespace) }}
 {{- end }}
-{{- if $r.apiKeys.existingSecret }}
-{{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
-{{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $r.maxBodyBytes) }}
 {{- include "ragserve.arg" (list "--drain-delay" $r.drainDelaySeconds) }}
 {{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $r.terminationGracePeriodSeconds) (int $r.drainDelaySeconds)) 5))) }}
@@ -28,6 +26,9 @@
 {{- end }}
 {{- if .Values.cachestore.enabled }}
 {{- include "ragserve.cachestoreClientArgs" . }}
+{{- end }}
+{{- if $r.apiKeys.existingSecret }}
+{{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
 {{- end }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}

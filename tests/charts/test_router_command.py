@@ -1,0 +1,106 @@
+"""One router command line: the chart's templates/router/_args.tpl renders, for every value set, exactly what
+ragserve.router_command.router_command() (the function the operator calls) builds for the same settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragserve.command_line import ServingTLS, TLSFiles
+from ragserve.router_command import RouterLaunch, router_command
+from tests.charts.conftest import NAMESPACE, RELEASE
+from tests.charts.test_engine_command import DEFAULTS, FULLNAME, host, merged, tls
+
+EXTRA = {
+    "everything": {
+        "logLevel": "warning",
+        "redis": {"enabled": True},
+        "router": {
+            "policy": "prefix",
+            "port": 9080,
+            "grpcPort": 9051,
+            "staticEngines": ["http://a:8000", "http://b:8000"],
+            "kubernetesDiscovery": {"enabled": True},
+            "apiKeys": {"existingSecret": "keys", "key": "k"},
+            "maxBodyBytes": 2097152,
+            "drainDelaySeconds": 10,
+            "terminationGracePeriodSeconds": 120,
+            "tls": {"enabled": True, "secretName": "s"},
+            "registryAuth": {"key": "tok"},
+            "extraArgs": ["--max-attempts", "5", "--allow-policy-header"],
+        },
+        "cachestore": {"tls": {"enabled": True, "secretName": "cs"}, "auth": {"existingSecret": "cs-tok"}},
+    },
+    "unauthenticated-no-cachestore": {
+        "router": {"registryAuth": {"enabled": False, "allowUnauthenticated": True}, "drainDelaySeconds": 70},
+        "cachestore": {"enabled": False},
+    },
+    "mtls-instead-of-token": {
+        "router": {
+            "registryAuth": {"enabled": False},
+            "tls": {"enabled": True, "secretName": "s", "clientAuth": True, "engineClientSecret": "c"},
+        },
+    },
+}
+
+
+def redis_url(values: dict) -> str | None:
+    if values["redis"]["enabled"]:
+        return f"redis://{host('redis', values)}:6379/0"
+    return values["redis"]["external"]["url"] or None
+
+
+def serving_tls(side: dict) -> ServingTLS:
+    if not side["enabled"]:
+        return ServingTLS()
+    ca = "/etc/ragserve/tls/ca.crt" if side["clientAuth"] else None
+    return ServingTLS("/etc/ragserve/tls/tls.crt", "/etc/ragserve/tls/tls.key", ca)
+
+
+def expected(values: dict) -> list[str]:
+    """router_command() for the chart's values, with the chart's wiring (mount paths, Services, grace period)."""
+    r, store = values["router"], values["cachestore"]
+    auth, discover = r["registryAuth"], r["kubernetesDiscovery"]["enabled"]
+    keys = r["apiKeys"]
+    launch = RouterLaunch(
+        port=r["port"],
+        grpc_port=r["grpcPort"],
+        policy=r["policy"],
+        log_level=values["logLevel"],
+        redis=redis_url(values),
+        static_engines=tuple(r["staticEngines"]),
+        k8s_selector=f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=engine" if discover else None,
+        k8s_namespace=NAMESPACE if discover else None,
+        max_body_bytes=r["maxBodyBytes"],
+        drain_delay=r["drainDelaySeconds"],
+        drain_timeout=max(0, r["terminationGracePeriodSeconds"] - r["drainDelaySeconds"] - 5),
+        tls=serving_tls(r["tls"]),
+        registry_token_file=f"/etc/ragserve/registry-token/{auth['key']}" if auth["enabled"] else None,
+        registry_allow_unauthenticated=not auth["enabled"] and auth["allowUnauthenticated"],
+        cachestore_tls=tls(store, "cachestore") if store["enabled"] else TLSFiles(),
+        cachestore_token_file=f"/etc/ragserve/cachestore-token/{store['auth']['key']}"
+        if store["enabled"] and store["auth"]["existingSecret"]
+        else None,
+        api_keys_file=f"/etc/ragserve/api-keys/{keys['key']}" if keys["existingSecret"] else None,
+        extra_args=tuple(r["extraArgs"]),
+    )
+    return router_command(launch)
+
+
+def check_router_args(render, user_values: dict) -> None:
+    values = merged(DEFAULTS, user_values)
+    name = f"{FULLNAME}-router"
+    docs = [d for d in render(user_values) if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+    if not values["router"]["enabled"]:
+        assert docs == []
+        return
+    (container,) = [c for c in docs[0]["spec"]["template"]["spec"]["containers"] if c["name"] == "router"]
+    assert container["args"] == expected(values)
+
+
+def test_chart_router_args_are_router_command(render, values):
+    check_router_args(render, values)
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+def test_more_router_settings(render, name):
+    check_router_args(render, EXTRA[name])
