@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -89,3 +90,12 @@ def test_readme_benchmark_numbers_are_in_the_linked_result_file(row: list[str]):
     quotients = {round(float(ours) / float(theirs), 2), round(float(theirs) / float(ours), 2)}
     in_file = f"| {value:.2f} |" in text or f"{value:.1f}x" in text  # the file's own ratio
     assert value in quotients or in_file, f"{ratio} is neither {ours} / {theirs} nor in {result.name}"
+
+
+def test_readme_ragserve_example_is_a_valid_spec():
+    from ragserve_operator.spec import validated  # the operator's own schema and cross-field rules
+
+    block = re.search(r"```yaml\n(.*?)```", ROOT.joinpath("README.md").read_text(), re.S).group(1)
+    resource = yaml.safe_load(block)
+    assert (resource["apiVersion"], resource["kind"]) == ("ragserve.dev/v1alpha1", "RAGServe")
+    validated(resource["spec"])
