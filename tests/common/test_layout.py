@@ -20,14 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCE_ROOTS = {
-    "ragserve": ROOT,
-    "ragserve_engine": ROOT / "engine",
-    "ragserve_router": ROOT / "router",
-    "ragserve_cachestore": ROOT / "cachestore",
-    "ragserve_operator": ROOT / "operator",
-}
+from tests.helpers.imports import ROOT, SOURCE_ROOTS, module_files
+
 TORCH_FREE = ("ragserve", "ragserve_router", "ragserve_cachestore", "ragserve_operator")
 IMPORT_ALL = ROOT / "tests" / "helpers" / "import_all.py"
 # what each image leaves out (Dockerfile.engine: core + engine; Dockerfile: core + router, cachestore, operator)
@@ -43,16 +37,6 @@ class Absent:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Absent())
 """
-
-
-def module_files(package: str) -> dict[str, Path]:
-    """{dotted name: file} for every module file of `package`, named by its path below the source root."""
-    root = SOURCE_ROOTS[package]
-    files = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return files
 
 
 @functools.cache
