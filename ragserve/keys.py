@@ -77,6 +77,12 @@ def block_hashes(
     return out
 
 
+def cacheable_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks of a prompt that may be cached, hit or fetched: the last token is never cached (a step must
+    compute it for its logits), so a prompt of exactly k blocks caches k - 1."""
+    return max(0, (num_tokens - 1) // block_size)
+
+
 def chunk_key(
     root: bytes, token_ids: Sequence[int], canonical_prefix: Sequence[int] = (), cache_salt: str | None = None
 ) -> bytes:

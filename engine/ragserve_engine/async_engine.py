@@ -9,6 +9,7 @@ carry on; only a failure that belongs to no single request fails them all (Engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -96,15 +97,15 @@ class AsyncLLM:
         return self.engine.stats()
 
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
-        return self.engine.kv.hash_blocks(token_ids, cache_salt)
+        return self.engine.kv_manager.hash_blocks(token_ids, cache_salt)
 
     async def pin_prefixes(self, hashes: list[list[bytes]]) -> list[KVCacheBlocks]:
-        return await self.call(lambda engine: [engine.kv.pin(h) for h in hashes])
+        return await self.call(lambda engine: [engine.kv_manager.pin(h) for h in hashes])
 
     async def unpin(self, pinned: list[KVCacheBlocks]) -> None:
         def release(engine: LLMEngine) -> None:
             for blocks in reversed(pinned):  # tail first, like freeing one sequence
-                engine.kv.unpin(blocks)
+                engine.kv_manager.unpin(blocks)
 
         await self.call(release)
 
@@ -114,6 +115,14 @@ class AsyncLLM:
 
     async def with_kv_snapshot(self, fn: Callable[[KVSnapshot], T]) -> T:
         return await self.call(lambda engine: fn(engine.pool.snapshot()))
+
+    @contextlib.asynccontextmanager
+    async def calibrating(self) -> AsyncIterator[None]:
+        detached = await self.call(_detach)
+        try:
+            yield
+        finally:
+            await self.call(lambda engine: _forget(engine, detached))
 
     def shutdown(self) -> None:
         if (graphs := self.engine.runner.decode_graphs) is not None:
@@ -192,6 +201,23 @@ class AsyncLLM:
         if entry is not None:
             loop, stream = entry
             loop.call_soon_threadsafe(stream.put_nowait, item)
+
+
+def _detach(engine: LLMEngine) -> tuple:
+    """Calibration: the cachestore connector and the compiled decode graphs set aside (restored by _forget)."""
+    detached = engine.connector, engine.runner.decode_graphs
+    engine.connector = engine.scheduler.connector = engine.runner.decode_graphs = None
+    return detached
+
+
+def _forget(engine: LLMEngine, detached: tuple) -> None:
+    """Reattach, and leave the engine as if it had served nothing: no cached block, no counted prompt token."""
+    engine.connector, engine.runner.decode_graphs = detached
+    engine.scheduler.connector = engine.connector
+    if not engine.pool.reset_prefix_cache():
+        log.warning("calibration: KV blocks still in use; its cached blocks stay until evicted")
+    engine.kv_manager.stats.queries = engine.kv_manager.stats.hits = 0
+    engine.load.computed_prompt_tokens = 0
 
 
 def _resolve(fut: asyncio.Future, result, exc) -> None:

@@ -14,7 +14,7 @@ def _score(seq: Sequence, length_penalty: float) -> float:
 
 
 def beam_step(
-    req: Request, rows: list[tuple[Sequence, torch.Tensor]], kv: KVCacheManager, criteria: StopCriteria
+    req: Request, rows: list[tuple[Sequence, torch.Tensor]], kv_manager: KVCacheManager, criteria: StopCriteria
 ) -> None:
     p, width = req.params, req.params.beam_width
     seqs = [seq for seq, _ in rows]
@@ -35,10 +35,10 @@ def beam_step(
         chosen.append((beam, token, score))
         if len(chosen) == width:
             break
-    req.seqs = _advance(kv, seqs, chosen)
+    req.seqs = _advance(kv_manager, seqs, chosen)
     req.needs_fork = False
     if _done(req, criteria.max_model_len):
-        _finalize(req, kv, criteria)
+        _finalize(req, kv_manager, criteria)
 
 
 def _finish_hypothesis(req: Request, parent: Sequence, token: int, score: float) -> None:
@@ -47,15 +47,15 @@ def _finish_hypothesis(req: Request, parent: Sequence, token: int, score: float)
     req.beam_finished.append(hyp)
 
 
-def _advance(kv: KVCacheManager, seqs: list[Sequence], chosen: list[tuple[int, int, float]]) -> list[Sequence]:
+def _advance(kv_manager: KVCacheManager, seqs: list[Sequence], chosen: list[tuple[int, int, float]]) -> list[Sequence]:
     """Children of each beam: the first reuses the beam, the others fork it before appending."""
     nxt: list[Sequence] = []
     for i, seq in enumerate(seqs):
         kids = [(tok, score) for beam, tok, score in chosen if beam == i]
         if not kids:
-            kv.free(seq)
+            kv_manager.free(seq)
             continue
-        forks = [kv.fork(seq) for _ in kids[1:]]
+        forks = [kv_manager.fork(seq) for _ in kids[1:]]
         for s, (tok, score) in zip([seq, *forks], kids, strict=True):
             s.token_ids.append(tok)
             s.cumulative_logprob = score
@@ -80,10 +80,10 @@ def _done(req: Request, max_model_len: int) -> bool:
     return worst_kept >= best_running
 
 
-def _finalize(req: Request, kv: KVCacheManager, criteria: StopCriteria) -> None:
+def _finalize(req: Request, kv_manager: KVCacheManager, criteria: StopCriteria) -> None:
     for seq in req.seqs:
         if seq.blocks:
-            kv.free(seq)
+            kv_manager.free(seq)
         seq.finish_reason = seq.finish_reason or "length"
     best = sorted(req.beam_finished, key=lambda h: _score(h, req.params.length_penalty), reverse=True)
     req.seqs = best[: req.params.n]

@@ -6,8 +6,13 @@ import argparse
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from ragserve_engine.compilation.events import COMPILE_THREAD
+
+if TYPE_CHECKING:
+    from ragserve.engine_args import EngineConfig
+    from ragserve_engine.engine_client import EngineClient
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,13 +22,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
 
 
+def start_engine(config: EngineConfig) -> EngineClient:
+    """The engine the server serves, an AsyncLLM (the server itself knows only EngineClient)."""
+    from ragserve_engine.async_engine import AsyncLLM  # torch and the model: only once serving
+
+    return AsyncLLM(config)
+
+
 def run(args: argparse.Namespace) -> int:
     from ragserve.engine_args import EngineConfig, ServerConfig
     from ragserve_engine.server.launcher import serve
 
     engine_config = EngineConfig.from_args(args)
     server_config = ServerConfig.from_args(args)
-    code = serve(engine_config, server_config)
+    code = serve(engine_config, server_config, start_engine)
     if any(t.name == COMPILE_THREAD and t.is_alive() for t in threading.enumerate()):
         # drained and deregistered, but a decode graph is still compiling (a cold SmolLM2 graph takes over
         # a minute): it cannot be interrupted, and interpreter teardown under it aborts the process

@@ -1,23 +1,31 @@
 """EngineClient: what the OpenAI server, warm-up and registration may use of a loaded engine (vLLM's name).
 
-AsyncLLM implements it. Torch-free: the server imports this before the model loads.
+AsyncLLM implements it. Torch-free: the server imports this before the model loads. The values its methods
+take and return (SamplingParams, RequestOutput, the errors, KV events) are re-exported here: the server
+package imports nothing else of the engine (tests/common/test_layout.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ragserve.keys import KVLayout
+from ragserve_engine.blend.spec import BlendSpec
+from ragserve_engine.block_pool import KVEvent, KVSnapshot
+from ragserve_engine.outputs import CompletionOutput, EngineError, RequestError, RequestOutput
+from ragserve_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
-    from ragserve_engine.blend.spec import BlendSpec
-    from ragserve_engine.block_pool import KVEvent, KVSnapshot
     from ragserve_engine.kv_cache_manager import KVCacheBlocks
-    from ragserve_engine.outputs import RequestOutput
-    from ragserve_engine.sampling_params import SamplingParams
+
+__all__ = [
+    "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "KVEvent",
+    "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -34,18 +42,20 @@ class EngineInfo:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of the engine's queues, KV usage and cumulative counters (token counts for the caches)."""
+    """A snapshot of the engine's queues, KV usage and cumulative counters (token counts for the caches).
+
+    Named as the heartbeat's Load (proto/ragserve/v1/registry.proto) names them; the rest as their metrics."""
 
     num_running: int
     num_waiting: int  # waiting or swapped out
     kv_usage: float
-    num_blocks: int
+    total_blocks: int
     free_blocks: int
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
     external_prefix_cache_queries: int = 0
-    external_prefix_cache_hits: int = 0
+    fetched_prompt_tokens: int = 0  # cumulative prompt tokens fetched from the cachestore (external prefix hits)
     cachestore_fetches_abandoned: int = 0  # fetches given up at their deadline (the request recomputed) or aborted
     cachestore_blocks_not_imported: int = 0  # fetched blocks left out for lack of free KV blocks (recomputed)
     cachestore_offload_dropped: int = 0  # blocks never offloaded: the offload queue was full
@@ -65,7 +75,7 @@ class EngineStats:
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - self.free_blocks
+        return self.total_blocks - self.free_blocks
 
     @property
     def busy(self) -> bool:
@@ -116,6 +126,12 @@ class EngineClient(Protocol):
 
     def with_kv_snapshot(self, fn: Callable[[KVSnapshot], T]) -> Awaitable[T]:
         """fn(snapshot of the cached blocks) on the step thread, so no KV event happens in between."""
+        ...
+
+    def calibrating(self) -> AbstractAsyncContextManager[None]:
+        """`async with`: requests generated inside leave no trace (start-up calibration): no cachestore lookup
+        or offload, eager decode steps (no background graph compile beside them); on exit the prefix cache is
+        reset and the prefix-cache and computed-token counters are zeroed."""
         ...
 
     def shutdown(self) -> None: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ragserve.keys import block_hashes
+from ragserve.keys import KVLayout, block_hashes, cacheable_blocks, root_hash
 from ragserve_engine.block_pool import BlockPool, KVCacheBlock
 from ragserve_engine.sequence import Sequence
 
@@ -54,13 +54,18 @@ class SwapPool:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, root: bytes, num_swap_blocks: int = 0) -> None:
+    def __init__(self, pool: BlockPool, layout: KVLayout, num_swap_blocks: int = 0) -> None:
+        """`layout`: the engine's KV layout, the one holder of its block size (and model id: the hash root)."""
         self.pool = pool
-        self.block_size = block_size
-        self.root = root
+        self.layout = layout
+        self.root = root_hash(layout.model_id)
         self.stats = CacheStats()
         self.swap = SwapPool(num_swap_blocks)
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the next step
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
 
     # ---- prefix cache -------------------------------------------------------------------------
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
@@ -77,7 +82,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, seq: Sequence, cache_salt: str | None) -> list[KVCacheBlock]:
         """Longest cached chain of full blocks; the last token is always left to compute."""
-        return self._cached_prefix(self.update_hashes(seq, cache_salt)[: (seq.num_tokens - 1) // self.block_size])
+        hashes = self.update_hashes(seq, cache_salt)
+        return self._cached_prefix(hashes[: cacheable_blocks(seq.num_tokens, self.block_size)])
 
     def _cached_prefix(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         hits = []

@@ -10,7 +10,8 @@ requests hold the pool wait (in host memory) until they have room. The deadline 
 recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
 cannot pay; waiting that long costs at most twice the better choice). Offload: after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
-bounded queue, which serializes and sends them (dropped under backpressure).
+bounded queue, which serializes and sends them (dropped under backpressure). A block's bytes (gather,
+scatter, size) are the KV cache's own (attention/kv_cache.py); this module decides what moves and when.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import torch
 
 from ragserve import tracing
 from ragserve_engine.attention.kv_cache import KVCacheTensors
@@ -88,7 +87,6 @@ class CacheStoreConnector:
         self.client = client
         self.fetch_deadline_s = fetch_deadline_s
         self.kv_cache, self.kv_manager = kv_cache, kv_manager
-        self.block_size = kv_manager.block_size
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
@@ -124,7 +122,7 @@ class CacheStoreConnector:
         self._fetching = {f for f in self._fetching if not f.done()}
         if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
             return None
-        self.stats.queries += len(missing) * self.block_size
+        self.stats.queries += len(missing) * self.kv_manager.block_size
         arrived, stop = [], threading.Event()
         future = self._fetch_pool.submit(self._download, missing, arrived, stop, tracing.live.get(request_id))
         self._fetching.add(future)
@@ -137,7 +135,7 @@ class CacheStoreConnector:
         time recomputing them would take, whichever is longest (a RAG document: 100+ blocks, ~0.7 MB each for
         a small model in float32, takes seconds to fetch on a busy host, and recomputing it longer still)."""
         speed = self.prefill_tokens_per_s()
-        recompute = num_blocks * self.block_size / speed if speed > 0 else 0.0
+        recompute = num_blocks * self.kv_manager.block_size / speed if speed > 0 else 0.0
         measured = FETCH_DEADLINE_MARGIN * num_blocks * self.stats.fetch_s_per_block
         return max(self.fetch_deadline_s, measured, recompute)
 
@@ -199,14 +197,14 @@ class CacheStoreConnector:
         parent = hashes[num_local - 1] if num_local else None
         pinned = self.kv_manager.pin(hashes[:num_local])  # the import must not evict the prefix it extends
         try:
-            self.kv_manager.import_blocks(fetched, parent, lambda i, block_id: self._write(block_id, blocks[i].data))
+            self.kv_manager.import_blocks(fetched, parent, lambda i, b: self.kv_cache.write_block(b, blocks[i].data))
         finally:
             self.kv_manager.unpin(pinned)
         for h in fetched:
             self._remember(h)
-        self.stats.hits += len(blocks) * self.block_size
+        self.stats.hits += len(blocks) * self.kv_manager.block_size
         if span := tracing.live.get(pending.request_id):
-            span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.block_size)
+            span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.kv_manager.block_size)
         self._observe_cost((pending.seconds + time.perf_counter() - t0) / len(blocks))
         return len(blocks)
 
@@ -231,22 +229,7 @@ class CacheStoreConnector:
         pending.future.cancel()
 
     def _fits(self, block) -> bool:
-        return len(block.data) == self._block_nbytes()
-
-    def _block_nbytes(self) -> int:
-        n = self.kv_cache.data[0].numel() * self.kv_cache.data.element_size()
-        if self.kv_cache.scales is not None:
-            n += self.kv_cache.scales[0].numel() * self.kv_cache.scales.element_size()
-        return n
-
-    def _write(self, block_id: int, data: bytes) -> None:
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        size = self.kv_cache.data[0].numel() * self.kv_cache.data.element_size()
-        dst = self.kv_cache.data[block_id]
-        dst.copy_(raw[:size].view(dst.dtype).view(dst.shape).to(dst.device))
-        if self.kv_cache.scales is not None:
-            sdst = self.kv_cache.scales[block_id]
-            sdst.copy_(raw[size:].view(sdst.dtype).view(sdst.shape).to(sdst.device))
+        return len(block.data) == self.kv_cache.block_nbytes
 
     # ---- offload ----------------------------------------------------------------------------------
     def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
@@ -261,16 +244,11 @@ class CacheStoreConnector:
             todo = todo[: max(room, 0)]
         if not todo:
             return
-        ids = torch.tensor([b.block_id for b, _ in todo], device=self.kv_cache.data.device)
-        data = self.kv_cache.data.index_select(0, ids).to("cpu", non_blocking=True)
-        scales = None
-        if self.kv_cache.scales is not None:
-            scales = self.kv_cache.scales.index_select(0, ids).to("cpu", non_blocking=True)
-        ready = _copy_event(self.kv_cache.data.device)
+        gathered = self.kv_cache.gather([b.block_id for b, _ in todo])
         span = next((tracing.live[r] for r in (s.request.request_id for s in scheduled) if r in tracing.live), None)
         for i, (_, h) in enumerate(todo):
             try:
-                self._queue.put_nowait((h, data, scales, i, ready, span))
+                self._queue.put_nowait((h, gathered, i, span))
                 self._remember(h)
             except queue.Full:
                 self.stats.dropped += 1
@@ -286,10 +264,8 @@ class CacheStoreConnector:
                 except queue.Empty:
                     break
             blocks, span = [], next((item[-1] for item in batch if item is not None), None)
-            for h, data, scales, i, ready, _ in (item for item in batch if item is not None):
-                if ready is not None:
-                    ready.synchronize()
-                raw = _raw_bytes(data, scales, i)
+            for h, gathered, i, _ in (item for item in batch if item is not None):
+                raw = gathered.block_bytes(i)
                 blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
             try:
                 if blocks:
@@ -317,19 +293,3 @@ class CacheStoreConnector:
         self._thread.join(timeout=5)
         self._fetch_pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
-
-
-def _copy_event(device: torch.device):
-    """On CUDA, an event the offload thread waits on before reading the gathered copy."""
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
-
-
-def _raw_bytes(data: torch.Tensor, scales: torch.Tensor | None, i: int) -> bytes:
-    raw = data[i].contiguous().view(torch.uint8).numpy().tobytes()
-    if scales is not None:
-        raw += scales[i].contiguous().view(torch.uint8).numpy().tobytes()
-    return raw

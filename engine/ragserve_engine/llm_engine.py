@@ -12,8 +12,7 @@ import time
 import torch
 
 from ragserve.engine_args import EngineConfig
-from ragserve.keys import KVLayout, root_hash
-from ragserve.model_source import load_tokenizer, model_fingerprint, resolve_model
+from ragserve.model_source import load_tokenizer, resolve_model
 from ragserve_engine.beam_search import beam_step
 from ragserve_engine.blend.runner import Blender
 from ragserve_engine.blend.spec import BlendSpec
@@ -41,33 +40,33 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM | None = None) -> None:
         self.config = config
         self.source = resolve_model(config.model, config.served_model_name)
-        self.model_id = model_fingerprint(self.source)
         self.tokenizer = load_tokenizer(self.source)
         self.runner = ModelRunner(config, self.source, model)
+        self.layout = self.runner.layout  # block size, KV dtype, model id: one holder, readers go through it
+        self.model_id = self.layout.model_id
         mc = self.runner.model_config
         if config.max_model_len and config.max_model_len > mc.max_position:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's {mc.max_position} positions")
         self.max_model_len = config.max_model_len or mc.max_position
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching, external_keys=self._chunk_keys)
-        self.kv = KVCacheManager(self.pool, config.block_size, root_hash(self.model_id), self.runner.num_swap_blocks)
-        self.layout = KVLayout(
-            self.model_id, f"{self.runner.kv.kv_dtype}:{self.runner.kv.storage_dtype_name}", config.block_size,
-            mc.num_layers, mc.num_kv_heads, mc.head_dim,
-        )  # fmt: skip
+        self.kv_manager = KVCacheManager(self.pool, self.layout, self.runner.num_swap_blocks)
         self.load = LoadTracker(config.max_num_batched_tokens)
         self.connector = None
         if config.cachestore:  # a fetch waits at most about as long as recomputing its blocks
             from ragserve_engine.kv_connector import CacheStoreConnector
 
             self.connector = CacheStoreConnector.from_config(
-                config, self.layout.fingerprint(), self.runner.kv, self.kv, lambda: self.load.prefill_tokens_per_s
+                config,
+                self.layout.fingerprint(),
+                self.runner.kv_cache,
+                self.kv_manager,
+                lambda: self.load.prefill_tokens_per_s,
             )
-        self.scheduler = Scheduler(config, self.kv, self.connector)
-        root = root_hash(self.model_id)
+        self.scheduler = Scheduler(config, self.kv_manager, self.connector)
         store = self.connector.client if self.connector else None
         self.blender = Blender(
-            self.runner, root, config.blend_recompute_fraction, config.blend_cache_memory, cachestore=store,
-            listener=self.pool.external_event,  # chunk keys reach the router with block events
+            self.runner, self.kv_manager.root, config.blend_recompute_fraction, config.blend_cache_memory,
+            cachestore=store, listener=self.pool.external_event,  # chunk keys reach the router with block events
         )  # fmt: skip
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}
@@ -112,7 +111,7 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         resumed = list(resume_token_ids or [])
         params = self._validate(token_ids, params, resumed)
-        self.kv.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
+        self.kv_manager.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
         seq = Sequence(token_ids + resumed, len(token_ids))
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -159,7 +158,7 @@ class LLMEngine:
                 f"max_model_len ({self.max_model_len})"
             )
         width = max(params.n, params.beam_width if params.use_beam_search else 1)
-        blocks = -(-(n + params.max_tokens) // self.config.block_size) * width
+        blocks = -(-(n + params.max_tokens) // self.layout.block_size) * width
         if blocks > self.pool.num_blocks:
             raise ValueError(f"request needs up to {blocks} KV blocks; the cache has {self.pool.num_blocks}")
         if not self.config.enable_chunked_prefill and n * width > self.config.max_num_batched_tokens:
@@ -223,7 +222,7 @@ class LLMEngine:
                 req.first_token_time = now
             if req.params.use_beam_search:
                 beam_rows = [(seq, model_out.logits[i]) for seq, i in rows]
-                self._guard(req, beam_step, req, beam_rows, self.kv, self.stop_criteria)
+                self._guard(req, beam_step, req, beam_rows, self.kv_manager, self.stop_criteria)
             else:
                 sampled.append((req, rows))
         self._sample(sampled, model_out.logits)
@@ -260,7 +259,7 @@ class LLMEngine:
             return rows
         (parent, row), seed = rows[0], req.params.seed
         for i in range(1, req.params.n):
-            child = self.kv.fork(parent)
+            child = self.kv_manager.fork(parent)
             child.index = i
             if seed is not None:
                 child.generator = torch.Generator(device=self.runner.device).manual_seed(seed + i)
@@ -314,7 +313,7 @@ class LLMEngine:
             seq.logprobs.append(res.top_logprobs)
         check_stop(req, seq, self.stop_criteria)
         if seq.finished and seq.blocks:
-            self.kv.free(seq)
+            self.kv_manager.free(seq)
 
     def _prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
         if req.prompt_logprobs is None:
@@ -355,17 +354,17 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped) + len(self.scheduler.remote),
             kv_usage=self.pool.usage(),
-            num_blocks=self.pool.num_blocks,
+            total_blocks=self.pool.num_blocks,
             free_blocks=self.pool.num_free_blocks,
-            prefix_cache_queries=self.kv.stats.queries,
-            prefix_cache_hits=self.kv.stats.hits,
+            prefix_cache_queries=self.kv_manager.stats.queries,
+            prefix_cache_hits=self.kv_manager.stats.hits,
             num_preemptions=self.scheduler.num_preemptions,
             external_prefix_cache_queries=self.connector.stats.queries if self.connector else 0,
-            external_prefix_cache_hits=self.connector.stats.hits if self.connector else 0,
+            fetched_prompt_tokens=self.connector.stats.hits if self.connector else 0,
             cachestore_fetches_abandoned=self.connector.stats.abandoned if self.connector else 0,
             cachestore_blocks_not_imported=self.connector.stats.not_imported if self.connector else 0,
             cachestore_offload_dropped=self.connector.stats.dropped if self.connector else 0,
-            num_swap_fallbacks=self.kv.swap.num_fallbacks,
+            num_swap_fallbacks=self.kv_manager.swap.num_fallbacks,
             prefill_tokens_per_s=self.load.prefill_tokens_per_s,
             decode_step_s=self.load.decode_step_s(len(self.scheduler.running)),
             decode_seq_s=self.load.decode_seq_s,

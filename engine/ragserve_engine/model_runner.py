@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from ragserve.engine_args import EngineConfig
-from ragserve.model_source import ModelSource
+from ragserve.keys import KVLayout
+from ragserve.model_source import ModelSource, model_fingerprint
 from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
-from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block
+from ragserve_engine.attention.kv_cache import KVCacheTensors, allocate_kv_cache, bytes_per_block, kv_dtype_name
 from ragserve_engine.attention.selector import get_attention_backend
 from ragserve_engine.compilation.decode_graphs import DecodeGraphs, capture_sizes
 from ragserve_engine.layers import fused
@@ -63,16 +64,22 @@ class ModelRunner:
         self.model_config = self.model.config
         fused.set_compile(not config.enforce_eager)
         self.backend = get_attention_backend(config.attention_backend, self.device, config.kv_cache_dtype)
-        self.block_size = config.block_size
+        c = self.model_config
+        # the engine's one holder of its block size (and KV dtype, model id): every reader takes it from here
+        self.layout = KVLayout(
+            model_fingerprint(source), kv_dtype_name(config.kv_cache_dtype, self.dtype), config.block_size,
+            c.num_layers, c.num_kv_heads, c.head_dim,
+        )  # fmt: skip
         self.bytes_per_block = bytes_per_block(config.kv_cache_dtype, self.dtype, self._block_shape(1))
         self.num_blocks = self._num_blocks()
-        self.kv = allocate_kv_cache(config.kv_cache_dtype, self.dtype, self._block_shape(self.num_blocks), self.device)
-        self.kv_cache = self.kv.data
-        self.kv_layers = self.kv.layers()
+        self.kv_cache = allocate_kv_cache(
+            config.kv_cache_dtype, self.dtype, self._block_shape(self.num_blocks), self.device
+        )
+        self.kv_layers = self.kv_cache.layers()
         self.decode_graphs = None
         if self._use_decode_graphs():
             sizes = capture_sizes(config.max_num_seqs)
-            self.decode_graphs = DecodeGraphs(self.model, self.kv.data, sizes, config.max_seq_len_to_capture)
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_cache.data, sizes, config.max_seq_len_to_capture)
         self.num_swap_blocks = int(config.swap_space * (1 << 30)) // self.bytes_per_block
         self.host_cache: KVCacheTensors | None = None  # allocated on first swap-out
 
@@ -82,8 +89,8 @@ class ModelRunner:
         return not c.enforce_eager and self.device.type == "cpu" and c.kv_cache_dtype == "auto"
 
     def _block_shape(self, n: int) -> tuple[int, ...]:
-        c = self.model_config
-        return (n, c.num_layers, 2, self.block_size, c.num_kv_heads, c.head_dim)
+        layout = self.layout
+        return (n, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
 
     def _num_blocks(self) -> int:
         if self.config.num_gpu_blocks:
@@ -102,15 +109,15 @@ class ModelRunner:
         """Swap out, swap in, then copy-on-write, in that order, before the forward pass."""
         if out.swap_out:
             if self.host_cache is None:
-                self.host_cache = self.kv.host_copy(self.num_swap_blocks, pin=self.device.type == "cuda")
+                self.host_cache = self.kv_cache.host_copy(self.num_swap_blocks, pin=self.device.type == "cuda")
             dev, host = map(list, zip(*out.swap_out, strict=True))
-            self.host_cache.copy_from(self.kv, dev, host)
+            self.host_cache.copy_from(self.kv_cache, dev, host)
         if out.swap_in:
             host, dev = map(list, zip(*out.swap_in, strict=True))
-            self.kv.copy_from(self.host_cache, host, dev)
+            self.kv_cache.copy_from(self.host_cache, host, dev)
         if out.copies:
             src, dst = map(list, zip(*out.copies, strict=True))
-            self.kv.copy_from(self.kv, src, dst)
+            self.kv_cache.copy_from(self.kv_cache, src, dst)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
@@ -140,7 +147,7 @@ class ModelRunner:
         size = self.decode_graphs.size_for(len(seqs), int(pos.max()) + 1)
         if size is None:
             return None
-        width = int(pos.max()) // self.block_size + 1
+        width = int(pos.max()) // self.layout.block_size + 1
         tables = np.zeros((len(seqs), width), np.int64)
         for i, q in enumerate(seqs):
             table = q.block_table[:width]
@@ -155,7 +162,7 @@ class ModelRunner:
 
     def _prepare(self, out: SchedulerOutput):
         """Inputs of one step in one pass: Python gathers per-sequence scalars, numpy does the per-token work."""
-        bs, sched = self.block_size, out.scheduled
+        bs, sched = self.layout.block_size, out.scheduled
         n = len(sched)
         starts = np.fromiter((s.seq.num_computed_tokens for s in sched), np.int64, n)
         q_lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)

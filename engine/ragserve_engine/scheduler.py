@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ragserve.engine_args import EngineConfig
+from ragserve.keys import cacheable_blocks
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Request, Sequence, Status
 
@@ -52,9 +53,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, connector: CacheStoreConnector | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, kv_manager: KVCacheManager, connector: CacheStoreConnector | None = None
+    ) -> None:
         self.config = config
-        self.kv = kv
+        self.kv_manager = kv_manager
         self.connector = connector  # when a cachestore is configured
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -89,7 +92,7 @@ class Scheduler:
             budget = self._schedule_swapped(out, budget)
         if out.num_preempted == 0 and not self.swapped:
             self._schedule_waiting(out, budget)
-        out.copies = self.kv.take_pending_copies()
+        out.copies = self.kv_manager.take_pending_copies()
         return out
 
     def _chunk(self, req: Request, budget: int) -> int:
@@ -132,11 +135,11 @@ class Scheduler:
 
     def _allocate(self, req: Request, chunk: int) -> bool:
         seqs = req.live_seqs
-        needed = sum(self.kv.num_blocks_needed(s, chunk) for s in seqs)
-        if not self.kv.can_allocate(needed):
+        needed = sum(self.kv_manager.num_blocks_needed(s, chunk) for s in seqs)
+        if not self.kv_manager.can_allocate(needed):
             return False
         for seq in seqs:
-            if self.kv.allocate_slots(seq, chunk) is None:
+            if self.kv_manager.allocate_slots(seq, chunk) is None:
                 raise RuntimeError("KV allocation failed after the capacity check")
         return True
 
@@ -152,14 +155,14 @@ class Scheduler:
         req.num_preemptions += 1
         out.num_preempted += 1
         if self.config.preemption_mode == "swap":
-            mapping = self.kv.swap_out(req.live_seqs)
+            mapping = self.kv_manager.swap_out(req.live_seqs)
             if mapping is not None:
                 out.swap_out += mapping
                 req.status = Status.SWAPPED
                 self.swapped.append(req)
                 return
         for seq in req.live_seqs:  # recompute: drop the KV, keep the tokens
-            self.kv.free(seq)
+            self.kv_manager.free(seq)
             seq.num_computed_tokens = 0
         req.status = Status.WAITING
         self.waiting.append(req)
@@ -173,10 +176,10 @@ class Scheduler:
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             chunk = self._chunk(req, budget)
-            if chunk == 0 or not self.kv.can_swap_in(seqs, chunk):
+            if chunk == 0 or not self.kv_manager.can_swap_in(seqs, chunk):
                 break
             self.swapped.pop(0)
-            out.swap_in += self.kv.swap_in(seqs)
+            out.swap_in += self.kv_manager.swap_in(seqs)
             req.status = Status.RUNNING
             self._allocate(req, chunk)
             self.running.append(req)
@@ -200,7 +203,7 @@ class Scheduler:
             if self._next_block_in_prefill(req, len(hits[0]), computing):
                 deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
                 continue
-            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv.block_size
+            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size
             chunk = min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining))
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
@@ -208,15 +211,15 @@ class Scheduler:
                 if remaining <= self.config.max_num_batched_tokens:
                     break
                 req.blend = None  # too long for one step: an exact chunked prefill instead
-            needed = sum(self.kv.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
-            if not self.kv.can_allocate(needed, [b for h in hits for b in h]):
+            needed = sum(self.kv_manager.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
+            if not self.kv_manager.can_allocate(needed, [b for h in hits for b in h]):
                 break
             self.waiting.pop(0)
             for seq, seq_hits in zip(seqs, hits, strict=True):
-                self.kv.allocate_slots(seq, chunk, seq_hits)
+                self.kv_manager.allocate_slots(seq, chunk, seq_hits)
             if req.num_cached_tokens < 0:
-                req.num_cached_tokens = len(hits[0]) * self.kv.block_size
-                self.kv.record_query(seqs[0].num_tokens, req.num_cached_tokens)
+                req.num_cached_tokens = len(hits[0]) * self.kv_manager.block_size
+                self.kv_manager.record_query(seqs[0].num_tokens, req.num_cached_tokens)
             req.status = Status.RUNNING
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
@@ -229,7 +232,7 @@ class Scheduler:
         return self.config.enable_prefix_caching and single
 
     def _uncomputed_blocks(self, req: Request) -> list[bytes]:
-        seq, bs = req.live_seqs[0] if self._shares_prefix(req) else None, self.kv.block_size
+        seq, bs = req.live_seqs[0] if self._shares_prefix(req) else None, self.kv_manager.block_size
         if seq is None or seq.num_computed_tokens >= seq.num_prompt_tokens:
             return []
         return seq.block_hashes[seq.num_computed_tokens // bs : seq.num_prompt_tokens // bs]
@@ -244,7 +247,8 @@ class Scheduler:
         if not computing or not self._shares_prefix(req):
             return False
         seq = req.live_seqs[0]
-        return num_hits < (seq.num_tokens - 1) // self.kv.block_size and seq.block_hashes[num_hits] in computing
+        cacheable = cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)
+        return num_hits < cacheable and seq.block_hashes[num_hits] in computing
 
     def _fetch_external(self, req: Request, num_local: int) -> int | None:
         """Fetch blocks past the local hit from the cachestore: once per request, and again if blocks it held
@@ -260,7 +264,7 @@ class Scheduler:
         if req.params.prompt_logprobs is not None:
             return 0
         seq = req.live_seqs[0]
-        hashes = seq.block_hashes[: (seq.num_tokens - 1) // self.kv.block_size]
+        hashes = seq.block_hashes[: cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)]
         pending = self.connector.start_fetch(hashes, num_local, req.request_id)
         if pending is None:
             return 0
@@ -305,7 +309,7 @@ class Scheduler:
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: partial prefills, and waiting requests past their local prefix hit and
         past blocks a prefill ahead of them computes (counted once)."""
-        total, bs = 0, self.kv.block_size
+        total, bs = 0, self.kv_manager.block_size
         for req in self.running:
             seqs = req.live_seqs
             remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
@@ -316,7 +320,8 @@ class Scheduler:
             if not seqs:
                 continue
             hashes, hit = seqs[0].block_hashes, len(self._prefix_hits(req)[0])
-            while self._shares_prefix(req) and hit < (seqs[0].num_tokens - 1) // bs and hashes[hit] in computing:
+            cacheable = cacheable_blocks(seqs[0].num_tokens, bs)
+            while self._shares_prefix(req) and hit < cacheable and hashes[hit] in computing:
                 hit += 1
             if self._shares_prefix(req):
                 computing.update(hashes[hit : seqs[0].num_prompt_tokens // bs])
@@ -327,7 +332,7 @@ class Scheduler:
         seqs = req.live_seqs
         if req.params.prompt_logprobs is not None or req.blend is not None:  # no logits / blended whole
             return [[] for _ in seqs]
-        hits = [self.kv.get_computed_blocks(s, req.cache_salt) for s in seqs]
+        hits = [self.kv_manager.get_computed_blocks(s, req.cache_salt) for s in seqs]
         common = min(len(h) for h in hits)
         return [h[:common] for h in hits]
 
@@ -335,10 +340,10 @@ class Scheduler:
         """The step computed the scheduled tokens: advance and publish full blocks."""
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-            out.newly_cached += self.kv.cache_blocks(s.seq, s.request.cache_salt)
+            out.newly_cached += self.kv_manager.cache_blocks(s.seq, s.request.cache_salt)
 
     def finish(self, req: Request) -> None:
-        self.kv.free_seqs(req.seqs)
+        self.kv_manager.free_seqs(req.seqs)
         for queue in (self.waiting, self.running, self.swapped):
             if req in queue:
                 queue.remove(req)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EngineIdentity(_message.Message):
-    __slots__ = ("engine_id", "url", "served_model_name", "model_id", "key_scheme", "block_size", "layout_fingerprint", "tokenizer_fingerprint", "version", "labels")
+    __slots__ = ("engine_id", "url", "served_model_name", "model_id", "key_scheme", "block_size", "layout_fingerprint", "tokenizer_fingerprint", "version", "labels", "cachestore")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class EngineIdentity(_message.Message):
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    CACHESTORE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     url: str
     served_model_name: str
@@ -35,7 +36,8 @@ class EngineIdentity(_message.Message):
     tokenizer_fingerprint: str
     version: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, engine_id: _Optional[str] = ..., url: _Optional[str] = ..., served_model_name: _Optional[str] = ..., model_id: _Optional[str] = ..., key_scheme: _Optional[str] = ..., block_size: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    cachestore: str
+    def __init__(self, engine_id: _Optional[str] = ..., url: _Optional[str] = ..., served_model_name: _Optional[str] = ..., model_id: _Optional[str] = ..., key_scheme: _Optional[str] = ..., block_size: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cachestore: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("identity", "tokenizer_json", "chat_template", "special_tokens_json", "num_blocks", "max_model_len", "probe_block_hashes")
@@ -66,7 +68,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., resume_from_seq: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "cachestore", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -77,7 +79,6 @@ class Load(_message.Message):
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     FETCH_S_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
-    CACHESTORE_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_SEQ_S_FIELD_NUMBER: _ClassVar[int]
@@ -92,12 +93,11 @@ class Load(_message.Message):
     queued_prefill_tokens: int
     step_token_budget: int
     fetch_s_per_block: float
-    cachestore: str
     computed_prompt_tokens: int
     fetched_prompt_tokens: int
     decode_seq_s: float
     long_prefill_token_threshold: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., cachestore: _Optional[str] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("engine_id", "load", "last_event_seq")

@@ -48,6 +48,7 @@ def _record(req: registry_pb2.RegisterRequest) -> EngineRecord:
         layout_fingerprint=ident.layout_fingerprint,
         version=ident.version,
         labels=dict(ident.labels),
+        cachestore=ident.cachestore,
         num_blocks=req.num_blocks,
         max_model_len=req.max_model_len,
     )

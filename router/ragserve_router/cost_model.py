@@ -36,6 +36,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ragserve.keys import cacheable_blocks
 from ragserve_router.engines import Load
 
 DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
@@ -101,7 +102,7 @@ def predict(
     work_weight: float,
     queued_prompts: int = 1,
 ) -> Prediction:
-    cacheable = max(0, (num_prompt_tokens - 1) // block_size * block_size) if block_size else 0
+    cacheable = cacheable_blocks(num_prompt_tokens, block_size) * block_size if block_size else 0
     local = min(local_blocks * block_size, cacheable)
     fetched = max(0, min(store_blocks * block_size, cacheable) - local)
     computed = num_prompt_tokens - local - fetched

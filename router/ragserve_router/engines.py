@@ -47,6 +47,7 @@ class EngineRecord:
     layout_fingerprint: str = ""
     version: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    cachestore: str = ""  # the cachestore it fetches from and offloads to ("": none)
     num_blocks: int = 0
     max_model_len: int = 0
     load: Load = field(default_factory=Load)

@@ -5,7 +5,17 @@ import struct
 
 import pytest
 
-from ragserve.keys import CHUNK_SCHEME, KEY_SCHEME, KVLayout, block_hashes, chunk_key, hash_block, root_hash, store_key
+from ragserve.keys import (
+    CHUNK_SCHEME,
+    KEY_SCHEME,
+    KVLayout,
+    block_hashes,
+    cacheable_blocks,
+    chunk_key,
+    hash_block,
+    root_hash,
+    store_key,
+)
 
 ROOT = "b47c8b0d332603626220dbda1b6809e57e06d6560dffb1e8b234d038f73f24d4"
 BLOCKS = [
@@ -133,3 +143,8 @@ def test_chunk_key_is_content_only_and_framed():
         chunk_key(root, [])
     with pytest.raises(ValueError):
         chunk_key(b"short", [1])
+
+
+def test_the_last_token_is_never_cached():
+    """A prompt of exactly k blocks caches k - 1 (the step computes its last token for the logits)."""
+    assert [cacheable_blocks(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 0, 0, 1, 1, 2]

@@ -53,7 +53,7 @@ def test_early_exit_aborts_and_frees_blocks(engine):
         await gen.aclose()
         for _ in range(100):
             await asyncio.sleep(0.05)
-            if engine.stats().free_blocks == engine.stats().num_blocks and not engine.engine.requests:
+            if engine.stats().free_blocks == engine.stats().total_blocks and not engine.engine.requests:
                 return True
         return False
 
@@ -79,5 +79,5 @@ def test_kv_events_reach_listeners(engine):
     prompt = list(range(3000, 3040))  # two full blocks
     asyncio.run(main())
     stored = [h for e in seen if e.kind == "stored" for h in e.block_hashes]
-    assert stored == block_hashes(prompt, 16, engine.engine.kv.root)[:2]
+    assert stored == block_hashes(prompt, 16, engine.engine.kv_manager.root)[:2]
     assert set(stored) <= set(engine.engine.pool.cached)  # announced blocks are the ones the cache holds

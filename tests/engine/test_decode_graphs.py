@@ -102,7 +102,7 @@ def test_a_graph_step_writes_only_its_sequences_slots():
     path = str(tiny_model("llama"))
     llm = LLM(path, num_gpu_blocks=32, max_num_seqs=8, block_size=16)
     runner = llm.engine.runner
-    kv = runner.kv.data
+    kv = runner.kv_cache.data
     assert kv.shape[0] == runner.num_blocks  # no block past the scheduler's pool
     llm.generate(_prompts(3), GREEDY)  # decodes at 3 sequences run the size-4 graph: one padding row
     assert 4 in runner.decode_graphs.stats.compiled

@@ -29,7 +29,7 @@ def assert_pool_consistent(engine) -> None:
         assert block.block_hash == h
     assert sum(1 for b in pool.blocks if b.block_hash is not None) == len(pool.cached)
     assert not engine.requests and not engine.scheduler.has_work()
-    assert len(engine.kv.swap.free) == engine.kv.swap.num_blocks
+    assert len(engine.kv_manager.swap.free) == engine.kv_manager.swap.num_blocks
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -143,7 +143,7 @@ def test_swap_preemption_swaps_out_and_back_in(llm):
     expected = [o.outputs[0].token_ids for o in fresh(llm, num_gpu_blocks=64).generate(prompts, params)]
     roomy = fresh(llm, num_gpu_blocks=6, preemption_mode="swap", swap_space=0.01)
     assert [o.outputs[0].token_ids for o in roomy.generate(prompts, params)] == expected
-    swap = roomy.engine.kv.swap
+    swap = roomy.engine.kv_manager.swap
     assert roomy.engine.scheduler.num_preemptions == swap.num_swap_outs > 0
     assert swap.num_swap_ins == swap.num_swap_outs and swap.num_fallbacks == 0
     assert roomy.engine.stats().num_swap_fallbacks == 0
@@ -155,9 +155,9 @@ def test_swap_falls_back_to_recompute_when_the_host_is_full(llm):
     expected = [o.outputs[0].token_ids for o in fresh(llm, num_gpu_blocks=64).generate(prompts, params)]
     two_slots = 2 * llm.engine.runner.bytes_per_block / (1 << 30)
     tight = fresh(llm, num_gpu_blocks=6, preemption_mode="swap", swap_space=two_slots)
-    assert tight.engine.kv.swap.num_blocks == 2
+    assert tight.engine.kv_manager.swap.num_blocks == 2
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, params)] == expected
-    swap = tight.engine.kv.swap
+    swap = tight.engine.kv_manager.swap
     assert swap.num_swap_outs == swap.num_swap_ins == 0
     assert tight.engine.scheduler.num_preemptions == swap.num_fallbacks > 0
     assert tight.engine.stats().num_swap_fallbacks == swap.num_fallbacks

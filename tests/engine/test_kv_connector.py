@@ -203,14 +203,14 @@ def test_a_block_that_does_not_fit_ends_the_fetched_chain(cachestore):
     a.engine.connector.flush()
     b = engine(address, loaded_model=a.engine.runner.model)
     conn = b.engine.connector
-    hashes = b.engine.kv.hash_blocks(CONTEXT, None)
+    hashes = b.engine.kv_manager.hash_blocks(CONTEXT, None)
     blocks = conn.client.get(hashes[:4])
     assert len(blocks) == 4
     blocks[2] = dataclasses.replace(blocks[2], data=blocks[2].data[:-1])
     done: Future = Future()
     done.set_result((blocks, 0.01))
     assert conn.finish_fetch(PendingFetch(hashes, 0, done, deadline=0.0)) == 2
-    cached = [b.engine.kv.pool.get_cached_block(h) is not None for h in hashes[:4]]
+    cached = [b.engine.kv_manager.pool.get_cached_block(h) is not None for h in hashes[:4]]
     assert cached == [True, True, False, False]
 
 
@@ -297,7 +297,7 @@ def test_a_fetch_without_room_waits_for_running_requests_to_free_blocks(cachesto
     other = list(range(9000, 9000 + 16 * 12))  # 12 blocks the store does not hold, running for 32 steps
     long = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     running, warm = b.generate([other, question], [long, GREEDY])
-    assert b.engine.kv.num_importable_blocks() >= 20  # room came back when `other` finished
+    assert b.engine.kv_manager.num_importable_blocks() >= 20  # room came back when `other` finished
     assert warm.num_cached_tokens == 20 * 16
     assert b.engine.connector.stats.not_imported == 0
     assert warm.outputs[0].token_ids == reference.outputs[0].token_ids
@@ -337,10 +337,10 @@ def test_fetched_blocks_without_a_free_kv_block_are_counted(cachestore):
     a.engine.connector.flush()
     b = LLM(str(tiny_model("llama")), num_gpu_blocks=12, cachestore=address, loaded_model=a.engine.runner.model)
     conn = b.engine.connector
-    hashes = b.engine.kv.hash_blocks(CONTEXT, None)
+    hashes = b.engine.kv_manager.hash_blocks(CONTEXT, None)
     blocks = conn.client.get(hashes)
     assert len(blocks) == 20
-    room = b.engine.kv.num_importable_blocks()
+    room = b.engine.kv_manager.num_importable_blocks()
     assert 0 < room < 20
     done: Future = Future()
     done.set_result((blocks, 0.01))

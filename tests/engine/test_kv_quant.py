@@ -151,14 +151,14 @@ def _teacher_forced_agreement(llm: LLM, prompts: list[list[int]], refs: list[lis
 def test_greedy_agreement_with_full_precision_cache(llama_reference, kv_dtype):
     path, base, prompts, refs = llama_reference
     llm = LLM(path, num_gpu_blocks=256, kv_cache_dtype=kv_dtype, loaded_model=base.engine.runner.model)
-    assert llm.engine.runner.kv.data.element_size() == 1
+    assert llm.engine.runner.kv_cache.data.element_size() == 1
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     pairs = [(a, b) for o, r in zip(outs, refs, strict=True) for a, b in zip(o, r, strict=True)]
     free = sum(a == b for a, b in pairs) / len(pairs)
     forced = _teacher_forced_agreement(llm, prompts, refs)
     print(f"{kv_dtype}: greedy token agreement with the full-precision cache {free:.1%}, teacher-forced {forced:.1%}")
     assert free >= FREE_MIN[kv_dtype] and forced >= FORCED_MIN[kv_dtype], (free, forced)
-    assert llm.engine.runner.kv.kv_dtype == quant.canonical(kv_dtype)
+    assert llm.engine.runner.kv_cache.kv_dtype == quant.canonical(kv_dtype)
     assert llm.engine.layout.fingerprint() != base.engine.layout.fingerprint()  # never shares blocks with auto
     if kv_dtype == "fp8":  # the same bytes as fp8_e4m3: the same cachestore namespace
         alias = LLM(path, num_gpu_blocks=8, kv_cache_dtype="fp8_e4m3", loaded_model=base.engine.runner.model)

@@ -41,7 +41,7 @@ def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
     for p, o, first in zip(prompts, again, outs, strict=True):
         assert o.outputs[0].token_ids == first.outputs[0].token_ids
         assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
-    assert base.engine.kv.stats.hits > 0
+    assert base.engine.kv_manager.stats.hits > 0
     for label, llm in _regimes(path, base, prompts):
         outs = llm.generate(prompts, GREEDY)
         for o, first in zip(outs, again, strict=True):
@@ -49,7 +49,7 @@ def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
         if label.startswith("preempt"):
             assert llm.engine.scheduler.num_preemptions > 0, label
         if label == "preempt-swap":  # every preemption swapped out and back in, none recomputed
-            swap = llm.engine.kv.swap
+            swap = llm.engine.kv_manager.swap
             assert swap.num_swap_outs == swap.num_swap_ins == llm.engine.scheduler.num_preemptions, label
         assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks, label
 

@@ -13,6 +13,7 @@ from ragserve.keys import KEY_SCHEME, probe_hashes
 from ragserve.model_source import model_fingerprint, resolve_model
 from ragserve.tls import server_credentials
 from ragserve.tokenizer import PromptTokenizer
+from ragserve.v1 import registry_pb2
 from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
 from tests.helpers.net import free_port
 from tests.helpers.pki import write_test_pki
@@ -68,7 +69,7 @@ def index_of(rec: Recorder, engine_id: str) -> set[bytes]:
 def test_register_request_carries_the_engine_identity(cluster):
     recorder, engine, _ = cluster
     rec = recorder()
-    proc = engine("eng-id", "--advertise-url", "http://10.1.2.3:8000/")
+    proc = engine("eng-id", "--advertise-url", "http://10.1.2.3:8000/", "--cachestore", "127.0.0.1:1")
     until(lambda: registered(rec), what="registration")
     req = rec.registers[0]
     path = tiny_model("llama")
@@ -79,6 +80,8 @@ def test_register_request_carries_the_engine_identity(cluster):
     assert (ident.model_id, ident.key_scheme, ident.block_size) == (model_id, KEY_SCHEME, 16)
     assert ident.tokenizer_fingerprint == tok.fingerprint() and ident.version == __version__
     assert len(ident.layout_fingerprint) == 32
+    assert ident.cachestore == "127.0.0.1:1"  # identity; heartbeats' Load no longer carries it
+    assert "cachestore" not in registry_pb2.Load.DESCRIPTOR.fields_by_name
     assert req.tokenizer_json == tok.tokenizer_json.encode() and req.chat_template == tok.chat_template
     assert json.loads(req.special_tokens_json) == tok.special_tokens
     assert (req.num_blocks, req.max_model_len) == (256, 4096)

@@ -169,7 +169,7 @@ def test_quantize_rejects_unknown_method():
 def _logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     """Every position's logits of a one-sequence prefill through the engine's own runner."""
     runner = llm.engine.runner
-    n, bs = len(prompt), runner.block_size
+    n, bs = len(prompt), runner.layout.block_size
     table = list(range(1, 1 + -(-n // bs)))
     meta = AttentionMetadata(
         slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in range(n)]),

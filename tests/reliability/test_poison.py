@@ -100,7 +100,7 @@ def test_a_request_failing_in_the_step_fails_alone(engine, monkeypatch, inject):
     assert isinstance(error, RequestError) and "injected fault" in str(error), error
     assert mates == baseline  # same tokens, seeded sampling and n=2 included
     monkeypatch.undo()
-    until(lambda: engine.stats().free_blocks == engine.stats().num_blocks, timeout=10, what="KV blocks freed")
+    until(lambda: engine.stats().free_blocks == engine.stats().total_blocks, timeout=10, what="KV blocks freed")
     assert not engine.engine.requests and run_batch(engine, "after", poisoned=False)[0] == baseline
 
 

@@ -1,4 +1,5 @@
-"""Allocation of the paged KV cache for a --kv-cache-dtype (quantized dtypes carry scales)."""
+"""The paged KV cache's tensors for a --kv-cache-dtype (quantized dtypes carry scales): allocation, swap copies,
+and a block's bytes as the cachestore holds them (its data, then its int8 scales)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,6 @@ class KVCacheTensors:
             for i in range(self.data.shape[1])
         ]
 
-    @property
-    def storage_dtype_name(self) -> str:
-        return str(self.data.dtype).removeprefix("torch.")
-
     def host_copy(self, num_blocks: int, pin: bool) -> KVCacheTensors:
         """An empty host-memory cache of the same layout (swap space)."""
 
@@ -39,6 +36,57 @@ class KVCacheTensors:
         self.data[dst] = other.data[src].to(self.data.device)
         if self.scales is not None:
             self.scales[dst] = other.scales[src].to(self.scales.device)
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block: data, then int8 scales."""
+        n = self.data[0].numel() * self.data.element_size()
+        if self.scales is not None:
+            n += self.scales[0].numel() * self.scales.element_size()
+        return n
+
+    def gather(self, block_ids: list[int]) -> GatheredBlocks:
+        """One copy of these blocks to host memory, started now (asynchronous on CUDA)."""
+        ids = torch.tensor(block_ids, device=self.data.device)
+        data = self.data.index_select(0, ids).to("cpu", non_blocking=True)
+        scales = None
+        if self.scales is not None:
+            scales = self.scales.index_select(0, ids).to("cpu", non_blocking=True)
+        return GatheredBlocks(data, scales, _copy_event(self.data.device))
+
+    def write_block(self, block_id: int, raw: bytes) -> None:
+        """Block block_id = raw (block_nbytes bytes, as GatheredBlocks.block_bytes gives them)."""
+        src = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        size = self.data[0].numel() * self.data.element_size()
+        dst = self.data[block_id]
+        dst.copy_(src[:size].view(dst.dtype).view(dst.shape).to(dst.device))
+        if self.scales is not None:
+            sdst = self.scales[block_id]
+            sdst.copy_(src[size:].view(sdst.dtype).view(sdst.shape).to(sdst.device))
+
+
+@dataclass
+class GatheredBlocks:
+    """Blocks copied off the cache by one gather; on CUDA, `ready` marks the copy done."""
+
+    data: torch.Tensor  # [n, num_layers, 2, block_size, num_kv_heads, head_dim], host memory
+    scales: torch.Tensor | None
+    ready: torch.cuda.Event | None = None
+
+    def block_bytes(self, i: int) -> bytes:
+        """The i-th block's bytes (waits for the copy): its data, then its scales."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        raw = self.data[i].contiguous().view(torch.uint8).numpy().tobytes()
+        if self.scales is not None:
+            raw += self.scales[i].contiguous().view(torch.uint8).numpy().tobytes()
+        return raw
+
+
+def kv_dtype_name(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
+    """The KV layout's dtype: canonical --kv-cache-dtype and storage dtype ("auto:float32", "int8:int8")."""
+    kv_dtype = quant.canonical(kv_cache_dtype)
+    return f"{kv_dtype}:{str(quant.storage_dtype(kv_dtype, model_dtype)).removeprefix('torch.')}"
 
 
 def bytes_per_block(kv_cache_dtype: str, model_dtype: torch.dtype, block_shape: tuple[int, ...]) -> int:
@@ -66,3 +114,12 @@ def allocate_kv_cache(
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def _copy_event(device: torch.device) -> torch.cuda.Event | None:
+    """On CUDA, an event the reader of a gathered copy waits on."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ragserve.chunks import chunk_record_keys
+from ragserve.keys import KVLayout
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,14 +29,14 @@ class RemoteStats:
 
 
 class RemoteChunks:
-    def __init__(self, client, block_size: int) -> None:
+    def __init__(self, client, layout: KVLayout) -> None:
         self.client = client
-        self.block_size = block_size
+        self.layout = layout  # the engine's: its block size is the records' size
         self.stats = RemoteStats()
         self._puts = ThreadPoolExecutor(1, thread_name_prefix="chunk-offload")
 
     def record_keys(self, key: bytes, num_tokens: int) -> list[bytes]:
-        return chunk_record_keys(key, num_tokens, self.block_size)
+        return chunk_record_keys(key, num_tokens, self.layout.block_size)
 
     def get(self, key: bytes, num_tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         keys = self.record_keys(key, num_tokens)
@@ -58,7 +59,7 @@ class RemoteChunks:
     def _put(self, key: bytes, kv: torch.Tensor) -> None:
         from ragserve_cachestore.client import KVBlock
 
-        n, bs = kv.shape[2], self.block_size
+        n, bs = kv.shape[2], self.layout.block_size
         padded = F.pad(kv, (0, 0, 0, 0, 0, -n % bs))
         name = str(kv.dtype).removeprefix("torch.")
         blocks = []

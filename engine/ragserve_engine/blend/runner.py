@@ -58,7 +58,7 @@ class Blender:
         self.selection = selection or Selection()
         self.counters = BlendCounters()
         self.failed: dict[str, Exception] = {}  # request id -> what failed its blended prefill this step
-        self.remote = RemoteChunks(cachestore, runner.block_size) if cachestore is not None else None
+        self.remote = RemoteChunks(cachestore, runner.layout) if cachestore is not None else None
 
     # ---- a step -------------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> ModelOutput:
@@ -98,7 +98,7 @@ class Blender:
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], block_table: list[int], spec: BlendSpec) -> torch.Tensor:
         """Blend the prompt into its paged blocks; returns the last token's logits."""
-        dev, n, bs = self.runner.device, len(token_ids), self.runner.block_size
+        dev, n, bs = self.runner.device, len(token_ids), self.runner.layout.block_size
         slots = slot_mapping(np.array([block_table]), np.zeros(n, np.int64), np.arange(n), bs)
         slots = torch.from_numpy(slots).to(dev)
         plan = self.plan(token_ids, spec)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ragserve.chunks import encode_chunked_chat, has_chunks
 from ragserve.tokenizer import PromptTokenizer
-from ragserve_engine.blend.spec import BlendSpec
+from ragserve_engine.engine_client import BlendSpec
 
 FRACTION_FIELD = "blend_recompute_fraction"
 

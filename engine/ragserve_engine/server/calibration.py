@@ -8,10 +8,11 @@ graph, once compiled, then refine the estimate.
 Engines that start together on one machine (a local stack, a test fleet) would measure each other, so a
 host-wide lock file lets one calibrate at a time (a pod's /tmp is its own: pods never wait for each other).
 
-The synthetic requests leave no trace a client or the router can see: each has a random cache_salt, the
-cachestore connector is detached while they run (no lookup, no offload), and afterwards the prefix cache
-is reset (no KV event is recorded before registration starts) and the prefix-cache and computed-token
-counters are zeroed. They never pass through the HTTP layer, so request metrics do not count them.
+The synthetic requests leave no trace a client or the router can see: each has a random cache_salt, and
+they run inside EngineClient.calibrating(): the cachestore connector is detached (no lookup, no offload),
+and afterwards the prefix cache is reset (no KV event is recorded before registration starts) and the
+prefix-cache and computed-token counters are zeroed. They never pass through the HTTP layer, so request
+metrics do not count them.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ragserve_engine.async_engine import AsyncLLM
-from ragserve_engine.llm_engine import LLMEngine
-from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.engine_client import EngineClient, SamplingParams
 
 log = logging.getLogger("ragserve_engine.server")
 PROMPT_TOKENS = 256  # per prompt: one step of fused ops (>= fused.MIN_TOKENS), a few on a capped engine
@@ -39,32 +38,16 @@ LOCK_WAIT_S = 120.0  # then calibrate anyway: a slow measurement beats never ser
 WORDS = ("the", "engine", "measures", "its", "speed", "before", "it", "serves", "a", "prompt")
 
 
-def synthetic_prompt(llm: AsyncLLM, num_tokens: int, seed: int) -> list[int]:
+def synthetic_prompt(llm: EngineClient, num_tokens: int, seed: int) -> list[int]:
     text = " ".join(f"{WORDS[(seed + i) % len(WORDS)]} {seed * 1000 + i}" for i in range(num_tokens))
     return llm.tokenizer.encode(text)[:num_tokens]
 
 
-async def _generate(llm: AsyncLLM, prompt: list[int], max_tokens: int) -> None:
+async def _generate(llm: EngineClient, prompt: list[int], max_tokens: int) -> None:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     salt, rid = uuid.uuid4().hex, f"calibration-{uuid.uuid4().hex}"
     async for _ in llm.generate(prompt, params, rid, cache_salt=salt):
         pass
-
-
-def _detach(engine: LLMEngine) -> tuple:
-    detached = engine.connector, engine.runner.decode_graphs
-    engine.connector = engine.scheduler.connector = engine.runner.decode_graphs = None
-    return detached
-
-
-def _forget(engine: LLMEngine, detached: tuple) -> None:
-    """Reattach, and leave the engine as if it had served nothing: no cached block, no counted prompt token."""
-    engine.connector, engine.runner.decode_graphs = detached
-    engine.scheduler.connector = engine.connector
-    if not engine.pool.reset_prefix_cache():
-        log.warning("calibration: KV blocks still in use; its cached blocks stay until evicted")
-    engine.kv.stats.queries = engine.kv.stats.hits = 0
-    engine.load.computed_prompt_tokens = 0
 
 
 @contextlib.asynccontextmanager
@@ -95,28 +78,26 @@ async def host_turn(path: Path = LOCK_PATH, wait_s: float = LOCK_WAIT_S) -> Asyn
         os.close(fd)
 
 
-async def calibrate(llm: AsyncLLM) -> None:
+async def calibrate(llm: EngineClient) -> None:
     """Run the calibration requests, one engine on this host at a time; a failure is logged and the server
     serves unmeasured."""
     async with host_turn():
         await _calibrate(llm)
 
 
-async def _calibrate(llm: AsyncLLM) -> None:
+async def _calibrate(llm: EngineClient) -> None:
     t0 = time.perf_counter()
     n = max(1, min(PROMPT_TOKENS, llm.info.max_model_len - 2 * DECODE_STEPS - 2))
-    detached = await llm.call(_detach)
-    try:
-        await _generate(llm, synthetic_prompt(llm, n, 0), 1)  # compiles the fused ops: not a speed sample
-        # prefilled together, then DECODE_STEPS steps decoding both and DECODE_STEPS decoding one
-        await asyncio.gather(
-            _generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS),
-            _generate(llm, synthetic_prompt(llm, n, 2), 1 + DECODE_STEPS),
-        )
-    except Exception:  # noqa: BLE001 - serving matters more than the measurement
-        log.exception("start-up calibration failed; the router uses its defaults until requests are measured")
-    finally:
-        await llm.call(lambda engine: _forget(engine, detached))
+    async with llm.calibrating():
+        try:
+            await _generate(llm, synthetic_prompt(llm, n, 0), 1)  # compiles the fused ops: not a speed sample
+            # prefilled together, then DECODE_STEPS steps decoding both and DECODE_STEPS decoding one
+            await asyncio.gather(
+                _generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS),
+                _generate(llm, synthetic_prompt(llm, n, 2), 1 + DECODE_STEPS),
+            )
+        except Exception:  # noqa: BLE001 - serving matters more than the measurement
+            log.exception("start-up calibration failed; the router uses its defaults until requests are measured")
     stats = llm.stats()
     log.info(
         "calibrated in %.1f s: prefill %.0f tokens/s, decode step %.2f ms + %.2f ms a sequence",

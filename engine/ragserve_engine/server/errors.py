@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ragserve.http.errors import ENGINE_SCOPE, REQUEST_SCOPE, ApiError, error_body
-from ragserve_engine.outputs import EngineError
+from ragserve_engine.engine_client import EngineError
 
 _PARAM = re.compile(r"invalid sampling parameter (\w+)=")
 

@@ -13,8 +13,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from ragserve import tracing
-from ragserve_engine.outputs import RequestOutput
-from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.engine_client import RequestOutput, SamplingParams
 from ragserve_engine.server.metrics import EngineMetrics
 
 log = logging.getLogger("ragserve_engine.requests")

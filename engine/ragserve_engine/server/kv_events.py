@@ -13,7 +13,7 @@ import threading
 from collections import deque
 
 from ragserve.v1 import registry_pb2
-from ragserve_engine.block_pool import KVEvent, KVSnapshot
+from ragserve_engine.engine_client import KVEvent, KVSnapshot
 
 REPLAY_CAPACITY = 100_000  # events
 SNAPSHOT_CHUNK = 4096  # hashes per BlocksStored event of a snapshot

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import torch
 import uvicorn
@@ -19,12 +20,14 @@ from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
+from ragserve_engine.engine_client import EngineClient
 from ragserve_engine.server.engine_server import DRAINING, FAILED, EngineServer
 from ragserve_engine.server.kv_events import KVEventLog
 from ragserve_engine.server.routes import create_app
 
 log = logging.getLogger("ragserve_engine.server")
 DRAIN_POLL_S = 0.1
+StartEngine = Callable[[EngineConfig], EngineClient]  # loads the model (on a worker thread), e.g. AsyncLLM
 
 
 class EngineHTTPServer(DrainingServer):
@@ -52,11 +55,9 @@ class EngineHTTPServer(DrainingServer):
             log.warning("drain timeout: exiting with requests still running")
 
 
-async def load(server: EngineServer, uv: EngineHTTPServer) -> None:
-    from ragserve_engine.async_engine import AsyncLLM  # torch: only once serving
-
+async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEngine) -> None:
     try:
-        llm = await asyncio.to_thread(AsyncLLM, server.engine_config)
+        llm = await asyncio.to_thread(start_engine, server.engine_config)
     except Exception:
         log.exception("failed to load model %s", server.engine_config.model)
         server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
@@ -83,7 +84,7 @@ async def load(server: EngineServer, uv: EngineHTTPServer) -> None:
         server.registration.start()
 
 
-async def run_server(server: EngineServer) -> int:
+async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
     cfg = server.config
     config = uvicorn.Config(
         create_app(server),
@@ -96,7 +97,7 @@ async def run_server(server: EngineServer) -> int:
         timeout_graceful_shutdown=30,
     )
     uv = EngineHTTPServer(config, server)
-    loader = asyncio.create_task(load(server, uv))
+    loader = asyncio.create_task(load(server, uv, start_engine))
     try:
         await uv.serve()
     finally:
@@ -109,7 +110,7 @@ async def run_server(server: EngineServer) -> int:
     return uv.exit_code if uv.started else 1
 
 
-def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
+def serve(engine_config: EngineConfig, cfg: ServerConfig, start_engine: StartEngine) -> int:
     setup_logging(cfg.log_level)
     tracing.setup(cfg.otlp_traces_endpoint, "ragserve-engine")
     source = resolve_model(engine_config.model, engine_config.served_model_name)  # bad names fail here
@@ -118,4 +119,4 @@ def serve(engine_config: EngineConfig, cfg: ServerConfig) -> int:
         "engine %s: http %s:%d, model %s loading, %d torch threads",
         *(cfg.engine_id, cfg.host, cfg.port, source.name, torch.get_num_threads()),
     )
-    return asyncio.run(run_server(server))
+    return asyncio.run(run_server(server, start_engine))

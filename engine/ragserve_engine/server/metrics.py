@@ -65,7 +65,7 @@ class EngineStateCollector:
             (
                 m.EXTERNAL_PREFIX_CACHE_HITS,
                 "External (cachestore) prefix-cache hits, in tokens",
-                stats.external_prefix_cache_hits,
+                stats.fetched_prompt_tokens,
             ),
             (m.NUM_SWAP_FALLBACKS, "Swap preemptions that found the host swap space full", stats.num_swap_fallbacks),
             (

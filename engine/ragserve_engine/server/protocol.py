@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragserve.http.limits import check_json, check_request
 from ragserve.tokenizer import normalize_messages
-from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.engine_client import SamplingParams
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 

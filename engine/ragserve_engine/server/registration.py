@@ -46,10 +46,15 @@ def make_channel(cfg: ServerConfig) -> grpc.aio.Channel:
 
 class RegistrationClient:
     def __init__(
-        self, cfg: ServerConfig, llm: EngineClient, model_name: str, events: KVEventLog, prefill_cap: int = 0
+        self,
+        cfg: ServerConfig,
+        llm: EngineClient,
+        model_name: str,
+        events: KVEventLog,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         self.cfg = cfg
-        self.prefill_cap = prefill_cap  # --long-prefill-token-threshold where it applies (0: none)
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # where it applies (0: no cap)
         self.llm = llm
         self.model_name = model_name
         self.events = events
@@ -75,6 +80,7 @@ class RegistrationClient:
             layout_fingerprint=layout.fingerprint(),
             tokenizer_fingerprint=tok.fingerprint(),
             version=__version__,
+            cachestore=info.cachestore,
         )
         return registry_pb2.RegisterRequest(
             identity=identity,
@@ -171,17 +177,16 @@ class RegistrationClient:
             num_waiting=stats.num_waiting,
             kv_usage=stats.kv_usage,
             free_blocks=stats.free_blocks,
-            total_blocks=stats.num_blocks,
+            total_blocks=stats.total_blocks,
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
             decode_step_s=stats.decode_step_s,
             decode_seq_s=stats.decode_seq_s,
-            long_prefill_token_threshold=self.prefill_cap,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
             queued_prefill_tokens=stats.queued_prefill_tokens,
             step_token_budget=stats.step_token_budget,
             fetch_s_per_block=stats.fetch_s_per_block,
-            cachestore=self.llm.info.cachestore,
             computed_prompt_tokens=stats.computed_prompt_tokens,
-            fetched_prompt_tokens=stats.external_prefix_cache_hits,
+            fetched_prompt_tokens=stats.fetched_prompt_tokens,
         )
 
     async def _stream_events(self, stub, cursor: int) -> None:

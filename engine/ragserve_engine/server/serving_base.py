@@ -10,8 +10,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ragserve import tracing
-from ragserve_engine.blend.api import usage_details
-from ragserve_engine.outputs import EngineError, RequestError, RequestOutput
+from ragserve_engine.engine_client import EngineError, RequestError, RequestOutput
+from ragserve_engine.server.blend_api import usage_details
 from ragserve_engine.server.errors import bad_request, failure, failure_event
 from ragserve_engine.server.generation import Generation
 from ragserve_engine.server.protocol import SamplingRequest

@@ -7,8 +7,8 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response
 
-from ragserve_engine.blend.api import chunked_chat
-from ragserve_engine.outputs import RequestOutput
+from ragserve_engine.engine_client import RequestOutput
+from ragserve_engine.server.blend_api import chunked_chat
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import ChatCompletionRequest

@@ -6,7 +6,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ragserve.http.errors import ApiError
-from ragserve_engine.outputs import CompletionOutput, RequestOutput
+from ragserve_engine.engine_client import CompletionOutput, RequestOutput
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import CompletionRequest

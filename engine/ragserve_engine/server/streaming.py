@@ -10,7 +10,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ragserve_engine.outputs import CompletionOutput
+from ragserve_engine.engine_client import CompletionOutput
 
 
 def sse(data: dict | str) -> str:

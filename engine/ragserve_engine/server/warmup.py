@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ragserve.http.errors import ApiError
-from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.engine_client import SamplingParams
 from ragserve_engine.server.protocol import WarmupRequest
 
 if TYPE_CHECKING:
-    from ragserve_engine.kv_cache_manager import KVCacheBlocks
+    from ragserve_engine.engine_client import KVCacheBlocks
 
 MAX_PINNED_FRACTION = 0.5  # pinning more would starve requests of KV blocks
 
