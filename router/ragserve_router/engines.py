@@ -25,7 +25,6 @@ class Load:
     step_token_budget: int = 0
     long_prefill_token_threshold: int = 0  # most tokens one prefill takes per step (0: no cap)
     fetch_s_per_block: float = 0.0
-    cachestore: str = ""
     computed_prompt_tokens: int = 0
     fetched_prompt_tokens: int = 0
     reported_at: float = 0.0  # wall-clock time the router received it (0: never)
