@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.imports import ROOT, SOURCE_ROOTS, module_files
+from tests.helpers.imports import ROOT, SOURCE_ROOTS, import_graph, module_files
 
 TORCH_FREE = ("ragserve", "ragserve_router", "ragserve_cachestore", "ragserve_operator")
 IMPORT_ALL = ROOT / "tests" / "helpers" / "import_all.py"
@@ -154,35 +154,22 @@ def test_a_component_imports_only_what_its_distribution_depends_on(package):
 ENGINE_SERVER = "ragserve_engine.server"
 # what the engine's server may import of the engine: the EngineClient protocol and the values it takes and returns
 # (re-exported by engine_client); cli.py hands the server an AsyncLLM, the server never names it
-ENGINE_SERVER_MAY_IMPORT = ("ragserve_engine.engine_client",)
-
-
-def imported_modules(module: str, path: Path) -> set[str]:
-    """Every dotted name `module` imports, at any depth (inside functions, under TYPE_CHECKING, in try),
-    relative imports resolved; `from package import name` yields package.name."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base] if base else parts)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    return names
+ENGINE_SERVER_MAY_IMPORT = {"ragserve_engine.engine_client"}
 
 
 def test_the_engine_server_reaches_the_engine_only_through_engine_client():
-    """ragserve_engine.server.* imports of ragserve_engine only ragserve_engine.server.* and engine_client."""
-    allowed = (ENGINE_SERVER, *ENGINE_SERVER_MAY_IMPORT)
-    outside = {}
-    for module, path in module_files("ragserve_engine").items():
-        if module != ENGINE_SERVER and not module.startswith(ENGINE_SERVER + "."):
-            continue
-        for name in imported_modules(module, path):
-            inside = any(name == a or name.startswith(a + ".") for a in allowed)
-            if name.split(".")[0] == "ragserve_engine" and not inside:
-                outside.setdefault(module, []).append(name)
+    """ragserve_engine.server.* imports of ragserve_engine only ragserve_engine.server.* and engine_client,
+    counting imports inside functions and under TYPE_CHECKING (tests/helpers/imports.py)."""
+    outside = {
+        module: sorted(
+            name
+            for name in imported
+            if name.startswith("ragserve_engine.")
+            and not name.startswith(ENGINE_SERVER + ".")
+            and name not in ENGINE_SERVER_MAY_IMPORT
+        )
+        for module, imported in import_graph().items()
+        if module == ENGINE_SERVER or module.startswith(ENGINE_SERVER + ".")
+    }
+    outside = {module: names for module, names in outside.items() if names}
     assert not outside, f"the engine server imports engine internals (use EngineClient): {outside}"
