@@ -12,20 +12,17 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from ragserve.chunks import chunk_record_keys
 from ragserve.keys import cacheable_blocks
-from ragserve.router_args import POLICIES
+from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.cost_model import Prediction, calibrate, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
 from ragserve_router.state import RouterState
 from ragserve_router.store_index import StoreIndex
-
-if TYPE_CHECKING:  # annotations only
-    from ragserve.router_args import RouterConfig
 
 log = logging.getLogger(__name__)
 TEXT_CHUNK_TOKENS = TEXT_CHUNK_BYTES // 4  # about, for prompts hashed as text chunks

@@ -14,12 +14,9 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from ragserve.router_args import RouterConfig
 from ragserve_cachestore.client import CacheStoreClient, TLSConfig
-
-if TYPE_CHECKING:  # config imports the policies, which import this
-    from ragserve.router_args import RouterConfig
 
 log = logging.getLogger(__name__)
 LOOKUP_TIMEOUT_S = 0.1
