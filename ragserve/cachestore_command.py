@@ -11,7 +11,7 @@ from ragserve.command_line import ServingTLS, arg, serving_tls_flags
 
 
 @dataclass(frozen=True)
-class CacheStorePod:
+class CacheStoreLaunch:
     """What a cachestore's command line depends on; each field but tls and extra_args is the CacheStoreConfig
     flag of that name, given in this order (unset ones left out)."""
 
@@ -32,7 +32,7 @@ class CacheStorePod:
     extra_args: tuple[str, ...] = ()
 
 
-def cachestore_command(pod: CacheStorePod) -> list[str]:
+def cachestore_command(pod: CacheStoreLaunch) -> list[str]:
     """`ragserve cachestore ...` arguments (a container's args; its command is `ragserve`)."""
     args = ["cachestore"]
     for f in fields(pod):

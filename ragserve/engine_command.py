@@ -18,13 +18,16 @@ ADVERTISE_URL = "http://$(POD_IP):{port}"
 
 @dataclass(frozen=True)
 class EnginePod:
-    """What an engine pod's command line depends on."""
+    """What an engine pod's command line depends on (`ragserve up`'s engines are pods on loopback)."""
 
     model: str
     served_model_name: str | None = None
     engine: Mapping[str, Any] = field(default_factory=dict)  # settings by camelCase key (spec_options())
+    host: str = "0.0.0.0"
     port: int = ENGINE_PORT
-    router: str | None = None  # registry HOST:PORT; the pod then advertises its own IP
+    engine_id: str | None = None  # unset: the engine's own (hostname-pid-starttime)
+    router: str | None = None  # registry HOST:PORT; the pod then advertises advertise_url
+    advertise_url: str = ADVERTISE_URL  # {port} is filled in; the default is the pod's own IP
     router_tls: TLSFiles = TLSFiles()
     registry_token_file: str | None = None  # the router registry's shared token (--registry-token-file)
     cachestore: tuple[str, ...] = ()  # every cachestore pod's HOST:PORT (the client shards over them)
@@ -33,6 +36,7 @@ class EnginePod:
     max_body_bytes: int | None = None
     log_level: str | None = None
     drain_timeout: int | None = None
+    otlp_traces_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -47,14 +51,15 @@ def spec_flags(engine: Mapping[str, Any]) -> list[str]:
 
 def engine_command(pod: EnginePod) -> list[str]:
     """`ragserve engine ...` arguments (the container's args; its command is `ragserve`)."""
-    args = ["engine", *arg("host", "0.0.0.0"), *arg("port", pod.port), *arg("model", pod.model)]
+    args = ["engine", *arg("host", pod.host), *arg("port", pod.port), *arg("model", pod.model)]
     args += arg("served_model_name", pod.served_model_name) + spec_flags(pod.engine)
+    args += arg("engine_id", pod.engine_id)
     if pod.router:
-        args += arg("router", pod.router) + arg("advertise_url", ADVERTISE_URL.format(port=pod.port))
+        args += arg("router", pod.router) + arg("advertise_url", pod.advertise_url.format(port=pod.port))
         args += arg("registry_token_file", pod.registry_token_file) + tls_flags("router", pod.router_tls)
     if pod.cachestore:
         args += arg("cachestore", ",".join(pod.cachestore)) + tls_flags("cachestore", pod.cachestore_tls)
         args += arg("cachestore_token_file", pod.cachestore_token_file)
     args += arg("max_body_bytes", pod.max_body_bytes) + arg("log_level", pod.log_level)
-    args += arg("drain_timeout", pod.drain_timeout)
+    args += arg("drain_timeout", pod.drain_timeout) + arg("otlp_traces_endpoint", pod.otlp_traces_endpoint)
     return args + list(pod.extra_args)

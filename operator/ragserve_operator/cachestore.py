@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ragserve.cachestore_command import CacheStorePod, cachestore_command
+from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.flags import parse_bytes
 from ragserve_operator.mounts import Mounts, cachestore_server
 from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
@@ -21,11 +21,11 @@ def disk_quantity(disk: str) -> str:
     return f"{math.ceil(parse_bytes(disk) * 1.1 / GIB)}Gi"
 
 
-def cachestore_pod(owner: Owner, spec: RAGServeSpec) -> tuple[CacheStorePod, Mounts]:
+def cachestore_pod(owner: Owner, spec: RAGServeSpec) -> tuple[CacheStoreLaunch, Mounts]:
     """A cachestore pod's command line settings, and the Secrets it mounts for them."""
     cs = spec.cachestore
     secrets, tls, token = cachestore_server(spec)
-    pod = CacheStorePod(
+    pod = CacheStoreLaunch(
         port=cs["port"],
         metrics_port=CACHESTORE_METRICS_PORT,
         memory=cs["memory"],

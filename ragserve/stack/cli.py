@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ragserve.engine_args import add_engine_arguments
 from ragserve.flags import add_flag, parse_bytes, positive_int
-from ragserve.stack.spec import LOG_LEVELS, POLICIES
+from ragserve.logs import LOG_LEVELS
+from ragserve.router_args import DEFAULT_POLICY, POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,14 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--engines", type=positive_int, default=2, help="number of engine processes")
     add_flag(g, "--host", default="127.0.0.1", help="router bind address (the rest stays on 127.0.0.1)")
     add_flag(g, "--port", type=int, default=8080, help="router HTTP port (0: a free port)")
-    add_flag(g, "--policy", default="kv_aware", choices=POLICIES, help="routing policy")
+    add_flag(g, "--policy", default=DEFAULT_POLICY, choices=POLICIES, help="routing policy")
     add_flag(g, "--redis", default="auto", help="auto (start redis-server if installed), off, or a redis:// URL")
     add_flag(g, "--no-cachestore", action="store_true", help="run without the shared KV-block store")
     add_flag(g, "--cachestore-memory", type=parse_bytes, default="1GiB", help="cachestore RAM tier")
     add_flag(g, "--engine-threads", type=int, default=0, help="torch threads per engine (0: cores / engines)")
     add_flag(g, "--engine-arg", action="append", help="extra flag for every engine, e.g. --engine-arg=--seed=1")
     add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--work-weight=1")
+    add_flag(g, "--cachestore-arg", action="append", help="extra cachestore flag, e.g. --cachestore-arg=--workers=4")
     add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
+    add_flag(g, "--otlp-traces-endpoint", default=None, help="OTLP/gRPC collector for every process's traces")
     add_flag(g, "--logs", action=argparse.BooleanOptionalAction, default=True, help="stream the processes' logs")
     add_flag(g, "--ready-timeout", type=float, default=600.0, help="seconds to wait for everything to be ready")
     add_flag(g, "--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL on shutdown")
@@ -44,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ragserve.model_source import resolve_model
     from ragserve.stack.banner import banner
+    from ragserve.stack.config import StackConfig
     from ragserve.stack.process import Child, ChildSpec, LogSink
-    from ragserve.stack.spec import StackConfig, port_in_use, ragserve
+    from ragserve.stack.spec import port_in_use, ragserve
     from ragserve.stack.supervisor import Stack, StackError, child_env
 
     cfg = StackConfig.from_args(args)

@@ -15,10 +15,10 @@ import threading
 import time
 
 from ragserve.stack import health
+from ragserve.stack.config import StackConfig
 from ragserve.stack.process import Child, ChildSpec, LogSink, stop_all
 from ragserve.stack.spec import (
     Ports,
-    StackConfig,
     cachestore_spec,
     engine_spec,
     redis_spec,

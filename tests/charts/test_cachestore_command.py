@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragserve.cachestore_command import CacheStorePod, cachestore_command
+from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.command_line import ServingTLS
 from tests.charts.test_engine_command import DEFAULTS, FULLNAME, host, merged
 
@@ -52,7 +52,7 @@ def expected(values: dict) -> list[str]:
     """cachestore_command() for the chart's values, with the chart's wiring (mount paths, Redis Service)."""
     cs = values["cachestore"]
     disk, redis = cs["disk"]["enabled"], cs["redisTier"]
-    pod = CacheStorePod(
+    pod = CacheStoreLaunch(
         port=cs["port"],
         metrics_port=cs["metricsPort"],
         memory=cs["memory"],

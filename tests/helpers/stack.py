@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,6 +54,13 @@ class Up:
         for pid in self.child_pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def run_up(*args: str) -> subprocess.CompletedProcess:
+    """`ragserve up` to completion (for arguments it refuses), without this environment's RAGSERVE_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    cmd = [sys.executable, "-m", "ragserve.cli", "up", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
 
 def tiny() -> str:

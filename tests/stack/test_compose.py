@@ -10,7 +10,10 @@ from pathlib import Path
 import compose
 import pytest
 
+from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.cli import build_parser
+from ragserve.engine_command import EnginePod, engine_command
+from ragserve.router_command import RouterLaunch, router_command
 from tests.helpers.stack import ROOT
 
 # the package's `docker-compose` script is a wrapper that always exits 0; call the Go binary itself
@@ -31,6 +34,31 @@ def config() -> dict:
 def parse(command: list[str]):
     assert command[0] == "ragserve", command
     return build_parser().parse_args(command[1:])  # argparse exits (fails the test) on an unknown flag
+
+
+def built(name: str) -> list[str]:
+    """What the command builders make for the compose services' settings (Service names as hosts)."""
+    if name == "cachestore":
+        launch = CacheStoreLaunch(port=50061, metrics_port=9090, memory="2GiB", disk_dir="/var/cache/ragserve",
+                                  disk="20GiB", redis="redis://redis:6379/0", redis_capacity="2GiB")  # fmt: skip
+        return cachestore_command(launch)
+    if name == "router":
+        launch = RouterLaunch(port=8080, grpc_port=50051, policy="kv_aware", redis="redis://redis:6379/0",
+                              registry_allow_unauthenticated=True)  # fmt: skip
+        return router_command(launch)
+    wiring = {"router": "router:50051", "advertise_url": f"http://{name}:{{port}}", "cachestore": ("cachestore:50061",)}
+    pod = EnginePod(model="smollm2-135m", engine={"kvCacheMemory": "2GiB"}, engine_id=name, drain_timeout=25, **wiring)
+    return engine_command(pod)
+
+
+def unjoined(command: list[str]) -> list[str]:
+    """--flag=value as --flag value, as the builders write them."""
+    return [part for a in command for part in (a.split("=", 1) if a.startswith("--") else [a])]
+
+
+def test_commands_are_the_builders(config):
+    for name in RAGSERVE_SERVICES:
+        assert unjoined(config["services"][name]["command"]) == ["ragserve", *built(name)], name
 
 
 def test_the_compose_binary_rejects_a_broken_file(tmp_path):

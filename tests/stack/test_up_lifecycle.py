@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 from ragserve.cli import build_parser
-from ragserve.stack.spec import Ports, StackConfig, engine_spec
+from ragserve.stack.config import StackConfig
+from ragserve.stack.spec import Ports, engine_spec
 from tests.helpers.process import alive, wait_gone
-from tests.helpers.stack import ROOT, Up, tiny
+from tests.helpers.stack import ROOT, Up, run_up, tiny
 
 SMALL = ("--engines", "1", "--redis", "off", "--num-gpu-blocks", "64", "--served-model-name", "tiny")
 
@@ -59,12 +60,6 @@ def test_a_crashed_child_is_reported_and_stops_the_stack(tmp_path):
         assert wait_gone(up.child_pids, timeout=5) == []
     finally:
         up.cleanup()
-
-
-def run_up(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
-    cmd = [sys.executable, "-m", "ragserve.cli", "up", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
 
 def test_unknown_model_is_a_clear_error():

@@ -1,0 +1,99 @@
+"""`ragserve up`'s settings: one dataclass, built from up's flags. The tracing endpoint and log level are
+given once and reach every child; --engine-arg/--router-arg/--cachestore-arg pass a component's own flags
+through, checked against that component's parser before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import shutil
+from dataclasses import dataclass, field, fields
+
+from ragserve.command_line import arg, bool_flag
+from ragserve.engine_args import EngineConfig
+from ragserve.flags import default_of
+from ragserve.logs import LOG_LEVELS
+from ragserve.model_source import DEFAULT_MODEL
+from ragserve.router_args import DEFAULT_POLICY, POLICIES
+from ragserve.stack.passthrough import check_flags
+
+LOOPBACK = "127.0.0.1"
+ENGINE_OWN = {"model", "served_model_name"}  # engine flags `ragserve up` sets itself, per engine
+
+
+@dataclass
+class StackConfig:
+    engines: int = 2
+    model: str = DEFAULT_MODEL
+    served_model_name: str | None = None
+    host: str = LOOPBACK  # the router's bind address; everything else stays on loopback
+    port: int = 8080  # router HTTP; 0 picks a free port
+    policy: str = DEFAULT_POLICY
+    redis: str = "auto"  # auto | off | redis://URL
+    cachestore: bool = True
+    cachestore_memory: int = 1024**3
+    engine_flags: list[str] = field(default_factory=list)  # passed to every engine
+    engine_threads: int = 0  # torch threads per engine; 0: the host's cores shared out (engine_threads())
+    router_flags: list[str] = field(default_factory=list)
+    cachestore_flags: list[str] = field(default_factory=list)
+    log_level: str = "info"  # this and the tracing endpoint reach every child
+    otlp_traces_endpoint: str | None = None
+    ready_timeout: float = 600.0
+    grace: float = 15.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (
+                importlib.util.find_spec("ragserve_router") is not None,
+                "ragserve up starts a router: install ragserve-router",
+            ),
+            (self.engines >= 1, f"--engines must be >= 1, got {self.engines}"),
+            (self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}"),
+            (
+                self.redis in ("auto", "off") or self.redis.startswith(("redis://", "rediss://", "unix://")),
+                f"--redis must be auto, off or a redis:// URL, got {self.redis!r}",
+            ),
+            (0 <= self.port < 65536, f"--port must be in 0..65535, got {self.port}"),
+            (self.log_level in LOG_LEVELS, f"--log-level must be one of {LOG_LEVELS}"),
+            (self.ready_timeout > 0 and self.grace >= 0, "--ready-timeout must be > 0 and --grace >= 0"),
+            (self.engine_threads >= 0, f"--engine-threads must be >= 0, got {self.engine_threads}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        check_flags("engine", self.engine_flags)
+        check_flags("router", self.router_flags)
+        check_flags("cachestore", self.cachestore_flags)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> StackConfig:
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        values["cachestore"] = not args.no_cachestore
+        values["engine_flags"] = engine_flags(args) + _flag_list(args.engine_arg)
+        values["router_flags"] = _flag_list(args.router_arg)
+        values["cachestore_flags"] = _flag_list(args.cachestore_arg)
+        return cls(**values)
+
+    @property
+    def redis_server(self) -> str | None:
+        """Path of redis-server when this stack should start one."""
+        return shutil.which("redis-server") if self.redis == "auto" else None
+
+
+def _flag_list(value: list[str] | str | None) -> list[str]:
+    """--engine-arg values; from the environment they arrive as one shell-quoted string."""
+    if isinstance(value, str):
+        return shlex.split(value)
+    return list(value or [])
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The engine flags given to `ragserve up` that differ from the engine's defaults, as argv."""
+    out: list[str] = []
+    for f in fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if f.name in ENGINE_OWN or not hasattr(args, f.name) or value == default_of(f):
+            continue
+        out += bool_flag(f.name, value) if isinstance(value, bool) else arg(f.name, value)
+    return out
