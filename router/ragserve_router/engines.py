@@ -62,7 +62,10 @@ class EngineRecord:
     @classmethod
     def from_json(cls, text: str | bytes) -> EngineRecord:
         data = json.loads(text)
-        data["load"] = Load(**data.get("load", {}))
+        load = data.get("load", {})
+        legacy = load.pop("cachestore", "")  # stored by a router from before the address moved to the identity
+        data["load"] = Load(**load)
+        data.setdefault("cachestore", legacy)
         return cls(**data)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import uuid
 
 import pytest
@@ -169,3 +170,11 @@ async def test_approximate_index_is_size_bounded(state):
     # the oldest entries went first, so the chain now misses its first blocks
     assert (await state.match_approx({"e": 600}, [h(i) for i in range(5)]))["e"] == 0
     assert (await state.match_approx({"e": 600}, [h(2), h(3), h(4)]))["e"] == 3
+
+
+def test_a_record_stored_before_the_cachestore_moved_to_the_identity_reads():
+    """Redis shared with an older router: its records carry the address in load.cachestore."""
+    old = json.loads(EngineRecord("e", "http://e", ["m"]).to_json())
+    old["load"]["cachestore"] = old.pop("cachestore") or "store:1"
+    record = EngineRecord.from_json(json.dumps(old))
+    assert record.cachestore == "store:1" and record.load == Load()
