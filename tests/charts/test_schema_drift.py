@@ -1,6 +1,7 @@
 """The chart's values cannot drift from the code: values.yaml's engineDefaults.engine and the
 values.schema.json that constrains it have the keys, defaults and allowed values of ragserve.engine_args
-(the same source the RAGServe CRD is generated from); log levels and routing policies are the code's."""
+(the same source the RAGServe CRD is generated from); log levels, routing policies and the router's defaults
+are the code's (ragserve.router_args)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import yaml
 
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.logs import LOG_LEVELS
+from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig, router_spec_options
 
 
 def engine_schema(chart_dir) -> dict:
@@ -36,8 +38,14 @@ def test_schema_allows_what_the_engine_allows(chart_dir):
 
 
 def test_log_levels_and_routing_policies_are_the_codes(chart_dir):
-    from ragserve_router.policies import POLICIES as policies
-
     schema = json.loads((chart_dir / "values.schema.json").read_text())["properties"]
     assert schema["logLevel"]["enum"] == list(LOG_LEVELS)
-    assert schema["router"]["properties"]["policy"]["enum"] == list(policies)
+    assert schema["router"]["properties"]["policy"]["enum"] == list(POLICIES)
+
+
+def test_router_values_have_the_routers_defaults(chart_dir):
+    """values.yaml's router.policy, port and grpcPort (the CRD's spec.router settings) are RouterConfig's defaults."""
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())["router"]
+    assert values["policy"] == DEFAULT_POLICY
+    for key, f in router_spec_options():
+        assert values[key] == getattr(RouterConfig(), f.name), key

@@ -18,6 +18,7 @@ import yaml
 from ragserve.cli import build_parser
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.flags import SIZE_PATTERN
+from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig, router_spec_options
 from ragserve_operator.crd import crd, crd_yaml, crds, crds_yaml, pool_crd
 from ragserve_operator.kube import KINDS
 from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, apply_defaults, spec_schema
@@ -82,10 +83,17 @@ def test_engine_settings_are_the_engines():
     assert spec_schema()["properties"]["cachestore"]["properties"]["memory"]["pattern"] == SIZE_PATTERN
 
 
-def test_routing_policies_are_the_routers():
-    from ragserve_router.policies import POLICIES as policies
-
-    assert spec_schema()["properties"]["router"]["properties"]["policy"]["enum"] == list(policies)
+def test_router_settings_are_the_routers():
+    """spec.router's policy (enum and default) and ports come from ragserve.router_args, in the template's places."""
+    router = spec_schema()["properties"]["router"]["properties"]
+    assert router["policy"]["enum"] == list(POLICIES)
+    assert {key for key, _ in router_spec_options()} == {"policy", "port", "grpcPort"}
+    assert list(router)[1:4] == ["policy", "port", "grpcPort"]  # where the template puts them
+    defaults = apply_defaults(spec_schema(), {"engines": [{"name": "a", "model": "m"}]})["router"]
+    for key, f in router_spec_options():
+        assert defaults[key] == getattr(RouterConfig(), f.name), key
+    assert defaults["policy"] == DEFAULT_POLICY
+    assert router["port"]["description"] == "The HTTP API port."  # the template's text, not the flag's help
 
 
 def test_printer_columns_point_at_status_fields():
