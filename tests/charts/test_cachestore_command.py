@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
-from ragserve.command_line import ServingTLS
-from tests.charts.test_engine_command import DEFAULTS, FULLNAME, host, merged
+from tests.charts.test_engine_command import DEFAULTS, FULLNAME, merged, redis_url, rendered_args, serving_tls
 
 DISK_DIR = "/var/lib/ragserve/cachestore"
 EXTRA = {
@@ -35,19 +34,6 @@ EXTRA = {
 }
 
 
-def redis_url(values: dict) -> str | None:
-    if values["redis"]["enabled"]:
-        return f"redis://{host('redis', values)}:6379/1"
-    return values["redis"]["external"]["url"] or None
-
-
-def serving_tls(tls: dict) -> ServingTLS:
-    if not tls["enabled"]:
-        return ServingTLS()
-    ca = "/etc/ragserve/tls/ca.crt" if tls["clientAuth"] else None
-    return ServingTLS("/etc/ragserve/tls/tls.crt", "/etc/ragserve/tls/tls.key", ca)
-
-
 def expected(values: dict) -> list[str]:
     """cachestore_command() for the chart's values, with the chart's wiring (mount paths, Redis Service)."""
     cs = values["cachestore"]
@@ -59,7 +45,7 @@ def expected(values: dict) -> list[str]:
         log_level=values["logLevel"].upper(),
         disk_dir=DISK_DIR if disk else None,
         disk=cs["disk"]["budget"] if disk else None,
-        redis=redis_url(values) if redis else None,
+        redis=redis_url(values, 1) if redis else None,
         redis_capacity=cs["redisCapacity"] if redis else None,
         redis_prefix="ragserve-kv:$(POD_NAME):" if redis else None,
         tls=serving_tls(cs["tls"]),
@@ -72,13 +58,8 @@ def expected(values: dict) -> list[str]:
 
 def check_cachestore_args(render, user_values: dict) -> None:
     values = merged(DEFAULTS, user_values)
-    name = f"{FULLNAME}-cachestore"
-    docs = [d for d in render(user_values) if d["kind"] == "StatefulSet" and d["metadata"]["name"] == name]
-    if not values["cachestore"]["enabled"]:
-        assert docs == []
-        return
-    (container,) = [c for c in docs[0]["spec"]["template"]["spec"]["containers"] if c["name"] == "cachestore"]
-    assert container["args"] == expected(values)
+    args = rendered_args(render(user_values), "StatefulSet", f"{FULLNAME}-cachestore", "cachestore")
+    assert args == (expected(values) if values["cachestore"]["enabled"] else None)
 
 
 def test_chart_cachestore_args_are_cachestore_command(render, values):

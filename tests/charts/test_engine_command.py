@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.command_line import TLSFiles
+from ragserve.command_line import ServingTLS, TLSFiles
 from ragserve.engine_command import EnginePod, engine_command
 
 DEFAULTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/ragserve/values.yaml").read_text())
@@ -59,6 +59,30 @@ def tls(side: dict, client: str) -> TLSFiles:
         return TLSFiles(ca=f"/etc/ragserve/{client}-ca/ca.crt")
     files = (f"/etc/ragserve/{client}-ca/ca.crt", f"/etc/ragserve/{client}-client/tls.crt")
     return TLSFiles(*files, f"/etc/ragserve/{client}-client/tls.key")
+
+
+def serving_tls(side: dict) -> ServingTLS:
+    """A server's own certificate files (router registry, cachestore) as the chart mounts them."""
+    if not side["enabled"]:
+        return ServingTLS()
+    ca = "/etc/ragserve/tls/ca.crt" if side["clientAuth"] else None
+    return ServingTLS("/etc/ragserve/tls/tls.crt", "/etc/ragserve/tls/tls.key", ca)
+
+
+def redis_url(values: dict, db: int) -> str | None:
+    """--redis of router (db 0) and cachestore (db 1): the chart's Redis Service, else the external URL."""
+    if values["redis"]["enabled"]:
+        return f"redis://{host('redis', values)}:6379/{db}"
+    return values["redis"]["external"]["url"] or None
+
+
+def rendered_args(docs: list[dict], kind: str, name: str, container: str) -> list[str] | None:
+    """The args of `container` in the rendered kind/name, None when the chart renders no such object."""
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    if not found:
+        return None
+    (c,) = [c for c in found[0]["spec"]["template"]["spec"]["containers"] if c["name"] == container]
+    return c["args"]
 
 
 def expected(values: dict, pool: dict) -> list[str]:

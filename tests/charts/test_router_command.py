@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ragserve.command_line import ServingTLS, TLSFiles
+from ragserve.command_line import TLSFiles
 from ragserve.router_command import RouterLaunch, router_command
 from tests.charts.conftest import NAMESPACE, RELEASE
-from tests.charts.test_engine_command import DEFAULTS, FULLNAME, host, merged, tls
+from tests.charts.test_engine_command import DEFAULTS, FULLNAME, merged, redis_url, rendered_args, serving_tls, tls
 
 EXTRA = {
     "everything": {
@@ -43,19 +43,6 @@ EXTRA = {
 }
 
 
-def redis_url(values: dict) -> str | None:
-    if values["redis"]["enabled"]:
-        return f"redis://{host('redis', values)}:6379/0"
-    return values["redis"]["external"]["url"] or None
-
-
-def serving_tls(side: dict) -> ServingTLS:
-    if not side["enabled"]:
-        return ServingTLS()
-    ca = "/etc/ragserve/tls/ca.crt" if side["clientAuth"] else None
-    return ServingTLS("/etc/ragserve/tls/tls.crt", "/etc/ragserve/tls/tls.key", ca)
-
-
 def expected(values: dict) -> list[str]:
     """router_command() for the chart's values, with the chart's wiring (mount paths, Services, grace period)."""
     r, store = values["router"], values["cachestore"]
@@ -66,7 +53,7 @@ def expected(values: dict) -> list[str]:
         grpc_port=r["grpcPort"],
         policy=r["policy"],
         log_level=values["logLevel"],
-        redis=redis_url(values),
+        redis=redis_url(values, 0),
         static_engines=tuple(r["staticEngines"]),
         k8s_selector=f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=engine" if discover else None,
         k8s_namespace=NAMESPACE if discover else None,
@@ -88,13 +75,8 @@ def expected(values: dict) -> list[str]:
 
 def check_router_args(render, user_values: dict) -> None:
     values = merged(DEFAULTS, user_values)
-    name = f"{FULLNAME}-router"
-    docs = [d for d in render(user_values) if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
-    if not values["router"]["enabled"]:
-        assert docs == []
-        return
-    (container,) = [c for c in docs[0]["spec"]["template"]["spec"]["containers"] if c["name"] == "router"]
-    assert container["args"] == expected(values)
+    args = rendered_args(render(user_values), "Deployment", f"{FULLNAME}-router", "router")
+    assert args == (expected(values) if values["router"]["enabled"] else None)
 
 
 def test_chart_router_args_are_router_command(render, values):
