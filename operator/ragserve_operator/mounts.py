@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ragserve.command_line import ServingTLS, TLSFiles, serving_tls_flags
+from ragserve.command_line import ServingTLS, TLSFiles
 from ragserve_operator.spec import RAGServeSpec
 
 SERVING_TLS_DIR = "/etc/ragserve/tls"  # a server's own certificate: the cachestore's, or the router registry's
@@ -16,11 +16,10 @@ REGISTRY_TOKEN_DIR = "/etc/ragserve/registry-token"
 
 @dataclass
 class Mounts:
-    """Volumes and volume mounts a container needs, and its flags for them."""
+    """Volumes and volume mounts a container needs (its flags for them come from the component's command)."""
 
     volumes: list[dict] = field(default_factory=list)
     mounts: list[dict] = field(default_factory=list)
-    args: list[str] = field(default_factory=list)
 
     def secret(self, volume: str, secret: str, path: str, key: str | None = None) -> None:
         """The Secret as read-only files under `path` (only `key` when given)."""
@@ -31,11 +30,10 @@ class Mounts:
         self.mounts.append({"name": volume, "mountPath": path, "readOnly": True})
 
     def add(self, *others: Mounts) -> Mounts:
-        """These mounts plus the others' volumes, mounts and flags (in that order)."""
+        """These mounts plus the others' volumes and mounts (in that order)."""
         for other in others:
             self.volumes += other.volumes
             self.mounts += other.mounts
-            self.args += other.args
         return self
 
 
@@ -46,11 +44,6 @@ def serving_tls_files(tls: dict, out: Mounts) -> ServingTLS:
     out.secret("tls", tls["secretName"], SERVING_TLS_DIR)
     client_ca = f"{SERVING_TLS_DIR}/ca.crt" if tls["clientAuth"] else None
     return ServingTLS(f"{SERVING_TLS_DIR}/tls.crt", f"{SERVING_TLS_DIR}/tls.key", client_ca)
-
-
-def serving_tls(tls: dict, out: Mounts) -> None:
-    """serving_tls_files() and its flags."""
-    out.args += serving_tls_flags(serving_tls_files(tls, out))
 
 
 def client_tls(tls: dict, peer: str, out: Mounts) -> TLSFiles:

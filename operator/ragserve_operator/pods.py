@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ragserve import __version__
-from ragserve.command_line import arg
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import Image, RAGServeSpec
 
@@ -110,7 +109,3 @@ def redis_url(owner: Owner, spec: RAGServeSpec, db: int) -> str | None:
     if spec.redis["mode"] == "external":
         return spec.redis.get("url") or None
     return None
-
-
-def redis_args(owner: Owner, spec: RAGServeSpec, db: int) -> list[str]:
-    return arg("redis", redis_url(owner, spec, db))
