@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 
 from ragserve.model_source import load_tokenizer, resolve_model
+from ragserve.stack.config import StackConfig
 from ragserve.stack.process import LogSink
-from ragserve.stack.spec import StackConfig
 from ragserve.stack.supervisor import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -45,8 +45,9 @@ import httpx
 from ragserve.demo.client import ChatResult, rag_messages
 from ragserve.demo.corpus import Document, load_corpus
 from ragserve.demo.retrieve import document_context
+from ragserve.stack.config import StackConfig
 from ragserve.stack.process import LogSink
-from ragserve.stack.spec import StackConfig, engine_threads
+from ragserve.stack.spec import engine_threads
 from ragserve.stack.supervisor import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

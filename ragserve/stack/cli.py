@@ -12,27 +12,33 @@ from pathlib import Path
 from ragserve.engine_args import add_engine_arguments
 from ragserve.flags import add_flag, parse_bytes, positive_int
 from ragserve.logs import LOG_LEVELS
-from ragserve.router_args import DEFAULT_POLICY, POLICIES
+from ragserve.router_args import POLICIES
+from ragserve.stack.config import default
+
+
+def _setting(g, flag: str, help: str, **kwargs) -> None:
+    """A flag for the StackConfig field of its name, with that field's default."""
+    add_flag(g, flag, default=default(flag[2:].replace("-", "_")), help=help, **kwargs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("stack")
-    add_flag(g, "--engines", type=positive_int, default=2, help="number of engine processes")
-    add_flag(g, "--host", default="127.0.0.1", help="router bind address (the rest stays on 127.0.0.1)")
-    add_flag(g, "--port", type=int, default=8080, help="router HTTP port (0: a free port)")
-    add_flag(g, "--policy", default=DEFAULT_POLICY, choices=POLICIES, help="routing policy")
-    add_flag(g, "--redis", default="auto", help="auto (start redis-server if installed), off, or a redis:// URL")
+    _setting(g, "--engines", "number of engine processes", type=positive_int)
+    _setting(g, "--host", "router bind address (the rest stays on 127.0.0.1)")
+    _setting(g, "--port", "router HTTP port (0: a free port)", type=int)
+    _setting(g, "--policy", "routing policy", choices=POLICIES)
+    _setting(g, "--redis", "auto (start redis-server if installed), off, or a redis:// URL")
     add_flag(g, "--no-cachestore", action="store_true", help="run without the shared KV-block store")
-    add_flag(g, "--cachestore-memory", type=parse_bytes, default="1GiB", help="cachestore RAM tier")
-    add_flag(g, "--engine-threads", type=int, default=0, help="torch threads per engine (0: cores / engines)")
+    _setting(g, "--cachestore-memory", "cachestore RAM tier", type=parse_bytes)
+    _setting(g, "--engine-threads", "torch threads per engine (0: cores / engines)", type=int)
     add_flag(g, "--engine-arg", action="append", help="extra flag for every engine, e.g. --engine-arg=--seed=1")
     add_flag(g, "--router-arg", action="append", help="extra router flag, e.g. --router-arg=--work-weight=1")
     add_flag(g, "--cachestore-arg", action="append", help="extra cachestore flag, e.g. --cachestore-arg=--workers=4")
-    add_flag(g, "--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
-    add_flag(g, "--otlp-traces-endpoint", default=None, help="OTLP/gRPC collector for every process's traces")
+    _setting(g, "--log-level", "log level of every process", choices=LOG_LEVELS)
+    _setting(g, "--otlp-traces-endpoint", "OTLP/gRPC collector for every process's traces")
     add_flag(g, "--logs", action=argparse.BooleanOptionalAction, default=True, help="stream the processes' logs")
-    add_flag(g, "--ready-timeout", type=float, default=600.0, help="seconds to wait for everything to be ready")
-    add_flag(g, "--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL on shutdown")
+    _setting(g, "--ready-timeout", "seconds to wait for everything to be ready", type=float)
+    _setting(g, "--grace", "seconds between SIGTERM and SIGKILL on shutdown", type=float)
     add_flag(g, "--state-file", default=None, help="write URLs and PIDs as JSON here once ready")
     add_flag(g, "--monitoring", action="store_true", help="also start a local Prometheus scraping the stack")
     add_flag(g, "--monitoring-interval", default="5s", help="with --monitoring: Prometheus scrape interval")

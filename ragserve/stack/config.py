@@ -9,10 +9,11 @@ import importlib.util
 import shlex
 import shutil
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ragserve.command_line import arg, bool_flag
 from ragserve.engine_args import EngineConfig
-from ragserve.flags import default_of
+from ragserve.flags import default_of, parse_bytes
 from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
 from ragserve.router_args import DEFAULT_POLICY, POLICIES
@@ -32,7 +33,7 @@ class StackConfig:
     policy: str = DEFAULT_POLICY
     redis: str = "auto"  # auto | off | redis://URL
     cachestore: bool = True
-    cachestore_memory: int = 1024**3
+    cachestore_memory: int = "1GiB"  # bytes once built
     engine_flags: list[str] = field(default_factory=list)  # passed to every engine
     engine_threads: int = 0  # torch threads per engine; 0: the host's cores shared out (engine_threads())
     router_flags: list[str] = field(default_factory=list)
@@ -43,6 +44,7 @@ class StackConfig:
     grace: float = 15.0
 
     def __post_init__(self) -> None:
+        self.cachestore_memory = parse_bytes(self.cachestore_memory)
         checks = [
             (
                 importlib.util.find_spec("ragserve_router") is not None,
@@ -79,6 +81,11 @@ class StackConfig:
     def redis_server(self) -> str | None:
         """Path of redis-server when this stack should start one."""
         return shutil.which("redis-server") if self.redis == "auto" else None
+
+
+def default(name: str) -> Any:
+    """A StackConfig default, for `ragserve up`'s flag of that name."""
+    return next(f.default for f in fields(StackConfig) if f.name == name)
 
 
 def _flag_list(value: list[str] | str | None) -> list[str]:
