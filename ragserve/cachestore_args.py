@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import Field, dataclass
 
-from ragserve.engine_args import spec_key
-from ragserve.flags import FromArgs, add_options, option, options, parse_bytes, positive_int
+from ragserve.flags import FromArgs, add_options, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
 
 CACHESTORE_PORT = 50061
@@ -75,4 +74,4 @@ def add_cachestore_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_options() -> list[tuple[str, Field]]:
     """(camelCase key, field) of every cachestore setting a RAGServe CR sets, in field order."""
-    return [(spec_key(f.name), f) for f in options(CacheStoreConfig) if f.metadata["spec"]]
+    return spec_fields(CacheStoreConfig)

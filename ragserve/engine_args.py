@@ -11,7 +11,7 @@ import socket
 import time
 from dataclasses import Field, dataclass
 
-from ragserve.flags import FromArgs, add_options, fraction, option, options, parse_bytes, positive_int
+from ragserve.flags import FromArgs, add_options, fraction, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
 
@@ -159,12 +159,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, (ServerConfig, EngineConfig), SERVER_GROUPS)
 
 
-def spec_key(name: str) -> str:
-    """Field name -> its camelCase key in the RAGServe CRD and the chart's values: block_size -> blockSize."""
-    first, *rest = name.split("_")
-    return first + "".join(part.capitalize() for part in rest)
-
-
 def spec_options() -> list[tuple[str, Field]]:
     """(camelCase key, field) of every engine setting a RAGServe pool or a chart pool sets, in field order."""
-    return [(spec_key(f.name), f) for f in options(EngineConfig) if f.metadata["spec"]]
+    return spec_fields(EngineConfig)

@@ -142,6 +142,17 @@ def _argparse_kwargs(f: dataclasses.Field) -> dict[str, Any]:
     return kwargs
 
 
+def spec_key(name: str) -> str:
+    """Field name -> its camelCase key in the RAGServe CRD and the chart's values: block_size -> blockSize."""
+    first, *rest = name.split("_")
+    return first + "".join(part.capitalize() for part in rest)
+
+
+def spec_fields(cls: type) -> list[tuple[str, dataclasses.Field]]:
+    """(camelCase key, field) of every spec=True option of `cls` (what a RAGServe CR sets), in field order."""
+    return [(spec_key(f.name), f) for f in options(cls) if f.metadata["spec"]]
+
+
 class FromArgs:
     """Mixin for option() dataclasses: build one from parsed flags (fields without a flag keep defaults)."""
 

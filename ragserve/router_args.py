@@ -11,8 +11,7 @@ import os
 import socket
 from dataclasses import Field, dataclass
 
-from ragserve.engine_args import spec_key
-from ragserve.flags import FromArgs, add_options, option, options, parse_bytes, positive_int
+from ragserve.flags import FromArgs, add_options, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
 
 # The routing policies, in the order the router registers them (ragserve_router.policies keys its classes by these).
@@ -119,6 +118,6 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, (RouterConfig,), ROUTER_GROUPS)
 
 
-def router_spec_options() -> list[tuple[str, Field]]:
+def spec_options() -> list[tuple[str, Field]]:
     """(camelCase key, field) of every router setting a RAGServe CR sets (spec.router), in field order."""
-    return [(spec_key(f.name), f) for f in options(RouterConfig) if f.metadata["spec"]]
+    return spec_fields(RouterConfig)

@@ -60,7 +60,7 @@ def cachestore_properties() -> dict[str, dict[str, Any]]:
 
 def router_properties() -> dict[str, dict[str, Any]]:
     """spec.router's settings that are `ragserve router` flags (policy and ports; the rest are the operator's)."""
-    return {key: property_schema(f) for key, f in router_args.router_spec_options()}
+    return {key: property_schema(f) for key, f in router_args.spec_options()}
 
 
 def fill(properties: dict[str, Any], generated: dict[str, dict[str, Any]]) -> None:

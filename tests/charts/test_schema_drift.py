@@ -9,9 +9,10 @@ import json
 
 import yaml
 
+from ragserve import router_args
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.logs import LOG_LEVELS
-from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig, router_spec_options
+from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig
 
 
 def engine_schema(chart_dir) -> dict:
@@ -47,5 +48,5 @@ def test_router_values_have_the_routers_defaults(chart_dir):
     """values.yaml's router.policy, port and grpcPort (the CRD's spec.router settings) are RouterConfig's defaults."""
     values = yaml.safe_load((chart_dir / "values.yaml").read_text())["router"]
     assert values["policy"] == DEFAULT_POLICY
-    for key, f in router_spec_options():
+    for key, f in router_args.spec_options():
         assert values[key] == getattr(RouterConfig(), f.name), key

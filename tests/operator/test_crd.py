@@ -15,10 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ragserve import router_args
 from ragserve.cli import build_parser
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.flags import SIZE_PATTERN
-from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig, router_spec_options
+from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig
 from ragserve_operator.crd import crd, crd_yaml, crds, crds_yaml, pool_crd
 from ragserve_operator.kube import KINDS
 from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, apply_defaults, spec_schema
@@ -87,10 +88,10 @@ def test_router_settings_are_the_routers():
     """spec.router's policy (enum and default) and ports come from ragserve.router_args, in the template's places."""
     router = spec_schema()["properties"]["router"]["properties"]
     assert router["policy"]["enum"] == list(POLICIES)
-    assert {key for key, _ in router_spec_options()} == {"policy", "port", "grpcPort"}
+    assert {key for key, _ in router_args.spec_options()} == {"policy", "port", "grpcPort"}
     assert list(router)[1:4] == ["policy", "port", "grpcPort"]  # where the template puts them
     defaults = apply_defaults(spec_schema(), {"engines": [{"name": "a", "model": "m"}]})["router"]
-    for key, f in router_spec_options():
+    for key, f in router_args.spec_options():
         assert defaults[key] == getattr(RouterConfig(), f.name), key
     assert defaults["policy"] == DEFAULT_POLICY
     assert router["port"]["description"] == "The HTTP API port."  # the template's text, not the flag's help
