@@ -75,7 +75,6 @@ class DecodeGraphs:
         """kv_data: the whole cache [num_blocks, layers, 2, block_size, KVH, D]."""
         self.model, self.kv_data = model, kv_data
         self.sizes, self.max_seq_len = sorted(sizes), max_seq_len_to_capture
-        self.block_size = kv_data.shape[3]
         self.device = kv_data.device
         self.stats = GraphStats()
         self.forward = _compiled(self.device, model_signature(model))
@@ -126,7 +125,7 @@ class DecodeGraphs:
     def run(self, size: int, token_ids: list[int], positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
         """Logits [n, vocab] of n one-token sequences: token_ids [n], positions [n] (the new token's),
         tables [n, width] (block ids, padded with anything). n = 0 compiles the size (all rows padding)."""
-        n, bs = len(token_ids), self.block_size
+        n, bs = len(token_ids), self.kv_data.shape[3]  # the cache's block size
         width = max(2, tables.shape[1])  # width 1 would be specialised by dynamo: one more graph
         ids = np.zeros(size, np.int64)
         ids[:n] = token_ids
