@@ -79,7 +79,7 @@ def crd() -> dict:
     out = _template("crd_template.yaml")
     spec = out["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     spec["properties"]["engines"]["items"]["properties"]["engine"]["properties"] = engine_properties()
-    spec["properties"]["cachestore"]["properties"].update(cachestore_properties())  # in the template's places
+    fill(spec["properties"]["cachestore"]["properties"], cachestore_properties())
     fill(spec["properties"]["router"]["properties"], router_properties())
     return out
 

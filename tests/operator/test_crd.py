@@ -15,10 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ragserve import router_args
+from ragserve import cachestore_args, router_args
+from ragserve.cachestore_args import CACHESTORE_PORT, CacheStoreConfig
 from ragserve.cli import build_parser
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
-from ragserve.flags import SIZE_PATTERN
+from ragserve.flags import SIZE_PATTERN, parse_bytes
 from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig
 from ragserve_operator.crd import crd, crd_yaml, crds, crds_yaml, pool_crd
 from ragserve_operator.kube import KINDS
@@ -95,6 +96,19 @@ def test_router_settings_are_the_routers():
         assert defaults[key] == getattr(RouterConfig(), f.name), key
     assert defaults["policy"] == DEFAULT_POLICY
     assert router["port"]["description"] == "The HTTP API port."  # the template's text, not the flag's help
+
+
+def test_cachestore_settings_are_the_cachestores():
+    """spec.cachestore's port and memory (type, limits, default) come from ragserve.cachestore_args."""
+    store = spec_schema()["properties"]["cachestore"]["properties"]
+    assert [key for key, _ in cachestore_args.spec_options()] == ["port", "memory"]
+    assert list(store)[2:4] == ["port", "memory"]  # where the template puts them
+    assert (store["port"]["minimum"], store["port"]["maximum"]) == (1, 65535)
+    assert store["memory"]["pattern"] == SIZE_PATTERN
+    defaults = apply_defaults(spec_schema(), {"engines": [{"name": "a", "model": "m"}]})["cachestore"]
+    assert defaults["port"] == CacheStoreConfig().port == CACHESTORE_PORT
+    assert parse_bytes(defaults["memory"]) == CacheStoreConfig().memory
+    assert store["port"]["description"] == "The gRPC port."  # the template's text, not the flag's help
 
 
 def test_printer_columns_point_at_status_fields():
