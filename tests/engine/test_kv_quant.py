@@ -119,6 +119,24 @@ def test_swap_round_trip_keeps_int8_scales():
     assert torch.equal(k_src, k_dst) and (k_src - b.key[:20]).abs().max() < 0.05
 
 
+def test_a_blocks_bytes_are_its_data_then_its_int8_scales_and_write_back_exactly():
+    """The cachestore's block format (KVCacheTensors.gather / block_bytes / write_block): data bytes, then
+    scale bytes, block_nbytes long; written into another cache they restore both."""
+    b = make_paged_batch([(20, 20)], 2, 2, 16, 16, kv_dtype="int8", num_layers=2, num_blocks=8)
+    TorchAttentionBackend().write_kv(b.key, b.value, b.cache(), b.meta.slot_mapping)
+    src = b.meta.block_tables[0].tolist()
+    gathered = b.kv.gather(src)
+    raw = [gathered.block_bytes(i) for i in range(len(src))]
+    shape = (1, *b.kv.data.shape[1:])
+    assert b.kv.block_nbytes == bytes_per_block("int8", torch.float32, shape) == len(raw[0])
+    for block_id, block in zip(src, raw, strict=True):
+        assert block == b.kv.data[block_id].numpy().tobytes() + b.kv.scales[block_id].numpy().tobytes()
+    other = b.kv.host_copy(8, pin=False)
+    for block_id, block in zip(src, raw, strict=True):
+        other.write_block(block_id, block)
+    assert torch.equal(other.data[src], b.kv.data[src]) and torch.equal(other.scales[src], b.kv.scales[src])
+
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 # lower bounds: free-running greedy (a divergence changes every later token) and teacher-forced top-1
 FREE_MIN = {"int8": 0.75, "fp8": 0.3, "fp8_e5m2": 0.1}
