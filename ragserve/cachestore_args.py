@@ -13,6 +13,7 @@ from ragserve.flags import FromArgs, add_options, option, parse_bytes, positive_
 from ragserve.logs import LOG_LEVELS
 
 CACHESTORE_PORT = 50061
+CACHESTORE_METRICS_PORT = 9090
 MAX_MESSAGE_BYTES = "64MiB"  # the largest gRPC message, on the store and on its clients
 DEFAULT_MAX_MESSAGE_BYTES = parse_bytes(MAX_MESSAGE_BYTES)
 DEFAULT_MAX_BLOCKS_PER_CALL = 8192
@@ -25,7 +26,7 @@ PORT_SCHEMA = {"minimum": 1, "maximum": 65535}
 class CacheStoreConfig(FromArgs):
     host: str = option("0.0.0.0", "address to bind", "server")
     port: int = option(CACHESTORE_PORT, "gRPC port", "server", type=int, spec=True, schema=PORT_SCHEMA)
-    metrics_port: int = option(9090, "HTTP port for /metrics (0: off)", "server", type=int)
+    metrics_port: int = option(CACHESTORE_METRICS_PORT, "HTTP port for /metrics (0: off)", "server", type=int)
     workers: int = option(16, "gRPC worker threads", "server", type=positive_int)
     memory: int = option("4GiB", "RAM tier byte budget", "tiers", type=parse_bytes, spec=True)
     disk_dir: str | None = option(None, "directory of the disk tier (off when unset)", "tiers")

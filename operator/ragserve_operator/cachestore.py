@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+from ragserve.cachestore_args import CACHESTORE_METRICS_PORT
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.flags import parse_bytes
 from ragserve_operator.mounts import Mounts, cachestore_server
-from ragserve_operator.names import CACHESTORE_METRICS_PORT, Owner
+from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, redis_url, redis_url_env
 from ragserve_operator.spec import RAGServeSpec
 

@@ -15,7 +15,6 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 REDIS_PORT = 6379
-CACHESTORE_METRICS_PORT = 9090
 
 
 @dataclass(frozen=True)
