@@ -1,6 +1,8 @@
-"""`ragserve up`'s settings: one dataclass, built from up's flags. The tracing endpoint and log level are
-given once and reach every child; --engine-arg/--router-arg/--cachestore-arg pass a component's own flags
-through, checked against that component's parser before anything starts."""
+"""`ragserve up`'s settings: one dataclass, built from up's flags. The tracing endpoint, log level and TLS
+material are given once and reach every child (with --tls-ca/--tls-cert/--tls-key the router's registry and the
+cachestore serve mutual TLS, and engines and router connect with the same files); --engine-arg/--router-arg/
+--cachestore-arg pass a component's own flags through, checked against that component's parser before anything
+starts."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import shutil
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ragserve.command_line import arg, bool_flag
+from ragserve.command_line import ServingTLS, TLSFiles, arg, bool_flag
 from ragserve.engine_args import EngineConfig
 from ragserve.flags import default_of, parse_bytes
 from ragserve.logs import LOG_LEVELS
@@ -40,6 +42,9 @@ class StackConfig:
     cachestore_flags: list[str] = field(default_factory=list)
     log_level: str = "info"  # this and the tracing endpoint reach every child
     otlp_traces_endpoint: str | None = None
+    tls_ca: str | None = None  # with cert and key: mutual TLS on every gRPC link (registry, cachestore)
+    tls_cert: str | None = None  # the servers' certificate and every client's (SAN 127.0.0.1, both key usages)
+    tls_key: str | None = None
     ready_timeout: float = 600.0
     grace: float = 15.0
 
@@ -64,6 +69,7 @@ class StackConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self._check_tls()
         check_flags("engine", self.engine_flags)
         check_flags("router", self.router_flags)
         check_flags("cachestore", self.cachestore_flags)
@@ -76,6 +82,30 @@ class StackConfig:
         values["router_flags"] = _flag_list(args.router_arg)
         values["cachestore_flags"] = _flag_list(args.cachestore_arg)
         return cls(**values)
+
+    def _check_tls(self) -> None:
+        """All three TLS files or none, each a readable PEM file."""
+        files = {"--tls-ca": self.tls_ca, "--tls-cert": self.tls_cert, "--tls-key": self.tls_key}
+        if not any(files.values()):
+            return
+        if not all(files.values()):
+            missing = ", ".join(flag for flag, path in files.items() if not path)
+            raise ValueError(f"--tls-ca, --tls-cert and --tls-key go together (mutual TLS): missing {missing}")
+        from ragserve.tls import read_pem  # imports grpc: only when TLS is asked for
+
+        for flag, path in files.items():
+            if b"-----BEGIN " not in read_pem(path, flag):
+                raise ValueError(f"{flag} {path} is not a PEM file")
+
+    @property
+    def serving_tls(self) -> ServingTLS:
+        """The registry's and the cachestore's TLS: clients must present a certificate signed by the CA."""
+        return ServingTLS(self.tls_cert, self.tls_key, self.tls_ca)
+
+    @property
+    def client_tls(self) -> TLSFiles:
+        """What engines and the router connect with: verify the servers against the CA, present the certificate."""
+        return TLSFiles(self.tls_ca, self.tls_cert, self.tls_key)
 
     @property
     def redis_server(self) -> str | None:

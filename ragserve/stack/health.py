@@ -62,13 +62,14 @@ def redis_pong(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
         return False
 
 
-def check(target: str, timeout: float = TIMEOUT_S) -> bool:
-    """True when the server behind target (http(s)://, grpc://HOST:PORT, redis://HOST:PORT) is healthy."""
+def check(target: str, timeout: float = TIMEOUT_S, credentials=None) -> bool:
+    """True when the server behind target (http(s)://, grpc://HOST:PORT, redis://HOST:PORT) is healthy;
+    `credentials` (grpc.ChannelCredentials) for a gRPC server that speaks TLS."""
     parts = urlsplit(target)
     if parts.scheme in ("http", "https"):
         return http_get(target, timeout)[0] == 200
     if parts.scheme == "grpc":
-        return grpc_serving(parts.netloc, timeout)
+        return grpc_serving(parts.netloc, timeout, credentials)
     if parts.scheme == "redis":
         return redis_pong(parts.hostname or "127.0.0.1", parts.port or 6379, timeout)
     raise ValueError(f"unsupported probe target {target!r}: use http://, grpc:// or redis://")

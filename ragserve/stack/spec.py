@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
+from ragserve.command_line import TLSFiles
 from ragserve.engine_command import EnginePod, engine_command
 from ragserve.router_command import RouterLaunch, router_command
 from ragserve.stack.config import LOOPBACK, StackConfig
@@ -91,6 +92,7 @@ def cachestore_spec(
         log_level=cfg.log_level,
         redis=redis_url,
         redis_capacity=cfg.cachestore_memory if redis_url else None,  # a tier below RAM, as large as RAM
+        tls=cfg.serving_tls,  # --tls-*: mutual TLS, clients need a certificate signed by --tls-ca
         auth_token_file=token_file,
         otlp_traces_endpoint=cfg.otlp_traces_endpoint,
         extra_args=tuple(cfg.cachestore_flags),
@@ -114,8 +116,10 @@ def router_spec(
         log_level=cfg.log_level,
         redis=redis_url,
         drain_timeout=5,
+        tls=cfg.serving_tls,  # the gRPC registry, mutual TLS with --tls-*
         registry_token_file=token_file,
-        # the router's own Lookups (store-aware routing) carry the store's token
+        # the router's own Lookups (store-aware routing) carry the store's token and, with --tls-*, certificate
+        cachestore_tls=cfg.client_tls if cfg.cachestore else TLSFiles(),
         cachestore_token_file=store_token if cfg.cachestore else None,
         otlp_traces_endpoint=cfg.otlp_traces_endpoint,
         extra_args=tuple(cfg.router_flags),
@@ -138,7 +142,9 @@ def engine_spec(
         router=f"{LOOPBACK}:{ports.router_grpc}",
         advertise_url=url,
         registry_token_file=token_file,
+        router_tls=cfg.client_tls,
         cachestore=(f"{LOOPBACK}:{ports.cachestore}",) if cfg.cachestore else (),
+        cachestore_tls=cfg.client_tls,
         cachestore_token_file=store_token,
         log_level=cfg.log_level,
         drain_timeout=5,

@@ -44,6 +44,7 @@ class Stack:
         self._tmp: str | None = None
         self._stopped = False
         self.prometheus_url: str | None = None
+        self._grpc_credentials = grpc_credentials(cfg)  # the cachestore's readiness probe, over TLS with --tls-*
 
     # -- what users and scripts need --------------------------------------------------------
     @property
@@ -62,6 +63,7 @@ class Stack:
             "url": self.url,
             "engines": self.engine_urls,
             "cachestore": self.child("cachestore").spec.url if self.cfg.cachestore else None,
+            "registry": f"127.0.0.1:{self.ports.router_grpc}",  # the router's gRPC registry (engines register)
             "cachestore_metrics": f"http://127.0.0.1:{self.ports.cachestore_metrics}" if self.cfg.cachestore else None,
             "prometheus": self.prometheus_url,  # ragserve up --monitoring
             "redis": self.redis_url,
@@ -110,7 +112,7 @@ class Stack:
         while pending:
             self.check_alive()
             for child in list(pending):
-                if health.check(child.spec.probe, timeout=1.0):
+                if health.check(child.spec.probe, timeout=1.0, credentials=self._grpc_credentials):
                     pending.remove(child)
                     self.say(f"{child.name} ready in {time.monotonic() - child.started_at:.1f}s: {child.spec.url}")
             now = time.monotonic()
@@ -181,6 +183,16 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def grpc_credentials(cfg: StackConfig):
+    """grpc.ChannelCredentials presenting the stack's certificate (mutual TLS), None without --tls-*."""
+    if not cfg.tls_cert:
+        return None
+    from ragserve.tls import channel_credentials
+
+    files = cfg.client_tls
+    return channel_credentials(files.ca, files.cert, files.key)
 
 
 def child_env() -> dict[str, str]:

@@ -47,7 +47,8 @@ def _write(path: Path, cert: x509.Certificate, key) -> tuple[Path, Path]:
 
 
 def write_test_pki(root: Path) -> dict[str, Path]:
-    """ca, server (127.0.0.1 / localhost), client (signed by ca) and rogue_client (signed by another CA)."""
+    """ca, server (127.0.0.1 / localhost), client (signed by ca), rogue_client (signed by another CA) and peer
+    (127.0.0.1 / localhost, no extended key usage: one certificate that serves and connects, as `ragserve up`'s)."""
     out: dict[str, Path] = {}
     cas = {}
     for name in ("ca", "rogue_ca"):
@@ -59,6 +60,7 @@ def write_test_pki(root: Path) -> dict[str, Path]:
         "server": ("ca", ExtendedKeyUsageOID.SERVER_AUTH, sans),
         "client": ("ca", ExtendedKeyUsageOID.CLIENT_AUTH, None),
         "rogue_client": ("rogue_ca", ExtendedKeyUsageOID.CLIENT_AUTH, None),
+        "peer": ("ca", None, sans),
     }
     for name, (issuer, usage, alt) in leaves.items():
         key = ec.generate_private_key(ec.SECP256R1())
