@@ -84,18 +84,25 @@ class StackConfig:
         return cls(**values)
 
     def _check_tls(self) -> None:
-        """All three TLS files or none, each a readable PEM file."""
+        """All three TLS files or none, each a readable PEM file, together good for mutual TLS on loopback."""
         files = {"--tls-ca": self.tls_ca, "--tls-cert": self.tls_cert, "--tls-key": self.tls_key}
         if not any(files.values()):
             return
         if not all(files.values()):
             missing = ", ".join(flag for flag, path in files.items() if not path)
             raise ValueError(f"--tls-ca, --tls-cert and --tls-key go together (mutual TLS): missing {missing}")
-        from ragserve.tls import read_pem  # imports grpc: only when TLS is asked for
+        from ragserve.stack.health import mutual_tls_with_itself  # imports grpc: only when TLS is asked for
+        from ragserve.tls import read_pem
 
         for flag, path in files.items():
             if b"-----BEGIN " not in read_pem(path, flag):
                 raise ValueError(f"{flag} {path} is not a PEM file")
+        if not mutual_tls_with_itself(self.tls_ca, self.tls_cert, self.tls_key):
+            raise ValueError(
+                f"--tls-cert {self.tls_cert} with --tls-key {self.tls_key} does not pass mutual TLS with itself on "
+                f"127.0.0.1 under --tls-ca {self.tls_ca}: the CA must sign it, the key match it, its SAN cover "
+                "127.0.0.1 and its key usage allow both serverAuth and clientAuth (or be absent)"
+            )
 
     @property
     def serving_tls(self) -> ServingTLS:

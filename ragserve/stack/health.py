@@ -53,6 +53,32 @@ def grpc_serving(address: str, timeout: float = TIMEOUT_S, credentials=None) -> 
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def mutual_tls_with_itself(ca: str, cert: str, key: str, timeout: float = TIMEOUT_S) -> bool:
+    """A throwaway health server on 127.0.0.1 serving cert/key and requiring client certificates signed by ca,
+    probed with the same files: what `ragserve up --tls-*` needs of them (ca signs cert, key matches, the SAN
+    covers 127.0.0.1, key usage allows serving and connecting)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    from ragserve.tls import channel_credentials, server_credentials
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    try:
+        port = server.add_secure_port("127.0.0.1:0", server_credentials(cert, key, ca))
+    except RuntimeError:  # a key that does not fit the certificate, or no PEM grpc can use
+        port = 0
+    if not port:
+        return False
+    server.start()
+    try:
+        return grpc_serving(f"127.0.0.1:{port}", timeout, channel_credentials(ca, cert, key))
+    finally:
+        server.stop(None)
+
+
 def redis_pong(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:

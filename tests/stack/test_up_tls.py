@@ -18,11 +18,11 @@ from tests.helpers.process import until
 from tests.helpers.stack import Up, run_up, tiny
 
 
-def tls_args(certs: dict[str, Path], **override: str) -> list[str]:
-    """--tls-ca/--tls-cert/--tls-key for the test PKI's peer certificate (serves and connects); override replaces
-    or (with "") drops one, e.g. ca=""."""
-    files = {"ca": str(certs["ca"]), "cert": str(certs["peer_cert"]), "key": str(certs["peer_key"]), **override}
-    return [a for part, path in files.items() if path for a in (f"--tls-{part}", path)]
+def tls_args(certs: dict[str, Path], **files: str) -> list[str]:
+    """--tls-ca/--tls-cert/--tls-key, by default the test PKI's CA and peer certificate (it serves and connects);
+    files replaces one, by PKI name (cert="server_cert") or path, or drops it (ca="")."""
+    files = {"ca": "ca", "cert": "peer_cert", "key": "peer_key", **files}
+    return [a for part, name in files.items() if name for a in (f"--tls-{part}", str(certs.get(name, name)))]
 
 
 def argv_of(pid: int) -> list[str]:
@@ -60,17 +60,22 @@ def test_tls_given_once_secures_the_registry_and_the_cachestore(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override, says",
+    "files, says",
     [
         ({"ca": ""}, "--tls-ca, --tls-cert and --tls-key go together (mutual TLS): missing --tls-ca"),
         ({"key": ""}, "--tls-ca, --tls-cert and --tls-key go together (mutual TLS): missing --tls-key"),
         ({"cert": "no-such.pem"}, "cannot read --tls-cert no-such.pem: [Errno 2] No such file or directory"),
         ({"ca": "README.md"}, "--tls-ca README.md is not a PEM file"),
+        ({"cert": "server_cert", "key": "server_key"}, "does not pass mutual TLS with itself on 127.0.0.1"),
+        ({"key": "server_key"}, "does not pass mutual TLS with itself on 127.0.0.1"),
+        ({"ca": "rogue_ca"}, "does not pass mutual TLS with itself on 127.0.0.1"),
     ],
 )
-def test_bad_tls_flags_fail_before_anything_starts(tmp_path, override, says):
+def test_bad_tls_flags_fail_before_anything_starts(tmp_path, files, says):
+    """Missing or unreadable files, and a certificate that cannot serve and connect on loopback (server_cert has
+    only serverAuth; a key of another certificate; a CA that did not sign it)."""
     certs = write_test_pki(tmp_path)
-    proc = run_up("--port", "0", "--model", "no-such-model", *tls_args(certs, **override))  # a started stack fails
+    proc = run_up("--port", "0", "--model", "no-such-model", *tls_args(certs, **files))  # a started stack fails
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"ragserve up: error: {says}" in proc.stderr
+    assert "ragserve up: error: " in proc.stderr and says in proc.stderr, proc.stderr
     assert "started" not in proc.stdout and "Traceback" not in proc.stderr
