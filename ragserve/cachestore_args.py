@@ -9,17 +9,25 @@ from __future__ import annotations
 import argparse
 from dataclasses import Field, dataclass
 
-from ragserve.flags import FromArgs, add_options, option, parse_bytes, positive_int, spec_fields
+from ragserve.flags import (
+    GRPC_MAX_MESSAGE,
+    PORT_SCHEMA,
+    FromArgs,
+    add_options,
+    option,
+    parse_bytes,
+    positive_int,
+    spec_fields,
+)
 from ragserve.logs import LOG_LEVELS
 
 CACHESTORE_PORT = 50061
 CACHESTORE_METRICS_PORT = 9090
-MAX_MESSAGE_BYTES = "64MiB"  # the largest gRPC message, on the store and on its clients
+MAX_MESSAGE_BYTES = GRPC_MAX_MESSAGE  # the largest gRPC message, on the store and on its clients
 DEFAULT_MAX_MESSAGE_BYTES = parse_bytes(MAX_MESSAGE_BYTES)
 DEFAULT_MAX_BLOCKS_PER_CALL = 8192
 GROUPS = ("server", "tiers", "security and limits")
 SIZES = ("memory", "disk", "redis_capacity", "max_message_bytes")
-PORT_SCHEMA = {"minimum": 1, "maximum": 65535}
 
 
 @dataclass

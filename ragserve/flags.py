@@ -31,6 +31,12 @@ _UNITS = {
 }
 
 
+# A TCP port's JSON-schema bounds (the RAGServe CRD's ports).
+PORT_SCHEMA = {"minimum": 1, "maximum": 65535}
+# The largest gRPC message a ragserve server (router registry, cachestore) or client takes by default.
+GRPC_MAX_MESSAGE = "64MiB"
+
+
 # What parse_bytes() accepts, as a JSON-schema pattern (the RAGServe CRD's sizes).
 SIZE_PATTERN = r"^[0-9]*\.?[0-9]+ *([kKmMgGtT]([iI]?[bB])?|[bB])?$"
 

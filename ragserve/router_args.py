@@ -11,7 +11,17 @@ import os
 import socket
 from dataclasses import Field, dataclass
 
-from ragserve.flags import FromArgs, add_options, option, parse_bytes, positive_int, spec_fields
+from ragserve.engine_args import DEFAULT_MAX_BODY_BYTES, ENGINE_PORT
+from ragserve.flags import (
+    GRPC_MAX_MESSAGE,
+    PORT_SCHEMA,
+    FromArgs,
+    add_options,
+    option,
+    parse_bytes,
+    positive_int,
+    spec_fields,
+)
 from ragserve.logs import LOG_LEVELS
 
 # The routing policies, in the order the router registers them (ragserve_router.policies keys its classes by these).
@@ -19,7 +29,6 @@ POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "session", "prefix",
 DEFAULT_POLICY = "kv_aware"
 ROUTER_PORT, ROUTER_GRPC_PORT = 8080, 50051
 ROUTER_GROUPS = ("serving", "engines", "routing", "shared state", "reliability", "security and limits")
-PORT = {"minimum": 1, "maximum": 65535}
 
 
 def url_list(text: str) -> list[str]:
@@ -34,9 +43,9 @@ def url_list(text: str) -> list[str]:
 @dataclass
 class RouterConfig(FromArgs):
     host: str = option("0.0.0.0", "bind address for HTTP and gRPC", "serving")
-    port: int = option(ROUTER_PORT, "OpenAI-compatible HTTP port", "serving", type=int, spec=True, schema=PORT)
+    port: int = option(ROUTER_PORT, "OpenAI-compatible HTTP port", "serving", type=int, spec=True, schema=PORT_SCHEMA)
     grpc_port: int = option(
-        ROUTER_GRPC_PORT, "gRPC registry port engines register on", "serving", type=int, spec=True, schema=PORT
+        ROUTER_GRPC_PORT, "gRPC registry port engines register on", "serving", type=int, spec=True, schema=PORT_SCHEMA
     )
     router_id: str = option("", "this replica's name (default: hostname-pid)", "serving")
     log_level: str = option("info", "log level", "serving", choices=LOG_LEVELS, type=str.lower)
@@ -46,7 +55,7 @@ class RouterConfig(FromArgs):
     static_engines: list[str] = option([], "comma-separated OpenAI base URLs", "engines", type=url_list)
     k8s_selector: str | None = option(None, "discover ready pods by label selector", "engines")
     k8s_namespace: str | None = option(None, "namespace to watch (default: the pod's own)", "engines")
-    k8s_port: int = option(8000, "engine port unless annotated ragserve.io/port", "engines", type=int)
+    k8s_port: int = option(ENGINE_PORT, "engine port unless annotated ragserve.io/port", "engines", type=int)
     engine_api_key: str | None = option(None, "API key the router sends to engines", "engines")
     heartbeat_interval_ms: int = option(1000, "engine heartbeat interval", "engines", type=positive_int)
     policy: str = option(DEFAULT_POLICY, "routing policy", "routing", choices=POLICIES, spec=True)
@@ -76,8 +85,10 @@ class RouterConfig(FromArgs):
     api_keys_file: str | None = option(None, "one key per line, optional 'rps=N burst=M'", "security and limits")
     rate_limit_rps: float = option(0.0, "default requests/s per key (0: off)", "security and limits", type=float)
     rate_limit_burst: int = option(0, "default bucket size (0: 2 x rps)", "security and limits", type=int)
-    max_body_bytes: int = option(8 * 1024**2, "request body limit", "security and limits", type=parse_bytes)
-    grpc_max_message_bytes: int = option(64 * 1024**2, "gRPC message limit", "security and limits", type=parse_bytes)
+    max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "request body limit", "security and limits", type=parse_bytes)
+    grpc_max_message_bytes: int = option(
+        parse_bytes(GRPC_MAX_MESSAGE), "gRPC message limit", "security and limits", type=parse_bytes
+    )
     tls_cert: str | None = option(None, "gRPC registry TLS certificate (PEM)", "security and limits")
     tls_key: str | None = option(None, "gRPC registry TLS private key (PEM)", "security and limits")
     tls_client_ca: str | None = option(None, "require engine client certificates signed by this CA",

@@ -18,7 +18,7 @@ from ragserve.engine_args import EngineConfig
 from ragserve.flags import default_of, parse_bytes
 from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
-from ragserve.router_args import DEFAULT_POLICY, POLICIES
+from ragserve.router_args import DEFAULT_POLICY, POLICIES, ROUTER_PORT
 from ragserve.stack.passthrough import check_flags
 
 LOOPBACK = "127.0.0.1"
@@ -31,7 +31,7 @@ class StackConfig:
     model: str = DEFAULT_MODEL
     served_model_name: str | None = None
     host: str = LOOPBACK  # the router's bind address; everything else stays on loopback
-    port: int = 8080  # router HTTP; 0 picks a free port
+    port: int = ROUTER_PORT  # router HTTP; 0 picks a free port
     policy: str = DEFAULT_POLICY
     redis: str = "auto"  # auto | off | redis://URL
     cachestore: bool = True
