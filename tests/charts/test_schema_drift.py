@@ -1,7 +1,7 @@
 """The chart's values cannot drift from the code: values.yaml's engineDefaults.engine and the
 values.schema.json that constrains it have the keys, defaults and allowed values of ragserve.engine_args
 (the same source the RAGServe CRD is generated from); log levels, routing policies and the router's defaults
-are the code's (ragserve.router_args)."""
+are the code's (ragserve.router_args), and so are the cachestore's (ragserve.cachestore_args)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import json
 
 import yaml
 
-from ragserve import router_args
+from ragserve import cachestore_args, router_args
+from ragserve.cachestore_args import CACHESTORE_METRICS_PORT
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
 from ragserve.logs import LOG_LEVELS
 from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig
@@ -50,3 +51,12 @@ def test_router_values_have_the_routers_defaults(chart_dir):
     assert values["policy"] == DEFAULT_POLICY
     for key, f in router_args.spec_options():
         assert values[key] == getattr(RouterConfig(), f.name), key
+
+
+def test_cachestore_values_have_the_cachestores_defaults(chart_dir):
+    """values.yaml's cachestore port and memory (the CRD's spec.cachestore settings) and its metrics port are
+    the `ragserve cachestore` flags' defaults."""
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())["cachestore"]
+    for key, f in cachestore_args.spec_options():
+        assert values[key] == f.default, key
+    assert values["metricsPort"] == CACHESTORE_METRICS_PORT
