@@ -120,7 +120,7 @@ def _check(plan, cases, dtype, kv_dtype, gqa, block_size, splits, head_dim, **ba
     )  # fmt: skip
     outs, caches = [], []
     for impl in (TorchAttentionBackend(), TritonAttentionBackend(num_splits=splits)):
-        kv = batch.clone_kv() if not batch_kw else batch.kv
+        kv = batch.clone_kv() if not batch_kw else batch.kv_cache
         cache = batch.cache(kv)
         impl.write_kv(batch.key, batch.value, cache, batch.meta.slot_mapping)
         out = impl.forward(batch.query, batch.key, batch.value, cache, batch.meta, head_dim**-0.5)
@@ -146,7 +146,7 @@ def _check_large_ids(plan: Plan, kv_dtype: str) -> dict:
 
     shape = (32_800, 16, 2, 16, 2, 64)
     kv = lazy_kv_cache(kv_dtype, torch.bfloat16, shape, plan.device)
-    kw = dict(first_block=32_770, num_blocks=32_800, kv=kv, layer=15)
+    kw = dict(first_block=32_770, num_blocks=32_800, kv_cache=kv, layer=15)
     row = _check(plan, [(1, 40), (6, 20)], torch.bfloat16, kv_dtype, 2, 16, None, 64, **kw)
     del kv
     return row

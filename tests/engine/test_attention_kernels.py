@@ -66,7 +66,7 @@ def test_tiles_spanning_several_blocks(tile_n):
 
 def test_padded_slots_are_skipped():
     batch = make_paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16, pad_tokens=5)
-    before = batch.kv.data.clone()
+    before = batch.kv_cache.data.clone()
     ref, out, ref_kv, tri_kv = run_both(batch, TritonAttentionBackend())
     assert torch.equal(ref_kv.data, tri_kv.data)
     # exactly the real tokens' K and V landed: one [2, kv_heads, head_dim] slot each
@@ -119,11 +119,11 @@ def test_block_ids_above_30000(kv_dtype):
     assert first * kv.data.stride(0) + layer * kv.data.stride(1) > 2**31
     batch = make_paged_batch(
         [(1, 40), (6, 20)], num_heads=4, num_kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
-        kv_dtype=kv_dtype, dtype=torch.float16, first_block=first, num_blocks=num_blocks, kv=kv, layer=layer,
+        kv_dtype=kv_dtype, dtype=torch.float16, first_block=first, num_blocks=num_blocks, kv_cache=kv, layer=layer,
     )  # fmt: skip
     used = batch.meta.block_tables[batch.meta.block_tables > 0]
     assert used.numel() == 5 and int(used.min()) >= first
-    ref_kv = batch.kv  # the reference writes in place; the Triton run gets the same lazily committed storage
+    ref_kv = batch.kv_cache  # the reference writes in place; the Triton run gets the same lazily committed storage
     before = ref_kv.data[batch.meta.block_tables.flatten().long(), layer].clone()
     outs = []
     for impl in (REF, TritonAttentionBackend()):

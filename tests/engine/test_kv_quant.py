@@ -99,7 +99,7 @@ def test_fp8_per_tensor_scales_in_kernel_and_reference():
         cache = b.cache()
         impl.write_kv(b.key, b.value, cache, b.meta.slot_mapping)
         outs.append(impl.forward(b.query, b.key, b.value, cache, b.meta, 32**-0.5)[: b.num_real_tokens])
-        stored.append(b.kv.data.float())
+        stored.append(b.kv_cache.data.float())
     assert torch.equal(stored[0], stored[1]) and bool(stored[1].isfinite().all())
     assert stored[1].abs().max() == 448.0
     assert (outs[0] - outs[1]).abs().max() < 1e-4
@@ -109,11 +109,13 @@ def test_swap_round_trip_keeps_int8_scales():
     b = make_paged_batch([(20, 20)], 2, 2, 16, 16, kv_dtype="int8", num_layers=2, num_blocks=8)
     TorchAttentionBackend().write_kv(b.key, b.value, b.cache(), b.meta.slot_mapping)
     src = b.meta.block_tables[0].tolist()
-    host = b.kv.host_copy(4, pin=False)
-    host.copy_from(b.kv, src, [3, 1])
+    host = b.kv_cache.host_copy(4, pin=False)
+    host.copy_from(b.kv_cache, src, [3, 1])
     dst = [i for i in range(1, 8) if i not in src][:2]
-    b.kv.copy_from(host, [3, 1], dst)
-    assert torch.equal(b.kv.data[dst], b.kv.data[src]) and torch.equal(b.kv.scales[dst], b.kv.scales[src])
+    b.kv_cache.copy_from(host, [3, 1], dst)
+    assert torch.equal(b.kv_cache.data[dst], b.kv_cache.data[src]) and torch.equal(
+        b.kv_cache.scales[dst], b.kv_cache.scales[src]
+    )
     k_src, _ = TorchAttentionBackend().gather_kv(b.cache(), torch.tensor(src), 20)
     k_dst, _ = TorchAttentionBackend().gather_kv(b.cache(), torch.tensor(dst), 20)
     assert torch.equal(k_src, k_dst) and (k_src - b.key[:20]).abs().max() < 0.05
@@ -125,16 +127,16 @@ def test_a_blocks_bytes_are_its_data_then_its_int8_scales_and_write_back_exactly
     b = make_paged_batch([(20, 20)], 2, 2, 16, 16, kv_dtype="int8", num_layers=2, num_blocks=8)
     TorchAttentionBackend().write_kv(b.key, b.value, b.cache(), b.meta.slot_mapping)
     src = b.meta.block_tables[0].tolist()
-    gathered = b.kv.gather(src)
+    gathered = b.kv_cache.gather(src)
     raw = [gathered.block_bytes(i) for i in range(len(src))]
-    shape = (1, *b.kv.data.shape[1:])
-    assert b.kv.block_nbytes == bytes_per_block("int8", torch.float32, shape) == len(raw[0])
+    shape = (1, *b.kv_cache.data.shape[1:])
+    assert b.kv_cache.block_nbytes == bytes_per_block("int8", torch.float32, shape) == len(raw[0])
     for block_id, block in zip(src, raw, strict=True):
-        assert block == b.kv.data[block_id].numpy().tobytes() + b.kv.scales[block_id].numpy().tobytes()
-    other = b.kv.host_copy(8, pin=False)
+        assert block == b.kv_cache.data[block_id].numpy().tobytes() + b.kv_cache.scales[block_id].numpy().tobytes()
+    other = b.kv_cache.host_copy(8, pin=False)
     for block_id, block in zip(src, raw, strict=True):
         other.write_block(block_id, block)
-    assert torch.equal(other.data[src], b.kv.data[src]) and torch.equal(other.scales[src], b.kv.scales[src])
+    assert torch.equal(other.data[src], b.kv_cache.data[src]) and torch.equal(other.scales[src], b.kv_cache.scales[src])
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

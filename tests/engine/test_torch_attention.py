@@ -60,7 +60,7 @@ def test_constant_calls_per_layer(monkeypatch):
     cases = [(1, 20 + i) for i in range(32)] + [(7, 7), (5, 40)]
     batch = make_paged_batch(cases, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16, num_layers=3)
     backend = TorchAttentionBackend()
-    for layer, cache in enumerate(batch.kv.layers()):
+    for layer, cache in enumerate(batch.kv_cache.layers()):
         backend.write_kv(batch.key, batch.value, cache, batch.meta.slot_mapping)
         backend.forward(batch.query, batch.key, batch.value, cache, batch.meta, 0.25)
         assert len(calls) == 2 * (layer + 1)

@@ -23,19 +23,19 @@ class PagedBatch:
     key: torch.Tensor  # [num_tokens, num_kv_heads, head_dim]
     value: torch.Tensor
     meta: AttentionMetadata
-    kv: KVCacheTensors
+    kv_cache: KVCacheTensors
     layer: int = 0
     k_scale: float = 1.0
     v_scale: float = 1.0
 
-    def cache(self, kv: KVCacheTensors | None = None) -> LayerKVCache:
-        c = (kv or self.kv).layers()[self.layer]
+    def cache(self, kv_cache: KVCacheTensors | None = None) -> LayerKVCache:
+        c = (kv_cache or self.kv_cache).layers()[self.layer]
         c.k_scale, c.v_scale = self.k_scale, self.v_scale
         return c
 
     def clone_kv(self) -> KVCacheTensors:
-        scales = None if self.kv.scales is None else self.kv.scales.clone()
-        return KVCacheTensors(self.kv.data.clone(), scales, self.kv.kv_dtype)
+        scales = None if self.kv_cache.scales is None else self.kv_cache.scales.clone()
+        return KVCacheTensors(self.kv_cache.data.clone(), scales, self.kv_cache.kv_dtype)
 
     @property
     def num_real_tokens(self) -> int:
@@ -56,23 +56,23 @@ def make_paged_batch(
     first_block: int = 1,
     num_blocks: int | None = None,
     pad_tokens: int = 0,
-    kv: KVCacheTensors | None = None,
+    kv_cache: KVCacheTensors | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     seed: int = 0,
 ) -> PagedBatch:
     """first_block: the lowest physical block id used (pass > 30,000 to exercise 64-bit addressing);
-    kv: a preallocated cache (e.g. a lazily committed torch.empty one) instead of a fresh zeroed one."""
+    kv_cache: a preallocated cache (e.g. a lazily committed torch.empty one) instead of a fresh zeroed one."""
     gen = torch.Generator().manual_seed(seed)
     device = torch.device(device)
     needed = sum(-(-ctx // block_size) for _, ctx in cases)
     num_blocks = num_blocks or first_block + needed
-    if kv is None:
+    if kv_cache is None:
         shape = (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
-        kv = allocate_kv_cache(kv_dtype, dtype, shape, device)
+        kv_cache = allocate_kv_cache(kv_dtype, dtype, shape, device)
     ids = (torch.randperm(num_blocks - first_block, generator=gen)[:needed] + first_block).tolist()
     tables, slots, q_starts, seq_lens = [], [], [0], []
-    batch = PagedBatch(None, None, None, None, kv, layer, k_scale, v_scale)  # type: ignore[arg-type]
+    batch = PagedBatch(None, None, None, None, kv_cache, layer, k_scale, v_scale)  # type: ignore[arg-type]
     ref = TorchAttentionBackend()
 
     def randn(*shape: int) -> torch.Tensor:

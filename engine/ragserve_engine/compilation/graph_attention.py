@@ -25,13 +25,13 @@ from ragserve_engine.compilation import cpu_ops
 class GraphLayerCache:
     """A layer of the whole cache tensor, as the compiled graph sees it (the cache itself is the input)."""
 
-    kv: torch.Tensor  # [num_blocks, num_layers, 2, block_size, KVH, D]
+    kv_cache: torch.Tensor  # [num_blocks, num_layers, 2, block_size, KVH, D]
     layer: int
     new_kv: list[tuple[torch.Tensor, torch.Tensor]]  # every layer's (key, value) of this step, in order
 
     @property
     def data(self) -> torch.Tensor:
-        return self.kv[:, self.layer]
+        return self.kv_cache[:, self.layer]
 
 
 class GraphDecodeAttention:
@@ -53,7 +53,7 @@ class GraphDecodeAttention:
     ) -> torch.Tensor:
         if query.device.type == "cpu" and cpu_ops.loaded():
             return torch.ops.ragserve.paged_decode_attention(
-                query, key, value, cache.kv, cache.layer, meta.block_tables, meta.seq_lens, scale
+                query, key, value, cache.kv_cache, cache.layer, meta.block_tables, meta.seq_lens, scale
             )
         return paged_decode_attention(query, key, value, cache.data, meta.block_tables, meta.seq_lens, scale)
 
