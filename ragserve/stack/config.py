@@ -122,7 +122,7 @@ class StackConfig:
 
 def default(name: str) -> Any:
     """A StackConfig default, for `ragserve up`'s flag of that name."""
-    return next(f.default for f in fields(StackConfig) if f.name == name)
+    return default_of(next(f for f in fields(StackConfig) if f.name == name))
 
 
 def _flag_list(value: list[str] | str | None) -> list[str]:

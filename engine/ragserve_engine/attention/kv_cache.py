@@ -38,9 +38,14 @@ class KVCacheTensors:
             self.scales[dst] = other.scales[src].to(self.scales.device)
 
     @property
+    def _data_nbytes(self) -> int:
+        """Bytes of one block's data (without its scales)."""
+        return self.data[0].numel() * self.data.element_size()
+
+    @property
     def block_nbytes(self) -> int:
         """Bytes of one block: data, then int8 scales."""
-        n = self.data[0].numel() * self.data.element_size()
+        n = self._data_nbytes
         if self.scales is not None:
             n += self.scales[0].numel() * self.scales.element_size()
         return n
@@ -57,7 +62,7 @@ class KVCacheTensors:
     def write_block(self, block_id: int, raw: bytes) -> None:
         """Block block_id = raw (block_nbytes bytes, as GatheredBlocks.block_bytes gives them)."""
         src = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        size = self.data[0].numel() * self.data.element_size()
+        size = self._data_nbytes
         dst = self.data[block_id]
         dst.copy_(src[:size].view(dst.dtype).view(dst.shape).to(dst.device))
         if self.scales is not None:
