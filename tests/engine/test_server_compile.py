@@ -11,7 +11,7 @@ from tests.helpers.engine_server import MODEL_NAME, start_engine
 def test_sigterm_during_a_background_compile_exits_cleanly(tmp_path):
     # an empty inductor cache: the tiny model's first graph takes seconds to compile, not milliseconds
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    engine = start_engine(tmp_path, "--num-gpu-blocks", "64", "--max-model-len", "256", env=env)
+    engine = start_engine(tmp_path, "--no-enforce-eager", "--num-gpu-blocks", "64", "--max-model-len", "256", env=env)
     try:
         engine.wait_ready()
         body = {"model": MODEL_NAME, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
