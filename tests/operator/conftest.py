@@ -1,40 +1,39 @@
-"""An in-memory Kubernetes API (kmock) on loopback, and the operator as a real subprocess against it.
+"""The in-memory Kubernetes API (kube_sim.KubeSim, on loopback) and the operator as a real subprocess
+against it.
 
-kmock's emulator stores objects and streams watch events but is no API server; KubeSim adds the
-server behaviours the operator relies on: uid / creationTimestamp / generation / resourceVersion,
-generation bumps on spec changes, generateName, the namespace from the URL, listing the cluster-scoped
-namespaces, server-side apply with field ownership (server_side_apply.py: managedFields on every write,
-apply patches, conflicts) and the `scale` subresource of custom resources that declare one.
+Two ways to get them: `kube` + `operator` / `run_operator` give a test its own API and operator; a module
+whose tests do not need a fresh operator process takes `shared_kube` + `shared_operator` (tests marked
+`pytest.mark.asyncio(loop_scope="module")`): one API and one operator for the module, the API emptied
+through the operator before each test (every RAGServe deleted and collected, then whatever is left), so
+no test sees another's objects. Every call the operator makes is checked against the chart's RBAC rules
+when its API closes (rbac.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import datetime
+import contextlib
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp.web
 import kmock
 import pytest
 import pytest_asyncio
-from kmock._internal import dicts as kmock_dicts
 from kmock._internal import parsing as kmock_parsing
 
 from ragserve_operator.crd import pool_crd
 from ragserve_operator.spec import POOL_KIND
 from tests.helpers.net import free_ports as _free_ports
 from tests.helpers.process import Proc, start, until_async
-from tests.helpers.ragserve_cr import NS, POOLS, RAGSERVES
-from tests.operator import server_side_apply as ssa
+from tests.helpers.ragserve_cr import BASE, NS, POOLS, RAGSERVES
+from tests.operator import rbac
+from tests.operator.kube_sim import KubeSim
 
 _parse_path = kmock_parsing.parse_path
-APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
@@ -42,183 +41,6 @@ def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
     if path.rstrip("/") == "/api/v1/namespaces":
         return kmock_parsing.ParsedPath(group="", version="v1", plural="namespaces")
     return _parse_path(path)
-
-
-class KubeSim(kmock.KubernetesEmulator):
-    namespace = NS
-    _version = 0
-    scale_paths: dict = {}  # resource -> the CRD's scale subresource (specReplicasPath, ...)
-
-    def obj(self, resource: str | kmock.resource, name: str, namespace: str = NS) -> dict | None:
-        """The stored object (e.g. obj("apps/v1/deployments", "x")), None if absent or deleted."""
-        key = (kmock.resource(resource), namespace, name)
-        return None if key not in self.objects or self.objects[key].deleted else self.objects[key].raw
-
-    def events(self) -> list[dict]:
-        return [o.raw for (r, _, _), o in self.objects.items() if r == "v1/events" and not o.deleted]
-
-    async def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        async with self.request(method, path, json=body) as response:
-            assert response.status < 300, await response.text()
-            return await response.json()
-
-    async def _handle(self, request: kmock.Request):
-        data = request.data
-        if request.resource is not None and request.subresource == "scale":
-            return await self._serve_scale(request)
-        if request.resource is not None and request.action == kmock.action.UPDATE and _is_apply(request):
-            return await self._serve_apply(request)
-        if request.resource is not None and request.action == kmock.action.UPDATE and isinstance(data, list):
-            # a JSON patch (kopf's, guarded by a "test" of resourceVersion): 422 on a stale version, as the
-            # API server answers, else apply it and bump the version
-            self._check_version(request, data)
-            data.append({"op": "add", "path": "/metadata/resourceVersion", "value": self._next_version()})
-        elif request.resource is not None and isinstance(data, dict):
-            if request.action in (kmock.action.CREATE, kmock.action.UPDATE):
-                data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
-            if request.action == kmock.action.CREATE:
-                meta = data.setdefault("metadata", {})
-                if not meta.get("name") and meta.get("generateName"):
-                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:6]
-                if request.namespace:
-                    meta.setdefault("namespace", request.namespace)
-                meta.setdefault("uid", str(uuid.uuid4()))
-                meta.setdefault("generation", 1)
-                meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).isoformat())
-            elif request.action == kmock.action.UPDATE and request.subresource is None and "spec" in data:
-                self._bump_generation(request, data)
-        if request.resource is not None and request.subresource is None:
-            self._record_update(request)
-        return await super()._handle(request)
-
-    def _record_update(self, request: kmock.Request) -> None:
-        """managedFields after a create, merge patch or JSON patch: its manager owns what it changed."""
-        data, manager = request.data, _manager(request)
-        if request.action == kmock.action.CREATE and isinstance(data, dict):
-            data["metadata"]["managedFields"] = ssa.update(None, copy.deepcopy(data), manager)["metadata"][
-                "managedFields"
-            ]
-            return
-        live = self.obj(request.resource, request.name, request.namespace) if request.name else None
-        if request.action != kmock.action.UPDATE or live is None or not isinstance(data, dict | list):
-            return
-        new = kmock_dicts.patch_dict(copy.deepcopy(live), data)
-        fields = ssa.update(live, copy.deepcopy(dict(new)), manager)["metadata"]["managedFields"]
-        if isinstance(data, dict):
-            data.setdefault("metadata", {})["managedFields"] = fields
-        else:
-            data.append({"op": "add", "path": "/metadata/managedFields", "value": fields})
-
-    async def _serve_apply(self, request: kmock.Request) -> aiohttp.web.Response:
-        """PATCH with application/apply-patch+yaml: create or merge, as the manager's whole intent."""
-        manager = request.params.get("fieldManager")
-        if not manager or not isinstance(request.data, dict):
-            return _status(422, "Invalid", "fieldManager is required for apply patches")
-        live = self.obj(request.resource, request.name, request.namespace)
-        try:
-            new = ssa.apply(live, request.data, manager, force=request.params.get("force") == "true")
-        except ssa.Conflict as exc:
-            return aiohttp.web.json_response(exc.status(), status=409)
-        return aiohttp.web.json_response(await self._store(request, live, new))
-
-    async def _serve_scale(self, request: kmock.Request) -> aiohttp.web.Response:
-        """The `scale` subresource: an autoscaling/v1 Scale view of the paths the CRD declares."""
-        paths = self.scale_paths.get(request.resource)
-        live = self.obj(request.resource, request.name, request.namespace)
-        if paths is None or live is None:
-            return _status(404, "NotFound", f"{request.resource} {request.name} has no scale subresource")
-        if request.action == kmock.action.UPDATE or request.method.upper() == "PUT":
-            replicas = ((request.data or {}).get("spec") or {}).get("replicas")
-            if not isinstance(replicas, int) or replicas < 0:
-                return _status(422, "Invalid", "spec.replicas: must be a non-negative integer")
-            new = copy.deepcopy(live)
-            _set(new, paths["specReplicasPath"], replicas)
-            live = await self._store(request, live, ssa.update(live, new, _manager(request)))
-        return aiohttp.web.json_response(
-            {
-                "apiVersion": "autoscaling/v1",
-                "kind": "Scale",
-                "metadata": {k: live["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")},
-                "spec": {"replicas": _get(live, paths["specReplicasPath"])},
-                "status": {
-                    "replicas": _get(live, paths["statusReplicasPath"]) or 0,
-                    "selector": _get(live, paths.get("labelSelectorPath", "")) or "",
-                },
-            }
-        )
-
-    async def _store(self, request: kmock.Request, live: dict | None, new: dict) -> dict:
-        """Write `new` (created when `live` is None) and stream the event; a write that changes nothing
-        is no write (same resourceVersion, no event), as on the API server."""
-        if live is not None and new == live:
-            return live
-        meta = new.setdefault("metadata", {})
-        meta["resourceVersion"] = self._next_version()
-        if live is None:
-            meta.update(name=request.name, namespace=request.namespace, uid=str(uuid.uuid4()), generation=1)
-            meta["creationTimestamp"] = datetime.datetime.now(datetime.UTC).isoformat()
-        elif new.get("spec") != live.get("spec"):
-            meta["generation"] = live["metadata"].get("generation", 1) + 1
-        key = (request.resource, request.namespace, request.name)
-        async with self._lock:
-            if key not in self.objects:
-                self.objects[key] = new
-            elif live is None:
-                self.objects[key].create(new)
-            else:
-                self.objects[key].patch([{"op": "replace", "path": "", "value": new}])
-            raw = self.objects[key].raw
-            await self._buses[request.resource].put({"type": "ADDED" if live is None else "MODIFIED", "object": raw})
-        return raw
-
-    def _check_version(self, request: kmock.Request, ops: list) -> None:
-        live = self.obj(request.resource, request.name, request.namespace) or {}
-        current = live.get("metadata", {}).get("resourceVersion")
-        for op in ops:
-            if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion" and op["value"] != current:
-                raise kmock.KubernetesError(status=422, reason="Invalid", message="resourceVersion changed")
-
-    def _next_version(self) -> str:
-        KubeSim._version += 1
-        return str(KubeSim._version)
-
-    def _bump_generation(self, request: kmock.Request, data: dict) -> None:
-        key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
-            return
-        live = self.objects[key].raw
-        merged = kmock_dicts.patch_dict(copy.deepcopy(live), data)
-        if merged.get("spec") != live.get("spec"):
-            data.setdefault("metadata", {})["generation"] = live.get("metadata", {}).get("generation", 1) + 1
-
-
-def _is_apply(request: kmock.Request) -> bool:
-    headers = {k.lower(): v for k, v in request.headers.items()}
-    return headers.get("content-type", "").split(";")[0].strip() == APPLY_PATCH
-
-
-def _manager(request: kmock.Request) -> str:
-    """?fieldManager=, else the client's name from its User-Agent (the API server's default)."""
-    agent = {k.lower(): v for k, v in request.headers.items()}.get("user-agent", "unknown")
-    return request.params.get("fieldManager") or agent.split("/")[0]
-
-
-def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message}
-    return aiohttp.web.json_response({**body, "code": code}, status=code)
-
-
-def _get(obj: dict, path: str) -> object:
-    for key in path.strip(".").split("."):
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def _set(obj: dict, path: str, value: object) -> None:
-    *parents, last = path.strip(".").split(".")
-    for key in parents:
-        obj = obj.setdefault(key, {})
-    obj[last] = value
 
 
 def kubeconfig(url: str, path: Path) -> Path:
@@ -234,24 +56,38 @@ current-context: sim
     return path
 
 
+@contextlib.asynccontextmanager
+async def serving_kube() -> AsyncIterator[KubeSim]:
+    """A KubeSim on loopback with the test namespace, the RAGServe kinds and KEDA's ScaledObject; at the
+    end, every call a client made is checked against the chart's RBAC."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kmock_parsing, "parse_path", _parse_path_fixed)
+        async with KubeSim() as sim, kmock.Server(sim):
+            sim.resources.load_bundled()
+            verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+            sim.resources[RAGSERVES] = kmock.ResourceInfo(
+                kind="RAGServe", singular="ragserve", namespaced=True, subresources={"status"}, verbs=verbs
+            )
+            sim.resources[POOLS] = kmock.ResourceInfo(
+                kind=POOL_KIND,
+                singular=POOL_KIND.lower(),
+                namespaced=True,
+                subresources={"status", "scale"},
+                verbs=verbs,
+            )
+            sim.scale_paths = {kmock.resource(POOLS): pool_crd()["spec"]["versions"][0]["subresources"]["scale"]}
+            sim.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+                kind="ScaledObject", singular="scaledobject", namespaced=True, verbs=verbs
+            )
+            async with sim.post("/api/v1/namespaces", json={"metadata": {"name": NS}}) as response:
+                assert response.status < 300
+            yield sim
+            rbac.check_operator_calls(sim.calls)
+
+
 @pytest_asyncio.fixture
-async def kube(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeSim]:
-    monkeypatch.setattr(kmock_parsing, "parse_path", _parse_path_fixed)
-    async with KubeSim() as sim, kmock.Server(sim):
-        sim.resources.load_bundled()
-        verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-        sim.resources[RAGSERVES] = kmock.ResourceInfo(
-            kind="RAGServe", singular="ragserve", namespaced=True, subresources={"status"}, verbs=verbs
-        )
-        sim.resources[POOLS] = kmock.ResourceInfo(
-            kind=POOL_KIND, singular=POOL_KIND.lower(), namespaced=True, subresources={"status", "scale"}, verbs=verbs
-        )
-        sim.scale_paths = {kmock.resource(POOLS): pool_crd()["spec"]["versions"][0]["subresources"]["scale"]}
-        sim.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
-            kind="ScaledObject", singular="scaledobject", namespaced=True, verbs=verbs
-        )
-        async with sim.post("/api/v1/namespaces", json={"metadata": {"name": NS}}) as response:
-            assert response.status < 300
+async def kube() -> AsyncIterator[KubeSim]:
+    async with serving_kube() as sim:
         yield sim
 
 
@@ -272,34 +108,109 @@ def start_operator(sim: KubeSim, tmp_path: Path, port: int, metrics_port: int) -
     return start("operator", [sys.executable, "-m", "ragserve.cli", *args], tmp_path / "operator.log", env=env)
 
 
-@pytest_asyncio.fixture
-async def run_operator(kube: KubeSim, tmp_path: Path, port: int, metrics_port: int) -> AsyncIterator[Callable]:
-    """Start the operator (stopping the previous one first); every process is stopped at teardown, without
-    blocking the loop: kmock serves the operator's last requests meanwhile."""
-    procs: list[Proc] = []
+@dataclass
+class Operators:
+    """The operator processes started against one KubeSim: run() stops the last one and starts another."""
 
-    async def run() -> subprocess.Popen:
-        for old in procs:
+    kube: KubeSim
+    tmp_path: Path
+    port: int
+    metrics_port: int
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def current(self) -> subprocess.Popen:
+        return self.procs[-1].popen
+
+    async def run(self) -> subprocess.Popen:
+        for old in self.procs:
             await old.stop_async()
-        kube._requests.clear()  # so the readiness check below sees this process's watches
-        proc = start_operator(kube, tmp_path, port, metrics_port)
-        procs.append(proc)
-        await until_async(lambda: _alive(proc, port), timeout=60, what="operator liveness endpoint")
+        self.kube._requests.clear()  # so the readiness check below sees this process's watches
+        proc = start_operator(self.kube, self.tmp_path, self.port, self.metrics_port)
+        self.procs.append(proc)
+        await until_async(lambda: _alive(proc, self.port), timeout=60, what="operator liveness endpoint")
         # kmock's watches ignore resourceVersion (events between a list and its watch are lost): wait for them
-        await until_async(lambda: _watching(kube), timeout=60, what="the operator's watch streams")
+        await until_async(lambda: _watching(self.kube), timeout=60, what="the operator's watch streams")
         return proc.popen
 
-    try:
-        yield run
-    finally:
-        for proc in procs:
+    async def stop(self) -> None:
+        """Stop every process without blocking the loop: kmock serves their last requests meanwhile."""
+        for proc in self.procs:
             await proc.stop_async()
-        print((tmp_path / "operator.log").read_text()[-20000:])
+        print((self.tmp_path / "operator.log").read_text()[-20000:])
+
+
+@pytest_asyncio.fixture
+async def run_operator(kube: KubeSim, tmp_path: Path, port: int, metrics_port: int) -> AsyncIterator[Callable]:
+    """Start the operator (stopping the previous one first); every process is stopped at teardown."""
+    operators = Operators(kube, tmp_path, port, metrics_port)
+    try:
+        yield operators.run
+    finally:
+        await operators.stop()
 
 
 @pytest_asyncio.fixture
 async def operator(run_operator: Callable) -> subprocess.Popen:
     return await run_operator()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_operators(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Operators]:
+    """One KubeSim and one operator process for a whole module."""
+    port, metrics_port = _free_ports(2)
+    async with serving_kube() as sim:
+        operators = Operators(sim, tmp_path_factory.mktemp("operator"), port, metrics_port)
+        try:
+            await operators.run()
+            yield operators
+        finally:
+            await operators.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def shared_kube(shared_operators: Operators) -> KubeSim:
+    """The module's KubeSim, emptied: what a fresh one holds, with the module's operator watching it."""
+    await empty(shared_operators.kube)
+    return shared_operators.kube
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def shared_operator(shared_operators: Operators, shared_kube: KubeSim) -> AsyncIterator[subprocess.Popen]:
+    """The module's operator process (running; restart_operator() replaces it)."""
+    assert shared_operators.current.poll() is None, "the module's operator exited"
+    yield shared_operators.current
+    assert shared_operators.current.poll() is None, "the module's operator exited during the test"
+
+
+@pytest.fixture
+def restart_operator(shared_operators: Operators, shared_kube: KubeSim) -> Callable:
+    return shared_operators.run
+
+
+@pytest.fixture
+def shared_metrics_port(shared_operators: Operators) -> int:
+    return shared_operators.metrics_port
+
+
+async def empty(sim: KubeSim) -> None:
+    """Delete every RAGServe through the API (the operator lets go of it, the garbage collector takes its
+    children), then every other object of the test namespace; forget the requests."""
+    for name in [n for r, n in sim.live() if r == RAGSERVES]:
+        async with sim.request("DELETE", f"{BASE}/{name}"):
+            pass
+    await until_async(lambda: not [n for r, n in sim.live() if r == RAGSERVES], timeout=60, what="RAGServes gone")
+
+    async def delete_the_rest() -> bool:  # (an Event the operator posts late is deleted on the next round)
+        for resource, name in sim.live():
+            res = kmock.resource(resource)
+            prefix = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+            async with sim.request("DELETE", f"{prefix}/namespaces/{NS}/{res.plural}/{name}"):
+                pass
+        return not sim.live()
+
+    await until_async(delete_the_rest, timeout=30, what="an empty namespace")
+    sim._requests.clear()
 
 
 WATCHED = ("ragserves", "ragserveenginepools", "deployments", "statefulsets", "services", "configmaps")
