@@ -64,6 +64,8 @@ class EngineStats:
     prefill_tokens_per_s: float = 0.0
     decode_step_s: float = 0.0  # a step at the current decode batch
     decode_seq_s: float = 0.0  # what each further decoding sequence adds to a step
+    decode_seq_measured: bool = False  # decode_seq_s was fitted (0.0 is then a measurement)
+    decode_path: str = "unmeasured"  # steps the decode figures were timed on (load_stats.decode_path)
     queued_prefill_tokens: int = 0  # waiting (past local hits) and partially prefilled prompt tokens
     step_token_budget: int = 0
     fetch_s_per_block: float = 0.0

@@ -191,7 +191,7 @@ class LLMEngine:
             elif self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
                 raise RuntimeError(f"scheduler stalled with {self.stats()}")
             return []
-        t0, epoch = time.perf_counter(), compile_epoch()
+        t0, epoch, graph_steps = time.perf_counter(), compile_epoch(), self._graph_steps()
         model_out = self.blender.execute(out)
         for rid, exc in self.blender.take_failed().items():  # out no longer holds them
             self.failed[rid] = exc
@@ -199,10 +199,15 @@ class LLMEngine:
         seconds = time.perf_counter() - t0
         self.scheduler.update_after_step(out)
         timed = quiet_since(epoch)  # a step that compiled, or ran beside a compile, says nothing about speed
-        self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed)
+        graph = self._graph_steps() > graph_steps  # the step ran through a compiled decode graph
+        self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed, graph)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
         return self._process(out, model_out)
+
+    def _graph_steps(self) -> int:
+        graphs = self.runner.decode_graphs
+        return graphs.stats.steps if graphs else 0
 
     def _process(self, out: SchedulerOutput, model_out: ModelOutput) -> list[RequestOutput]:
         now = time.monotonic()
@@ -368,6 +373,8 @@ class LLMEngine:
             prefill_tokens_per_s=self.load.prefill_tokens_per_s,
             decode_step_s=self.load.decode_step_s(len(self.scheduler.running)),
             decode_seq_s=self.load.decode_seq_s,
+            decode_seq_measured=self.load.decode_seq_measured,
+            decode_path=self.load.decode_path(graphs is not None),
             queued_prefill_tokens=self.load.queued_prefill_tokens,
             step_token_budget=self.config.max_num_batched_tokens,
             fetch_s_per_block=self.connector.stats.fetch_s_per_block if self.connector else 0.0,

@@ -8,6 +8,10 @@ exponentially weighted over recent steps:
   mixed steps: an engine that is never without prefill work (a queue of cold prompts) keeps its
   decode estimate current instead of reporting the speed it had when idle;
 - prefill throughput: prefill tokens over the time a step spent beyond its decode share.
+
+Decode-only steps through a compiled decode graph are fitted apart from eager ones (start-up calibration,
+mixed steps, sizes still compiling): once a graph has timed a step the engine reports the graph line, so a
+figure is never a blend of the two paths, and `decode_path` tells the router which one it is.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
 DECAY = 0.9  # weight of the past per observed step
 MIN_X_VARIANCE = 0.25  # batch-size variance (std 0.5) the recent decode steps need before a slope is fitted
 MIN_PREFILL_SAMPLE = 16  # tokens; smaller prefill chunks say more about overhead than throughput
+# decode_path values (the heartbeat's DecodePath, proto/ragserve/v1/registry.proto, lower-cased)
+UNMEASURED, EAGER, EAGER_BEFORE_GRAPHS, GRAPH = "unmeasured", "eager", "eager_before_graphs", "graph"
 
 
 def is_decode(s: ScheduledSeq) -> bool:
@@ -37,6 +43,7 @@ class _Ewma:
     xy: float = 0.0
 
     fit: float = 0.0  # the slope of the last window whose x varied enough to fit one
+    fitted: bool = False  # some window did (fit 0.0 is then a measurement)
 
     def add(self, x: float, y: float) -> None:
         self.w, self.x, self.y = DECAY * self.w + 1, DECAY * self.x + x, DECAY * self.y + y
@@ -44,6 +51,7 @@ class _Ewma:
         var = self.w * self.xx - self.x * self.x
         if var > MIN_X_VARIANCE * self.w * self.w:
             self.fit = max(0.0, (self.w * self.xy - self.x * self.y) / var)
+            self.fitted = True
 
     def slope(self) -> float:
         """Kept while recent steps all had one batch size: their noise would fit any slope at all."""
@@ -63,29 +71,33 @@ class LoadTracker:
     computed_prompt_tokens: int = 0  # cumulative
     num_decoding: int = 0
     untimed_steps: int = 0  # steps that compiled or ran beside a compile: left out of the speeds
-    _decode: _Ewma = None  # type: ignore[assignment]
+    _eager: _Ewma = None  # type: ignore[assignment]  # eager decode steps and the decode share of mixed ones
+    _graph: _Ewma = None  # type: ignore[assignment]  # decode steps through a compiled graph
     _prefill_tokens: float = 0.0
     _prefill_s: float = 0.0
 
     def __post_init__(self) -> None:
-        self._decode = _Ewma()
+        self._eager, self._graph = _Ewma(), _Ewma()
 
-    def observe(self, out: SchedulerOutput, seconds: float, queued_prefill_tokens: int, timed: bool = True) -> None:
+    def observe(
+        self, out: SchedulerOutput, seconds: float, queued_prefill_tokens: int, timed: bool = True, graph: bool = False
+    ) -> None:
         """One executed step: its duration, what it computed, and the prefill work still queued after it.
-        timed=False (the step compiled a graph): its duration is not a speed sample."""
+        timed=False (the step compiled a graph): its duration is not a speed sample. graph: it ran through a
+        compiled decode graph."""
         decodes = sum(1 for s in out.scheduled if is_decode(s))
         prefill = out.num_tokens - decodes
         self.computed_prompt_tokens += prefill
         self.untimed_steps += not timed
         if timed and prefill == 0:
-            self._decode.add(decodes, seconds)
-        elif timed and prefill >= MIN_PREFILL_SAMPLE:
-            decode_s = self._decode.at(decodes) if self._decode.w else 0.0
+            (self._graph if graph else self._eager).add(decodes, seconds)
+        elif timed and prefill >= MIN_PREFILL_SAMPLE:  # a mixed step runs eager: its decode share is eager's
+            decode_s = self._eager.at(decodes) if self._eager.w else 0.0
             if decodes and decode_s > 0 and self.prefill_tokens_per_s > 0:
                 # split the step in the proportions the current estimates predict, so a machine that got
                 # slower (or faster) moves both estimates instead of charging it all to prefill
                 share = decode_s / (decode_s + prefill / self.prefill_tokens_per_s)
-                self._decode.add(decodes, share * seconds)
+                self._eager.add(decodes, share * seconds)
                 spent = (1 - share) * seconds
             else:
                 spent = max(seconds - decode_s, 0.25 * seconds)
@@ -98,6 +110,11 @@ class LoadTracker:
     def prefill_tokens_per_s(self) -> float:
         return self._prefill_tokens / self._prefill_s if self._prefill_s > 0 else 0.0
 
+    @property
+    def _decode(self) -> _Ewma:
+        """The line the engine reports: the graph's once a graph timed a step, else eager's."""
+        return self._graph if self._graph.w else self._eager
+
     def decode_step_s(self, num_running: int) -> float:
         """Predicted duration of a step decoding num_running sequences (0 until measured)."""
         return self._decode.at(num_running)
@@ -106,3 +123,15 @@ class LoadTracker:
     def decode_seq_s(self) -> float:
         """Step time each further decoding sequence adds (0 until the batch size has varied)."""
         return self._decode.slope()
+
+    @property
+    def decode_seq_measured(self) -> bool:
+        return self._decode.fitted
+
+    def decode_path(self, graphs: bool) -> str:
+        """Which steps the reported decode line was timed on; graphs: the engine decodes through them."""
+        if self._graph.w:
+            return GRAPH
+        if not self._eager.w:
+            return UNMEASURED
+        return EAGER_BEFORE_GRAPHS if graphs else EAGER

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class DecodePath(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECODE_UNMEASURED: _ClassVar[DecodePath]
+    DECODE_EAGER: _ClassVar[DecodePath]
+    DECODE_EAGER_BEFORE_GRAPHS: _ClassVar[DecodePath]
+    DECODE_GRAPH: _ClassVar[DecodePath]
+DECODE_UNMEASURED: DecodePath
+DECODE_EAGER: DecodePath
+DECODE_EAGER_BEFORE_GRAPHS: DecodePath
+DECODE_GRAPH: DecodePath
 
 class EngineIdentity(_message.Message):
     __slots__ = ("engine_id", "url", "served_model_name", "model_id", "key_scheme", "block_size", "layout_fingerprint", "tokenizer_fingerprint", "version", "labels", "cachestore")
@@ -68,7 +80,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., resume_from_seq: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold", "decode_path", "decode_seq_measured")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +95,8 @@ class Load(_message.Message):
     FETCHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECODE_SEQ_S_FIELD_NUMBER: _ClassVar[int]
     LONG_PREFILL_TOKEN_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DECODE_PATH_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SEQ_MEASURED_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
@@ -97,7 +111,9 @@ class Load(_message.Message):
     fetched_prompt_tokens: int
     decode_seq_s: float
     long_prefill_token_threshold: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ...) -> None: ...
+    decode_path: DecodePath
+    decode_seq_measured: bool
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ..., decode_path: _Optional[_Union[DecodePath, str]] = ..., decode_seq_measured: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("engine_id", "load", "last_event_seq")

@@ -24,6 +24,12 @@ further decoding sequence adds to a step) and fetch_time (per block) are measure
 and arrive with its heartbeat; what an engine has not measured yet comes from the fleet's median,
 else a default. "decoding now" is the router's view of the requests active on it.
 
+Decode figures are compared like with like: the heartbeat says which steps they were timed on
+(decode_path) and whether seq_time was fitted (decode_seq_measured: a fitted 0 is taken as 0). An
+engine that has only timed eager steps but will decode through compiled graphs (its start-up
+calibration, DECODE_EAGER_BEFORE_GRAPHS) takes the median of the peers that timed graph steps, if any,
+rather than being ranked on a slower path than theirs.
+
 Engines are ranked by cost = TTFT + work_weight x computed / prefill_rate (the cluster capacity the
 request uses: what a cache hit saves) + decode, where decode = output tokens x (step + seq_time x
 (1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there.
@@ -37,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragserve.keys import cacheable_blocks
+from ragserve.v1 import registry_pb2
 from ragserve_router.engines import Load
 
 DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
@@ -66,16 +73,36 @@ def _median(values: list[float], default: float) -> float:
     return statistics.median(measured) if measured else default
 
 
+def _decode_figures(load: Load, fleet: Sequence[Load]) -> tuple[float, float | None, int]:
+    """(step_s, seq_s or None when no slope is known, batch the step was reported at): the engine's own
+    figures, what it lacks from the peers timed on the same path; an unmeasured or provisional engine takes
+    the graph peers' median, else every measured peer's."""
+    unmeasured, graph = registry_pb2.DECODE_UNMEASURED, registry_pb2.DECODE_GRAPH
+    graph_peers = [f for f in fleet if f.decode_path == graph]
+    provisional = load.decode_path == registry_pb2.DECODE_EAGER_BEFORE_GRAPHS and graph_peers
+    own = load.decode_path != unmeasured and not provisional
+    if own:  # like with like: eager with eager, graph with graph
+        peers = [
+            f for f in fleet if f.decode_path != unmeasured and (f.decode_path == graph) == (load.decode_path == graph)
+        ]
+    else:
+        peers = graph_peers or [f for f in fleet if f.decode_path != unmeasured]
+    step = load.decode_step_s if own else _median([f.decode_step_s for f in peers], DEFAULT_STEP_S)
+    slopes = [f.decode_seq_s for f in peers if f.decode_seq_measured]
+    if own and load.decode_seq_measured:
+        slopes = [load.decode_seq_s]
+    return step, statistics.median(slopes) if slopes else None, load.num_running if own else 0
+
+
 def calibrate(load: Load, fleet: Sequence[Load], block_size: int) -> Speed:
     """The engine's own measurements; what it has not measured yet comes from the fleet, else defaults."""
     rate = load.prefill_tokens_per_s or _median([f.prefill_tokens_per_s for f in fleet], DEFAULT_PREFILL_TOKENS_PER_S)
-    step = load.decode_step_s or _median([f.decode_step_s for f in fleet], DEFAULT_STEP_S)
-    # an engine that measured its step but not yet a batch-size slope: the default's share of its step
-    seq = load.decode_seq_s or _median([f.decode_seq_s for f in fleet], DEFAULT_SEQ_S * step / DEFAULT_STEP_S)
+    step, seq, batch = _decode_figures(load, fleet)
+    if seq is None:  # no batch-size slope fitted here or on the peers: the default's share of the step
+        seq = DEFAULT_SEQ_S * step / DEFAULT_STEP_S
     fetch = load.fetch_s_per_block or _median(
         [f.fetch_s_per_block for f in fleet], DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
     )
-    batch = load.num_running if load.decode_step_s else 0
     budget = load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET
     return Speed(rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold)
 

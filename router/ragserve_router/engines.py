@@ -27,6 +27,8 @@ class Load:
     fetch_s_per_block: float = 0.0
     computed_prompt_tokens: int = 0
     fetched_prompt_tokens: int = 0
+    decode_path: int = 0  # proto DecodePath: which steps decode_step_s/decode_seq_s were timed on
+    decode_seq_measured: bool = False  # decode_seq_s was fitted (0.0 is then a measurement)
     reported_at: float = 0.0  # wall-clock time the router received it (0: never)
 
     @property

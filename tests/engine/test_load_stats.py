@@ -76,3 +76,26 @@ def test_steps_at_one_batch_size_keep_the_fitted_slope():
         load.observe(step(0, 1), 0.025 if i < 40 else 0.035, queued_prefill_tokens=0)
     assert load.decode_seq_s == pytest.approx(0.005, rel=0.1)
     assert load.decode_step_s(1) == pytest.approx(0.035, abs=0.002)
+
+
+def test_graph_steps_are_fitted_apart_and_the_path_is_reported():
+    """Eager calibration (20 ms + 5 ms a sequence), then compiled-graph steps (4 ms flat): the engine reports
+    the graph's line alone, not a blend, and says which path and whether the slope was fitted (a fitted 0 is
+    a measurement)."""
+    load = LoadTracker(step_token_budget=2048)
+    assert load.decode_path(graphs=True) == "unmeasured" and not load.decode_seq_measured
+    load.observe(step(0, 2), 0.03, queued_prefill_tokens=0)
+    assert load.decode_path(graphs=True) == "eager_before_graphs" and load.decode_path(graphs=False) == "eager"
+    assert not load.decode_seq_measured  # one batch size: no slope yet
+    for _ in range(4):
+        load.observe(step(0, 6), 0.05, queued_prefill_tokens=0)
+        load.observe(step(0, 2), 0.03, queued_prefill_tokens=0)
+    assert load.decode_seq_measured and load.decode_seq_s == pytest.approx(0.005)
+    load.observe(step(0, 1), 0.004, queued_prefill_tokens=0, graph=True)
+    assert load.decode_path(graphs=True) == "graph" and load.decode_step_s(1) == pytest.approx(0.004)
+    assert not load.decode_seq_measured  # the graph line has one batch size so far
+    for _ in range(4):
+        load.observe(step(0, 4), 0.004, queued_prefill_tokens=0, graph=True)
+        load.observe(step(0, 1), 0.004, queued_prefill_tokens=0, graph=True)
+    assert load.decode_seq_measured and load.decode_seq_s == 0.0  # measured flat
+    assert load.decode_step_s(4) == pytest.approx(0.004)

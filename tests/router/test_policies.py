@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from ragserve.router_args import POLICIES, RouterConfig
+from ragserve.v1 import registry_pb2
 from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, predict
 from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
@@ -68,8 +69,9 @@ def test_bounded_load_skips_engines_above_c_times_average():
 
 
 def measured(**over) -> Load:
-    """A heartbeat of an engine that measured 1,000 prefill tokens/s and 50 ms steps."""
+    """A heartbeat of an engine that measured 1,000 prefill tokens/s and eager 50 ms + 5 ms a sequence steps."""
     fields = dict(prefill_tokens_per_s=1000.0, decode_step_s=0.05, decode_seq_s=0.005, step_token_budget=2048)
+    fields.update(decode_path=registry_pb2.DECODE_EAGER, decode_seq_measured=True)
     fields["reported_at"] = time.time()
     return Load(**{**fields, **over})
 
@@ -114,7 +116,32 @@ def test_unmeasured_engines_borrow_the_fleets_median_speed():
     assert speed.prefill_tokens_per_s == 600.0 and speed.step_s == 0.05
     assert calibrate(Load(), [], 16).prefill_tokens_per_s == DEFAULT_PREFILL_TOKENS_PER_S
     # a 4 ms step measured, no slope yet (and none in the fleet): the default slope's share of that step
-    assert calibrate(measured(decode_step_s=0.004, decode_seq_s=0.0), [], 16).seq_s == pytest.approx(0.0006)
+    no_slope = measured(decode_step_s=0.004, decode_seq_s=0.0, decode_seq_measured=False)
+    assert calibrate(no_slope, [], 16).seq_s == pytest.approx(0.0006)
+    assert calibrate(no_slope, [measured(decode_seq_s=0.002)], 16).seq_s == 0.002  # a peer's fitted slope
+
+
+def test_a_measured_zero_slope_is_taken_as_is_and_a_tiny_one_too():
+    """The flag, not the value, says "measured": 0 and 0.01 ms are both figures (before, 0 meant the default)."""
+    fleet = [measured(decode_seq_s=0.004)]
+    assert calibrate(measured(decode_seq_s=0.0), fleet, 16).seq_s == 0.0
+    assert calibrate(measured(decode_seq_s=0.00001), fleet, 16).seq_s == 0.00001
+
+
+def test_an_eager_calibration_is_compared_with_graph_peers_on_their_path():
+    """An engine that has only its eager start-up calibration (40 ms steps) but will decode through compiled
+    graphs is ranked on its graph peers' figures (4 ms), not its eager ones; with no graph peer, on its own;
+    an --enforce-eager engine (DECODE_EAGER) always on its own."""
+    graph = measured(decode_step_s=0.004, decode_seq_s=0.0002, decode_path=registry_pb2.DECODE_GRAPH)
+    cold = measured(decode_step_s=0.04, decode_seq_s=0.004, decode_path=registry_pb2.DECODE_EAGER_BEFORE_GRAPHS)
+    speed = calibrate(cold, [graph, cold], 16)
+    assert (speed.step_s, speed.seq_s, speed.batch) == (0.004, 0.0002, 0)
+    assert calibrate(cold, [cold], 16).step_s == 0.04
+    eager = measured(decode_step_s=0.04, decode_seq_s=0.004, decode_path=registry_pb2.DECODE_EAGER)
+    assert calibrate(eager, [graph, eager], 16).step_s == 0.04
+    # unmeasured: the graph peers' median when there are any, else every measured peer's
+    assert calibrate(Load(), [graph, eager], 16).step_s == 0.004
+    assert calibrate(Load(), [eager, measured(decode_step_s=0.02)], 16).step_s == pytest.approx(0.03)
 
 
 @pytest.mark.asyncio

@@ -2,8 +2,10 @@
 it prefills synthetic prompts and decodes a few tokens at batch 2 and 1, so the first heartbeat already
 carries a measured prefill rate and decode step line, and the fused ops compile now rather than in the
 first user request. Its decode steps run eager (the compiled decode graphs are set aside meanwhile, so no
-background compile starts beside them and spoils the samples, compilation/events.py); steps through a
-graph, once compiled, then refine the estimate.
+background compile starts beside them and spoils the samples, compilation/events.py); the heartbeat
+says so (DECODE_EAGER_BEFORE_GRAPHS) until a compiled graph has timed a step, and from then on it carries the
+graph's own line (fitted apart, load_stats), so the router never compares an eager figure with a peer's
+graph figure (router/cost_model.py).
 
 Engines that start together on one machine (a local stack, a test fleet) would measure each other, so a
 host-wide lock file lets one calibrate at a time (a pod's /tmp is its own: pods never wait for each other).

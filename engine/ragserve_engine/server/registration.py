@@ -181,6 +181,8 @@ class RegistrationClient:
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
             decode_step_s=stats.decode_step_s,
             decode_seq_s=stats.decode_seq_s,
+            decode_seq_measured=stats.decode_seq_measured,
+            decode_path=registry_pb2.DecodePath.Value("DECODE_" + stats.decode_path.upper()),
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             queued_prefill_tokens=stats.queued_prefill_tokens,
             step_token_budget=stats.step_token_budget,
