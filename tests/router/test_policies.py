@@ -277,6 +277,10 @@ async def test_prefix_policy_keys_on_leading_blocks_only():
         (await decider.decide("prefix", req(shared + [h(100 + i)]), records)).order[0].engine_id for i in range(10)
     }
     assert len(picks) == 1
+    # different leading blocks spread, each where the ring puts its 4th block (idle fleet: no load bound)
+    docs = [[h(1000 * d + i) for i in range(4)] for d in range(30)]
+    got = [(await decider.decide("prefix", req(doc + [h(7)]), records)).order[0].engine_id for doc in docs]
+    assert got == [ring_order(doc[3], IDS)[0] for doc in docs] and set(got) == set(IDS)
 
 
 @pytest.mark.asyncio
@@ -287,6 +291,10 @@ async def test_session_policy_sticks_to_user_and_falls_back_to_load():
         for _ in range(10)
     }
     assert len(picks) == 1
+    # different users spread: each where the ring puts "session:<user>", all three engines used
+    users = [f"user-{i}" for i in range(30)]
+    got = [(await decider.decide("session", req([], body={"user": u}), records)).order[0].engine_id for u in users]
+    assert got == [ring_order("session:" + u, IDS)[0] for u in users] and set(got) == set(IDS)
     by_header = await decider.decide("session", req([], {"x-session-id": "s1"}), records)
     assert by_header.reason == "session_key"
     loads.update(e0=5, e1=0, e2=5)
