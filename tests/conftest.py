@@ -18,3 +18,9 @@ os.environ.setdefault("RAGSERVE_ENFORCE_EAGER", "1")
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture
+def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRITON_INTERPRET=1 for one test of the interpreted Triton kernels (tests.helpers.triton_interpret)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -5,16 +5,17 @@ Every batch mixes decode, prefill over a cached prefix and a fresh prefill in on
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kernels run on CPU
-
 import pytest
 import torch
 
 from ragserve_engine.attention.paged_batch import lazy_kv_cache, make_paged_batch
 from ragserve_engine.attention.torch_ref import TorchAttentionBackend
-from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+from tests.helpers.triton_interpret import interpreted_import
+
+with interpreted_import():  # the kernels run on CPU, interpreted
+    from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 MIXED = [(1, 37), (5, 18), (17, 129)]  # (query length, context length): decode, cached-prefix prefill, prefill
 FRESH = [(1, 37), (5, 18), (17, 17)]  # the last sequence is a prefill with nothing cached

@@ -7,10 +7,6 @@ fp8_e5m2 <= 12 % [7-8 %].
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kernels run on CPU
-
 import pytest
 import torch
 
@@ -18,11 +14,16 @@ from ragserve_engine.attention import quant
 from ragserve_engine.attention.kv_cache import allocate_kv_cache, bytes_per_block
 from ragserve_engine.attention.paged_batch import make_paged_batch
 from ragserve_engine.attention.torch_ref import TorchAttentionBackend
-from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.parity import TEXTS
 from tests.helpers.tiny_models import tiny_model
+from tests.helpers.triton_interpret import interpreted_import
+
+with interpreted_import():  # the kernels run on CPU, interpreted
+    from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 MIXED = [(1, 37), (5, 18), (17, 129)]
 TOLERANCE = {"int8": 0.015, "fp8": 0.06, "fp8_e5m2": 0.12}  # relative RMS error vs the full-precision cache

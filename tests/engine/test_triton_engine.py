@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton: the kernels run on CPU
-
 import subprocess
 import sys
 
@@ -14,10 +11,15 @@ import torch
 
 from ragserve_engine.attention.selector import CPU_TRITON_ERROR, get_attention_backend
 from ragserve_engine.attention.torch_ref import TorchAttentionBackend
-from ragserve_engine.attention.triton_backend import TritonAttentionBackend
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
+from tests.helpers.triton_interpret import interpreted_import
+
+with interpreted_import():  # the kernels run on CPU, interpreted
+    from ragserve_engine.attention.triton_backend import TritonAttentionBackend
+
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 PROMPTS = [
     "Retrieval-augmented generation retrieves documents and puts them in the prompt, so the model can",
