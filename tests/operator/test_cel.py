@@ -1,0 +1,195 @@
+"""Every x-kubernetes-validations rule of the CRDs, evaluated by a real CEL evaluator (cel-python) on
+defaulted valid and invalid objects, next to the operator's Python mirrors of the same rules: a wrong
+expression or a wrong mirror fails here, not on a cluster.
+
+As the API server does: a rule runs on the value at its node (every item of a list), after defaulting,
+with `self` bound to it and `oldSelf` to the previous value (transition rules run on updates only).
+The rules use only standard CEL (size, matches, has) — no Kubernetes CEL library function (quantity,
+isURL, ...) is needed; one added would fail every case here (cel-python has none of them) until the
+harness implements it."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import celpy
+import pytest
+
+from ragserve_operator.crd import crds
+from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, SpecError, apply_defaults, check_name, spec_schema
+
+ENV = celpy.Environment()
+Rule = tuple[str, dict]  # (path: "spec.engines[]", the rule)
+
+
+def rules_of(schema: dict, path: str = "") -> Iterator[Rule]:
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield path, rule
+    for key, sub in schema.get("properties", {}).items():
+        yield from rules_of(sub, f"{path}.{key}".lstrip("."))
+    if "items" in schema:
+        yield from rules_of(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from rules_of(schema["additionalProperties"], f"{path}{{}}")
+
+
+def all_rules() -> list[Rule]:
+    return [r for c in crds() for r in rules_of(c["spec"]["versions"][0]["schema"]["openAPIV3Schema"])]
+
+
+def values_at(obj: Any, path: str) -> list[Any]:
+    """The values a rule at `path` runs on ("spec.engines[]": every pool)."""
+    values = [obj]
+    for part in [p for p in path.replace("[]", ".[]").split(".") if p]:
+        if part == "[]":
+            values = [item for v in values for item in (v or [])]
+        else:
+            values = [v[part] for v in values if isinstance(v, dict) and part in v]
+    return values
+
+
+def holds(rule: str, value: Any, old: Any = None) -> bool:
+    """One rule on one value; a transition rule (oldSelf) holds on create, as the API server skips it."""
+    if "oldSelf" in rule and old is None:
+        return True
+    activation = {"self": celpy.json_to_cel(value)}
+    if old is not None:
+        activation["oldSelf"] = celpy.json_to_cel(old)
+    result = ENV.program(ENV.compile(rule)).evaluate(activation)
+    assert isinstance(result, celpy.celtypes.BoolType), f"{rule!r} gave {result!r}, not a bool"
+    return bool(result)
+
+
+def cel_failures(obj: dict, old: dict | None = None) -> set[str]:
+    """The messages of the rules `obj` (a whole RAGServe, defaulted) breaks."""
+    failed = set()
+    for path, rule in all_rules():
+        olds = values_at(old, path) if old is not None else []
+        for i, value in enumerate(values_at(obj, path)):
+            if not holds(rule["rule"], value, olds[i] if i < len(olds) else None):
+                failed.add(rule["message"])
+    return failed
+
+
+def mirror_failures(obj: dict) -> set[str]:
+    """The same, by the operator's Python mirrors (spec.py)."""
+    spec = obj["spec"]
+    failed = {m for m, ok in CROSS_FIELD_RULES if not ok(spec)}
+    failed |= {m for m, ok in POOL_RULES for pool in spec["engines"] if not ok(pool)}
+    try:
+        check_name(obj["metadata"]["name"])
+    except SpecError:
+        failed.add(NAME)
+    return failed
+
+
+def ragserve(spec: dict, name: str = "demo") -> dict:
+    spec = apply_defaults(spec_schema(), copy.deepcopy(spec))
+    return {"apiVersion": "ragserve.dev/v1alpha1", "kind": "RAGServe", "metadata": {"name": name}, "spec": spec}
+
+
+POOL = {"name": "a", "model": "m"}
+NAME = "metadata.name must be a DNS-1035 label of at most 31 characters (it prefixes the names of the children)"
+SHARED = "router.replicas > 1 needs shared state: set redis.mode to inCluster or external"
+TIER = "cachestore.redisTier needs a Redis: set redis.mode to inCluster or external"
+CASES: list[tuple[str, dict, str, set[str]]] = [
+    ("minimal", {"engines": [POOL]}, "demo", set()),
+    ("name uppercase", {"engines": [POOL]}, "Demo", {NAME}),
+    ("name too long", {"engines": [POOL]}, "a" * 32, {NAME}),
+    ("name of 31", {"engines": [POOL]}, "a" * 31, set()),
+    ("name ends in -", {"engines": [POOL]}, "demo-", {NAME}),
+    ("name starts with a digit", {"engines": [POOL]}, "1demo", {NAME}),
+    ("two routers, no redis", {"engines": [POOL], "router": {"replicas": 2}}, "demo", {SHARED}),
+    (
+        "two routers, redis",
+        {"engines": [POOL], "router": {"replicas": 2}, "redis": {"mode": "inCluster"}},
+        "demo",
+        set(),
+    ),
+    ("redis tier, no redis", {"engines": [POOL], "cachestore": {"redisTier": True}}, "demo", {TIER}),
+    (
+        "redis tier and two routers",
+        {"engines": [POOL], "router": {"replicas": 3}, "cachestore": {"redisTier": True}},
+        "demo",
+        {SHARED, TIER},
+    ),
+    (
+        "external redis, no url",
+        {"engines": [POOL], "redis": {"mode": "external"}},
+        "demo",
+        {"redis.mode external needs redis.url or redis.urlSecret"},
+    ),
+    ("external redis, url", {"engines": [POOL], "redis": {"mode": "external", "url": "redis://r:6379"}}, "demo", set()),
+    (
+        "external redis, secret",
+        {"engines": [POOL], "redis": {"mode": "external", "urlSecret": {"name": "r", "key": "u"}}},
+        "demo",
+        set(),
+    ),
+    (
+        "pool min > max",
+        {"engines": [POOL, {"name": "b", "model": "m", "minReplicas": 3, "maxReplicas": 2}]},
+        "demo",
+        {"minReplicas must be <= maxReplicas"},
+    ),
+    ("pool min = max", {"engines": [{**POOL, "minReplicas": 2, "maxReplicas": 2}]}, "demo", set()),
+]
+for part in ("router", "cachestore"):
+    CASES += [
+        (
+            f"{part} tls, no secret",
+            {"engines": [POOL], part: {"tls": {"enabled": True}}},
+            "demo",
+            {f"{part}.tls.enabled needs {part}.tls.secretName"},
+        ),
+        (
+            f"{part} tls, empty secret",
+            {"engines": [POOL], part: {"tls": {"enabled": True, "secretName": ""}}},
+            "demo",
+            {f"{part}.tls.enabled needs {part}.tls.secretName"},
+        ),
+        (f"{part} tls", {"engines": [POOL], part: {"tls": {"enabled": True, "secretName": "t"}}}, "demo", set()),
+        (
+            f"{part} client auth, no secret",
+            {"engines": [POOL], part: {"tls": {"enabled": True, "secretName": "t", "clientAuth": True}}},
+            "demo",
+            {f"{part}.tls.clientAuth needs {part}.tls.engineClientSecret"},
+        ),
+        (
+            f"{part} client auth",
+            {
+                "engines": [POOL],
+                part: {"tls": {"enabled": True, "secretName": "t", "clientAuth": True, "engineClientSecret": "c"}},
+            },
+            "demo",
+            set(),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("spec, name, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_cel_rules_and_their_python_mirrors_agree(spec: dict, name: str, expected: set[str]):
+    obj = ragserve(spec, name)
+    assert cel_failures(obj) == expected
+    assert mirror_failures(obj) == expected
+
+
+def test_every_rule_has_a_case_that_breaks_it_and_one_that_keeps_it():
+    broken = set().union(*(expected for *_, expected in CASES))
+    assert broken == {rule["message"] for _, rule in all_rules()}
+    assert [spec for _, spec, _, expected in CASES if not expected]  # and valid objects pass every rule
+
+
+def test_every_rule_compiles_with_standard_cel():
+    for path, rule in all_rules():
+        ENV.compile(rule["rule"])  # raises on a syntax error
+        assert rule["message"], path
+
+
+def test_transition_rules_see_old_self():
+    """The harness binds oldSelf as the API server does (no rule uses it yet: this keeps the harness honest)."""
+    rule = "self.replicas >= oldSelf.replicas"
+    assert holds(rule, {"replicas": 2}, {"replicas": 1}) and not holds(rule, {"replicas": 1}, {"replicas": 2})
+    assert holds(rule, {"replicas": 1})  # a create: transition rules are not run
