@@ -37,7 +37,7 @@ generate: install
 	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
