@@ -14,16 +14,20 @@ MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def _regimes(path: str, base: LLM, prompts: list[list[int]]):
-    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference."""
+def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int):
+    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference.
+
+    They run eager: the base LLM already checks the compiled path against the reference, and compiled ==
+    eager has its own tests (tests/engine/test_decode_graphs.py); here what varies is the scheduling.
+    """
     need = [-(-(len(p) + MAX_NEW) // 16) for p in prompts]
     # one sequence fits at a time: short prompts all start, then run out while decoding; long ones (two
     # prompts longer than the step budget) are prefilled in chunks and run out one block short
     tiny_pool = max(need) + 2 if len(prompts) > 2 else sum(need) - 1
     assert max(need) < tiny_pool < sum(need)
-    shared = dict(loaded_model=base.engine.runner.model)
+    shared = dict(loaded_model=base.engine.runner.model, enforce_eager=True)
     yield "no-prefix-caching", LLM(path, enable_prefix_caching=False, num_gpu_blocks=512, **shared)
-    yield "chunked-prefill-7", LLM(path, max_num_batched_tokens=7, num_gpu_blocks=512, **shared)
+    yield f"chunked-prefill-{chunk}", LLM(path, max_num_batched_tokens=chunk, num_gpu_blocks=512, **shared)
     # without prefix caching: chat prompts share the template's first blocks, and a prompt waits for a running
     # prefill of a block it shares (in-batch prefix sharing), so with it the pool would not run out
     tight = dict(num_gpu_blocks=tiny_pool, enable_prefix_caching=False, **shared)
@@ -31,9 +35,11 @@ def _regimes(path: str, base: LLM, prompts: list[list[int]]):
     yield "preempt-swap", LLM(path, preemption_mode="swap", swap_space=0.5, **tight)
 
 
-def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
+def run_parity(path: str, hf_model, prompts: list[list[int]], chunk: int = 7) -> None:
+    """`chunk`: the chunked-prefill regime's step budget; the longest prompts need several chunks."""
+    assert max(len(p) for p in prompts) > 2 * chunk, chunk
     refs = [reference_greedy(hf_model, p, MAX_NEW) for p in prompts]
-    base = LLM(path, num_gpu_blocks=512)
+    base = LLM(path, num_gpu_blocks=512)  # the default, compiled path
     outs = base.generate(prompts, GREEDY)
     assert_all_parity(hf_model, prompts, [o.outputs[0].token_ids for o in outs], refs, "prefix-caching-cold")
     # second pass: every full prompt block except the last token's is a hit, outputs unchanged
@@ -42,7 +48,7 @@ def run_parity(path: str, hf_model, prompts: list[list[int]]) -> None:
         assert o.outputs[0].token_ids == first.outputs[0].token_ids
         assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
     assert base.engine.kv_manager.stats.hits > 0
-    for label, llm in _regimes(path, base, prompts):
+    for label, llm in _regimes(path, base, prompts, chunk):
         outs = llm.generate(prompts, GREEDY)
         for o, first in zip(outs, again, strict=True):
             assert o.outputs[0].token_ids == first.outputs[0].token_ids, label
@@ -60,7 +66,7 @@ def test_tiny_model_parity(arch):
 
     path = tiny_model(arch)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    llm_tok = LLM(str(path), num_gpu_blocks=64).tokenizer
+    llm_tok = LLM(str(path), num_gpu_blocks=64, enforce_eager=True).tokenizer
     prompts = [llm_tok.encode(t) for t in TEXTS]
     assert len(prompts) >= 8 and len({len(p) for p in prompts}) >= 6
     run_parity(str(path), hf, prompts)
@@ -85,7 +91,7 @@ def smollm2():
     source = resolve_model("smollm2-135m")
     hf = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
                                               dtype=torch.float32).eval()  # fmt: skip
-    return hf, LLM("smollm2-135m", num_gpu_blocks=8).tokenizer
+    return hf, LLM("smollm2-135m", num_gpu_blocks=8, enforce_eager=True).tokenizer
 
 
 @pytest.mark.slow
@@ -104,7 +110,8 @@ def test_smollm2_gguf_parity_at_rag_length(smollm2):
     hf, tok = smollm2
     prompts = [tok.encode_chat(rag_messages(lang, tok)) for lang in ("en", "zh")]
     assert all(1900 <= len(p) <= 2600 for p in prompts), [len(p) for p in prompts]
-    run_parity("smollm2-135m", hf, prompts)
+    # 512-token chunks: still 4-5 chunks a prompt, each attending to the KV cache of the ones before
+    run_parity("smollm2-135m", hf, prompts, chunk=512)
 
 
 class FixedLogits:
