@@ -30,27 +30,46 @@ class ChunkedPrompt:
         return [self.token_ids[a:b] for a, b in self.spans]
 
 
+class ChunkPartError(ValueError):
+    """A content part marked wrongly; `param` is the dotted path of what is wrong (messages.1.content.0...)."""
+
+    def __init__(self, param: str, detail: str) -> None:
+        super().__init__(f"{param}: {detail}")
+        self.param = param
+        self.detail = detail
+
+
 def has_chunks(messages: list[dict]) -> bool:
-    """Whether any content part is a chunk; raises ValueError naming a marker that is not a boolean."""
+    """Whether any content part is a chunk; raises ChunkPartError naming the first bad part: a marker that
+    is not a boolean, a chunk on a part that is not text, chunk text holding the placeholder characters."""
     found = False
     for i, message in enumerate(messages):
         for j, part in enumerate(_parts(message)):
-            marker = part.get(CHUNK_FIELD, False) if isinstance(part, dict) else False
-            if not isinstance(marker, bool):
-                raise ValueError(f"messages.{i}.content.{j}.{CHUNK_FIELD} must be true or false")
-            found = found or marker
+            found = _is_chunk(part, f"messages.{i}.content.{j}") or found
     return found
 
 
+def _is_chunk(part, path: str) -> bool:
+    marker = part.get(CHUNK_FIELD, False) if isinstance(part, dict) else False
+    if not isinstance(marker, bool):
+        raise ChunkPartError(f"{path}.{CHUNK_FIELD}", "must be true or false")
+    if marker and part.get("type") != "text":
+        raise ChunkPartError(path, f"{CHUNK_FIELD} marks text parts only, this part's type is {part.get('type')!r}")
+    text = (part.get("text") or "") if marker else ""
+    if _OPEN in text or _CLOSE in text:
+        raise ChunkPartError(f"{path}.text", "chunk text must not contain U+E000 or U+E001")
+    return marker
+
+
 def encode_chunked_chat(tokenizer: PromptTokenizer, messages: list[dict]) -> ChunkedPrompt:
-    """Token ids of the chat and where its chunks are; raises ValueError on a template or content error."""
+    """Token ids of the chat and where its chunks are; raises ValueError on a template or content error
+    (ChunkPartError on a badly marked part)."""
+    has_chunks(messages)
     texts: list[str] = []
 
     def placeholder(part: dict) -> dict:
         if not part.get(CHUNK_FIELD):
             return part
-        if _OPEN in (part.get("text") or "") or _CLOSE in (part.get("text") or ""):
-            raise ValueError("chunk text must not contain U+E000 or U+E001")
         texts.append(part.get("text") or "")
         return {"type": part.get("type"), "text": f"{_OPEN}{len(texts) - 1}{_CLOSE}"}
 

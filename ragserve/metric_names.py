@@ -36,8 +36,11 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
 EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
 NUM_PREEMPTIONS = "vllm:num_preemptions"
-BLEND_REUSED_TOKENS = "ragserve:blend_reused_tokens"  # chunk tokens whose stored KV a blended prefill kept
-BLEND_RECOMPUTED_TOKENS = "ragserve:blend_recomputed_tokens"  # prompt tokens a blended prefill computed
+# A blended prefill's prompt tokens, each in exactly one (blend.spec.BlendUsage): chunk tokens kept from KV that
+# existed before the request; chunk tokens kept from chunks first computed for it; tokens its forward computed.
+BLEND_REUSED_TOKENS = "ragserve:blend_reused_tokens"
+BLEND_COMPUTED_CHUNK_TOKENS = "ragserve:blend_computed_chunk_tokens"
+BLEND_RECOMPUTED_TOKENS = "ragserve:blend_recomputed_tokens"
 # Swap preemptions that recomputed instead (host swap space full); also counted in NUM_PREEMPTIONS.
 NUM_SWAP_FALLBACKS = "ragserve:num_preemption_swap_fallbacks"
 # Cachestore fetches given up (past their deadline, so the request recomputed, or aborted).

@@ -70,8 +70,11 @@ class EngineStats:
     step_token_budget: int = 0
     fetch_s_per_block: float = 0.0
     computed_prompt_tokens: int = 0  # cumulative prompt tokens prefilled (not cached or fetched)
-    blend_reused_tokens: int = 0  # cumulative chunk tokens whose stored K/V a blended prefill reused
-    blend_recomputed_tokens: int = 0  # cumulative prompt tokens a blended prefill computed
+    # cumulative blended-prefill prompt tokens by source (blend.spec.BlendUsage): KV that existed before the
+    # request, kept; chunks first computed for the request, kept; computed by the blended forward
+    blend_reused_tokens: int = 0
+    blend_computed_chunk_tokens: int = 0
+    blend_recomputed_tokens: int = 0
     decode_graphs_compiled: int = 0  # decode-graph capture sizes compiled (compilation/decode_graphs.py)
     decode_graphs_pending: int = 0  # sizes steps asked for that still compile (their steps run eager)
 

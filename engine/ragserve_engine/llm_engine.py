@@ -350,7 +350,7 @@ class LLMEngine:
         return RequestOutput(
             req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished,
             max(req.num_cached_tokens, 0), req.prompt_logprobs, metrics, resumed_text=req.resumed_text,
-            num_blend_reused_tokens=req.blend.reused_tokens if req.blend else 0,
+            blend_usage=req.blend.usage if req.blend else None,
         )  # fmt: skip
 
     def stats(self) -> EngineStats:
@@ -380,6 +380,7 @@ class LLMEngine:
             fetch_s_per_block=self.connector.stats.fetch_s_per_block if self.connector else 0.0,
             computed_prompt_tokens=self.load.computed_prompt_tokens,
             blend_reused_tokens=self.blender.counters.reused_tokens,
+            blend_computed_chunk_tokens=self.blender.counters.computed_chunk_tokens,
             blend_recomputed_tokens=self.blender.counters.recomputed_tokens,
             decode_graphs_compiled=len(graphs.stats.compiled) if graphs else 0,
             decode_graphs_pending=graphs.num_pending if graphs else 0,

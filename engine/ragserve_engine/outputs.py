@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ragserve_engine.blend.spec import BlendUsage
+
 
 @dataclass
 class CompletionOutput:
@@ -42,7 +44,7 @@ class RequestOutput:
     error: str | None = field(default=None)
     # migration: the text of the resume_token_ids; the outputs' text starts with it, their token_ids do not
     resumed_text: str = ""
-    num_blend_reused_tokens: int = 0  # blended prefill: chunk tokens whose stored K/V was reused
+    blend_usage: BlendUsage | None = None  # a blended prefill's prompt tokens by source; None: not blended
 
 
 class RequestError(RuntimeError):

@@ -1,4 +1,6 @@
-"""Chunks through the OpenAI API of a real engine process: the openai SDK's content parts + extra_body."""
+"""Chunks through the OpenAI API of a real engine process: the openai SDK's content parts + extra_body.
+
+The tests share the module's engine: a test that needs documents the engine never saw brings its own."""
 
 from __future__ import annotations
 
@@ -17,42 +19,64 @@ DOCS = [
 ]
 
 
-def rag_messages(order: list[int]) -> list[dict]:
+def rag_messages(order: list[int], docs: list[str] = DOCS) -> list[dict]:
     parts = [{"type": "text", "text": "Documents:\n"}]
     for i in order:
-        parts += [{"type": "text", "text": DOCS[i], "ragserve_chunk": True}, {"type": "text", "text": "\n"}]
+        parts += [{"type": "text", "text": docs[i], "ragserve_chunk": True}, {"type": "text", "text": "\n"}]
     parts.append({"type": "text", "text": "Question: where do KV blocks live?"})
     return [{"role": "system", "content": "Answer from the documents."}, {"role": "user", "content": parts}]
 
 
-def chat(sdk, order, fraction=None, **kw):
+BLEND_METRICS = {
+    "blend_reused_tokens": "ragserve:blend_reused_tokens_total",
+    "blend_computed_chunk_tokens": "ragserve:blend_computed_chunk_tokens_total",
+    "blend_recomputed_tokens": "ragserve:blend_recomputed_tokens_total",
+}
+
+
+def chat(sdk, order, fraction=None, docs=DOCS):
     extra = {} if fraction is None else {"blend_recompute_fraction": fraction}
     return sdk.chat.completions.create(
-        model=MODEL_NAME, messages=rag_messages(order), max_tokens=8, temperature=0, extra_body=extra, **kw
+        model=MODEL_NAME, messages=rag_messages(order, docs), max_tokens=8, temperature=0, extra_body=extra
     )
 
 
+def tokenizer():
+    return load_tokenizer(resolve_model(str(tiny_model("llama"))))
+
+
+def blend_usage(resp) -> dict[str, int]:
+    details = resp.usage.prompt_tokens_details.model_extra
+    assert set(details) == set(BLEND_METRICS), details
+    assert sum(details.values()) == resp.usage.prompt_tokens  # each prompt token counted once
+    return details
+
+
 def test_fraction_one_answers_like_a_full_prefill_of_the_same_tokens(sdk):
-    tokens = encode_chunked_chat(load_tokenizer(resolve_model(str(tiny_model("llama")))), rag_messages([2, 0, 1]))
+    tokens = encode_chunked_chat(tokenizer(), rag_messages([2, 0, 1]))
     full = sdk.completions.create(model=MODEL_NAME, prompt=tokens.token_ids, max_tokens=8, temperature=0)
     blended = chat(sdk, [2, 0, 1], fraction=1.0)
     assert blended.choices[0].message.content == full.choices[0].text
     assert blended.usage.prompt_tokens == len(tokens.token_ids)
-    assert "blend_reused_tokens" not in blended.usage.prompt_tokens_details.model_extra  # nothing reused at 1.0
+    assert blend_usage(blended)["blend_recomputed_tokens"] == len(tokens.token_ids)  # all computed at 1.0
 
 
-def test_reordered_documents_are_reused_and_counted(sdk, engine):
+def test_never_seen_documents_report_nothing_reused_then_are_reused(sdk, engine):
+    docs = [
+        f"Lighthouse {d} log. " + " ".join(f"Lamp {i} burns {i * 5 % 11} hours." for i in range(12)) for d in range(3)
+    ]
+    prompt = encode_chunked_chat(tokenizer(), rag_messages([0, 1, 2], docs))  # no other test sends these documents
+    chunk_tokens = sum(b - a for a, b in prompt.spans)
+    kept = chunk_tokens - -(-chunk_tokens * 15 // 100)  # the budget: ceil(15 % of the chunk tokens) recomputed
     before = scrape(engine.url)
-    chat(sdk, [0, 1, 2])  # stores the three chunks
-    again = chat(sdk, [1, 2, 0], fraction=0.15)
-    reused = again.usage.prompt_tokens_details.model_extra["blend_reused_tokens"]
-    assert 0 < reused < again.usage.prompt_tokens
+    first = blend_usage(chat(sdk, [0, 1, 2], 0.15, docs))
+    assert first == {"blend_reused_tokens": 0, "blend_computed_chunk_tokens": kept,
+                     "blend_recomputed_tokens": len(prompt.token_ids) - kept}  # fmt: skip
+    again = blend_usage(chat(sdk, [1, 2, 0], 0.15, docs))  # reordered: the same chunks, stored by the first
+    assert again["blend_reused_tokens"] == kept and again["blend_computed_chunk_tokens"] == 0
     after = scrape(engine.url)
-    delta = {n: metric(after, n) - metric(before, n) for n in ("ragserve:blend_reused_tokens_total",
-                                                            "ragserve:blend_recomputed_tokens_total")}  # fmt: skip
-    assert delta["ragserve:blend_reused_tokens_total"] >= reused
-    total_prompt = 2 * again.usage.prompt_tokens
-    assert sum(delta.values()) == total_prompt  # every prompt token of both requests: reused or recomputed
+    for field, name in BLEND_METRICS.items():
+        assert metric(after, name) - metric(before, name) == first[field] + again[field], name
 
 
 def test_plain_chats_are_unchanged(sdk):
@@ -63,28 +87,39 @@ def test_plain_chats_are_unchanged(sdk):
     assert plain.usage.prompt_tokens_details.cached_tokens is not None
 
 
-@pytest.mark.parametrize(
-    ("body", "field"),
-    [
-        ({"blend_recompute_fraction": 1.5}, "blend_recompute_fraction"),
-        ({"blend_recompute_fraction": "x"}, "blend_recompute_fraction"),
-    ],
-)
-def test_bad_blend_fields_are_400_naming_the_field(engine, body, field):
-    r = httpx.post(
-        engine.url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": rag_messages([0]), **body}
-    )
-    assert r.status_code == 400, r.text
-    assert field in r.text
-    assert r.headers["x-ragserve-error-scope"] == "request"
-
-
-def test_bad_chunk_marker_is_400(engine):
+def with_part(j: int, **part) -> list[dict]:
+    """rag_messages([0]) with the user message's content part j changed."""
     messages = rag_messages([0])
-    messages[1]["content"][1]["ragserve_chunk"] = "sometimes"
-    r = httpx.post(engine.url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": messages})
+    changed = messages[1]["content"][j] | part
+    messages[1]["content"][j] = {k: v for k, v in changed.items() if v is not None}  # None: drop the key
+    return messages
+
+
+FRACTION = "blend_recompute_fraction"
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}, "text": None}
+
+
+@pytest.mark.parametrize(
+    ("extra", "messages", "param", "detail"),
+    [
+        ({FRACTION: 1.5}, rag_messages([0]), FRACTION, "must be in [0, 1], got 1.5"),
+        ({FRACTION: "x"}, rag_messages([0]), FRACTION, "must be a number in [0, 1]"),
+        ({FRACTION: True}, rag_messages([0]), FRACTION, "must be a number in [0, 1]"),
+        ({}, with_part(1, ragserve_chunk="sometimes"), "messages.1.content.1.ragserve_chunk", "must be true or false"),
+        ({}, with_part(2, ragserve_chunk=True, **IMAGE), "messages.1.content.2",
+         "ragserve_chunk marks text parts only, this part's type is 'image_url'"),
+        ({}, with_part(1, text="a \ue000 b"), "messages.1.content.1.text",
+         "chunk text must not contain U+E000 or U+E001"),
+    ],
+)  # fmt: skip
+def test_bad_blend_fields_are_400s_naming_the_field(engine, extra, messages, param, detail):
+    r = httpx.post(engine.url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": messages, **extra})
     assert r.status_code == 400, r.text
-    assert "ragserve_chunk" in r.text
+    assert r.json() == {
+        "error": {"message": f"{param}: {detail}", "type": "invalid_request_error", "param": param,
+                  "code": "invalid_value"}
+    }  # fmt: skip
+    assert r.headers["x-ragserve-error-scope"] == "request"
 
 
 def test_demo_chunks_context_is_blended(sdk):
@@ -96,4 +131,4 @@ def test_demo_chunks_context_is_blended(sdk):
 
     ask([DOCS[0], DOCS[2]])
     reordered = ask([DOCS[2], DOCS[0]])
-    assert reordered.usage.prompt_tokens_details.model_extra["blend_reused_tokens"] > 0
+    assert blend_usage(reordered)["blend_reused_tokens"] > 0

@@ -1,10 +1,12 @@
-"""Blended prefills inside the engine: parity at fraction 1.0, reuse, accounting, isolation from plain prompts."""
+"""Blended prefills inside the engine: parity at fraction 1.0, reuse, accounting, isolation from plain prompts.
+
+Tests share one engine (module scope): a test that needs documents no earlier test stored makes its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from ragserve_engine.blend.spec import BlendSpec
+from ragserve_engine.blend.spec import BlendSpec, BlendUsage
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
@@ -14,11 +16,11 @@ DOCS = [[300 + i for i in range(40)], [900 + i for i in range(33)], [1500 + 3 * 
 SYSTEM, QUESTION = [7, 8, 9, 10, 11] * 4, [21, 22, 23, 24, 25, 26]
 
 
-def rag_prompt(order: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+def rag_prompt(order: list[int], docs: list[list[int]] = DOCS) -> tuple[list[int], list[tuple[int, int]]]:
     tokens, spans = list(SYSTEM), []
     for i in order:
-        spans.append((len(tokens), len(tokens) + len(DOCS[i])))
-        tokens += DOCS[i] + [4]
+        spans.append((len(tokens), len(tokens) + len(docs[i])))
+        tokens += docs[i] + [4]
     return tokens + QUESTION, spans
 
 
@@ -37,9 +39,21 @@ def run(llm: LLM, requests: list[tuple[list[int], BlendSpec | None]]):
     return [done[r] for r in ids]
 
 
+def num_kept(spans: list[tuple[int, int]], fraction: float) -> int:
+    """Chunk tokens a blended prefill keeps at this fraction (the rest of the prompt is recomputed)."""
+    chunk_tokens = sum(b - a for a, b in spans)
+    return chunk_tokens - -(-chunk_tokens * round(fraction * 100) // 100)
+
+
+def usage_delta(after, before) -> BlendUsage:
+    """The engine's blend counters (EngineStats) moved between two snapshots."""
+    fields = ("reused_tokens", "computed_chunk_tokens", "recomputed_tokens")
+    return BlendUsage(*(getattr(after, f"blend_{f}") - getattr(before, f"blend_{f}") for f in fields))
+
+
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(tiny_model("llama")), num_gpu_blocks=256)
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=256, enforce_eager=True)
 
 
 def test_fraction_one_equals_full_prefill_token_for_token(llm):
@@ -47,9 +61,9 @@ def test_fraction_one_equals_full_prefill_token_for_token(llm):
     prompts = [rag_prompt(o) for o in orders]
     plain = run(llm, [(p, None) for p, _ in prompts])
     blended = run(llm, [(p, BlendSpec(spans, 1.0)) for p, spans in prompts])
-    for a, b in zip(plain, blended, strict=True):
+    for (prompt, _), a, b in zip(prompts, plain, blended, strict=True):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
-        assert b.num_blend_reused_tokens == 0
+        assert a.blend_usage is None and b.blend_usage == BlendUsage(0, 0, len(prompt))  # every token computed
     assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks
 
 
@@ -61,13 +75,26 @@ def test_reordered_documents_reuse_stored_chunks_and_report_it(llm):
     again, spans2 = rag_prompt([2, 1, 0])
     (out,) = run(llm, [(again, BlendSpec(spans2, 0.15))])
     assert blender.store.stats.misses == misses  # every document came from the store
-    chunk_tokens = sum(len(d) for d in DOCS)
-    recomputed = -(-chunk_tokens * 15 // 100)
-    assert out.num_blend_reused_tokens == chunk_tokens - recomputed
-    stats = llm.engine.stats()
-    assert stats.blend_reused_tokens - stats0.blend_reused_tokens == out.num_blend_reused_tokens
-    assert stats.blend_recomputed_tokens - stats0.blend_recomputed_tokens == len(again) - out.num_blend_reused_tokens
+    kept = num_kept(spans2, 0.15)
+    assert out.blend_usage == BlendUsage(kept, 0, len(again) - kept)
+    assert usage_delta(llm.engine.stats(), stats0) == out.blend_usage
     assert len(out.outputs[0].token_ids) == 12
+
+
+def test_never_seen_documents_are_computed_not_reused(llm):
+    """A request whose documents no request stored reports nothing reused, also for a document it holds twice;
+    the same documents again are reused."""
+    cold = [[3000 + i for i in range(37)], [3500 + 2 * i for i in range(29)]]  # no other test uses these
+    prompt, spans = rag_prompt([0, 1, 0], cold)
+    kept = num_kept(spans, 0.15)
+    stats0 = llm.engine.stats()
+    (first,) = run(llm, [(prompt, BlendSpec(spans, 0.15))])
+    assert first.blend_usage == BlendUsage(0, kept, len(prompt) - kept)
+    stats1 = llm.engine.stats()
+    assert usage_delta(stats1, stats0) == first.blend_usage
+    (again,) = run(llm, [(prompt, BlendSpec(spans, 0.15))])
+    assert again.blend_usage == BlendUsage(kept, 0, len(prompt) - kept)
+    assert usage_delta(llm.engine.stats(), stats1) == again.blend_usage
 
 
 def test_blended_kv_is_never_a_prefix_hit_for_plain_prompts(llm):
@@ -98,24 +125,3 @@ def test_bad_specs_are_refused(llm, spans, fraction, message):
     prompt, _ = rag_prompt([0])
     with pytest.raises(ValueError, match=message):
         llm.engine.make_request("bad", prompt, SamplingParams(), blend=BlendSpec(spans, fraction))
-
-
-def test_smollm2_fraction_one_parity_and_default_reuse():
-    """The real model: a chunked RAG chat blended at 1.0 gives the full prefill's greedy tokens."""
-    from ragserve.chunks import encode_chunked_chat
-    from ragserve.demo.corpus import load_corpus
-
-    smol = LLM("smollm2-135m", num_gpu_blocks=512, enforce_eager=True)
-    passages = [p.text for d in load_corpus()[:3] for p in d.passages[:1]]
-    parts = [{"type": "text", "text": "Documents:\n"}]
-    for text in passages:
-        parts += [{"type": "text", "text": text, "ragserve_chunk": True}, {"type": "text", "text": "\n\n"}]
-    parts.append({"type": "text", "text": "Question: what do these documents describe?"})
-    chat = [{"role": "system", "content": "Answer from the documents."}, {"role": "user", "content": parts}]
-    prompt = encode_chunked_chat(smol.tokenizer, chat)
-    assert len(prompt.spans) == 3 and len(prompt.token_ids) > 300
-    (plain,) = run(smol, [(prompt.token_ids, None)])
-    (blended,) = run(smol, [(prompt.token_ids, BlendSpec(prompt.spans, 1.0))])
-    assert blended.outputs[0].token_ids == plain.outputs[0].token_ids
-    (default,) = run(smol, [(prompt.token_ids, BlendSpec(prompt.spans))])  # engine default fraction, chunks stored
-    assert default.num_blend_reused_tokens > 0.8 * sum(b - a for a, b in prompt.spans)

@@ -16,7 +16,7 @@ from tests.helpers.tiny_models import tiny_model
 
 @pytest.fixture
 def llm():
-    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=256)
+    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=256, enforce_eager=True)
     llm.engine.pool.record_events = True  # as the server does when it publishes events
     return llm
 

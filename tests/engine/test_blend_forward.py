@@ -22,7 +22,7 @@ KEYS = Selection(sink_tokens=0, filter_layers=1, filter_start=1.0, value_weight=
 
 @pytest.fixture(scope="module")
 def blender():
-    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=64)
+    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=64, enforce_eager=True)
     return Blender(llm.engine.runner, b"\1" * 32, 0.15, 1 << 26, selection=KEYS)
 
 

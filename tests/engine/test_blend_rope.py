@@ -7,6 +7,7 @@ import torch
 
 from ragserve_engine.blend.forward import blend_forward
 from ragserve_engine.blend.rope import rerotate
+from ragserve_engine.blend.runner import Blender
 from ragserve_engine.layers.rotary import RotaryEmbedding
 from ragserve_engine.llm import LLM
 from tests.helpers.tiny_models import tiny_model
@@ -38,14 +39,15 @@ def _keys(model, token_ids: list[int], layer: int) -> torch.Tensor:
     return keys[layer]
 
 
+@pytest.fixture(scope="module")
+def runner():
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=64, enforce_eager=True).engine.runner
+
+
 @pytest.mark.parametrize("prefix", [[], [1, 17]])
-def test_stored_chunk_keys_fixed_up_equal_keys_computed_in_place(prefix):
+def test_stored_chunk_keys_fixed_up_equal_keys_computed_in_place(runner, prefix):
     """Layer 0 keys depend on the token and its position only: a stored chunk moved to its real position
     must give exactly the keys a full prefill computes there (llama3 rope scaling, GQA)."""
-    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=64)
-    from ragserve_engine.blend.runner import Blender
-
-    runner = llm.engine.runner
     blender = Blender(runner, b"\0" * 32, 0.15, 1 << 24, canonical_prefix=prefix)
     chunk = [300 + i for i in range(45)]
     stored = blender.compute_chunk(chunk)  # [layers, 2, n, kvh, d] at positions len(prefix)..

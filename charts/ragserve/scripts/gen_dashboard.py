@@ -167,6 +167,18 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Cumulative, from the engines' heartbeats: compare with the predicted split.",
             ),
             Panel(
+                "Blended prompt tokens by source",
+                [
+                    ("reused (KV stored before the request)", rate(total(m.BLEND_REUSED_TOKENS), ENGINE)),
+                    ("chunks first computed now", rate(total(m.BLEND_COMPUTED_CHUNK_TOKENS), ENGINE)),
+                    ("recomputed", rate(total(m.BLEND_RECOMPUTED_TOKENS), ENGINE)),
+                ],
+                "short",
+                "Tokens per second of chats with chunks (docs/blend.md), each in one series: chunk tokens kept from KV"
+                " that existed before the request (chunk store or cachestore), chunk tokens kept from chunks the"
+                " request computed itself (not reuse), tokens the blended prefill computed.",
+            ),
+            Panel(
                 "Routing accuracy",
                 [
                     (

@@ -31,6 +31,7 @@ class ReusePlan:
     filter_layers: int = 1  # gradual filtering: select at this many layers from check_layer on...
     filter_start: float = 1.0  # ...keeping filter_start x num_recompute rows at the first, num_recompute at the last
     value_weight: float = 0.0  # deviation: key distance + value_weight x value distance (see deviation)
+    fresh: torch.Tensor | None = None  # [N] bool: rows of chunks computed for this request (usage only)
 
     def keep_at(self, layer: int) -> int | None:
         """Reusable rows kept by the selection at `layer`; None where no selection happens."""

@@ -17,22 +17,16 @@ import torch
 
 from ragserve.keys import chunk_key
 from ragserve_engine.attention.backend import slot_mapping
-from ragserve_engine.blend.forward import ReusePlan, blend_forward
+from ragserve_engine.blend.forward import KVSink, ReusePlan, blend_forward
 from ragserve_engine.blend.remote import RemoteChunks
 from ragserve_engine.blend.rope import rerotate
-from ragserve_engine.blend.spec import BlendSpec, Selection
+from ragserve_engine.blend.spec import BlendSpec, BlendUsage, Selection
 from ragserve_engine.blend.store import ChunkStore
 from ragserve_engine.block_pool import KVEvent
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class BlendCounters:
-    reused_tokens: int = 0
-    recomputed_tokens: int = 0
 
 
 class Blender:
@@ -56,7 +50,7 @@ class Blender:
         self.store = ChunkStore(store_bytes, listener)
         self.canonical_prefix = list(canonical_prefix)
         self.selection = selection or Selection()
-        self.counters = BlendCounters()
+        self.counters = BlendUsage()  # cumulative over every blended prefill
         self.failed: dict[str, Exception] = {}  # request id -> what failed its blended prefill this step
         self.remote = RemoteChunks(cachestore, runner.layout) if cachestore is not None else None
 
@@ -101,29 +95,44 @@ class Blender:
         dev, n, bs = self.runner.device, len(token_ids), self.runner.layout.block_size
         slots = slot_mapping(np.array([block_table]), np.zeros(n, np.int64), np.arange(n), bs)
         slots = torch.from_numpy(slots).to(dev)
-        plan = self.plan(token_ids, spec)
 
         def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             self.runner.backend.write_kv(k, v, self.runner.kv_layers[layer], slots)
 
+        return self.blend(token_ids, spec, write)
+
+    @torch.inference_mode()
+    def blend(self, token_ids: list[int], spec: BlendSpec, sink: KVSink) -> torch.Tensor:
+        """The blended forward of the prompt, every layer's K/V to `sink`; sets spec.usage and returns the
+        last token's logits."""
+        dev, n = self.runner.device, len(token_ids)
+        plan = self.plan(token_ids, spec)
         ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        hidden, rows = blend_forward(self.model, ids, torch.arange(n, device=dev), plan, write)
+        hidden, rows = blend_forward(self.model, ids, torch.arange(n, device=dev), plan, sink)
         assert int(rows[-1]) == n - 1, "the last token is always computed"
-        spec.recomputed_tokens = len(rows)
-        spec.reused_tokens = n - len(rows)
-        self.counters.reused_tokens += spec.reused_tokens
-        self.counters.recomputed_tokens += spec.recomputed_tokens
+        kept = torch.ones(n, dtype=torch.bool, device=dev)
+        kept[rows] = False  # every kept row is a chunk row: non-chunk rows are always computed
+        computed_chunk = int((kept & plan.fresh).sum())
+        spec.usage = BlendUsage(n - len(rows) - computed_chunk, computed_chunk, len(rows))
+        self.counters.add(spec.usage)
         return self.model.compute_logits(hidden[-1:])[0]
 
     def plan(self, token_ids: list[int], spec: BlendSpec) -> ReusePlan:
-        """Stored chunk K/V laid out at the chunks' real positions, and which rows they cover."""
+        """Stored chunk K/V laid out at the chunks' real positions, which rows they cover, and which of those
+        come from chunks computed for this request (a chunk repeated in the prompt is computed once)."""
         n, cfg = len(token_ids), self.model.config
         dev, dtype = self.runner.device, self.runner.dtype
         old = torch.zeros((cfg.num_layers, 2, n, cfg.num_kv_heads, cfg.head_dim), dtype=dtype, device=dev)
         reusable = torch.zeros(n, dtype=torch.bool, device=dev)
+        fresh = torch.zeros(n, dtype=torch.bool, device=dev)
+        computed_now: set[tuple[int, ...]] = set()
         rotary = self.model.layers[0].self_attn.rotary
         for start, stop in spec.spans:
-            kv = self.chunk_kv(token_ids[start:stop], spec.cache_salt)
+            chunk = tuple(token_ids[start:stop])
+            kv, existed = self.chunk_kv(list(chunk), spec.cache_salt)
+            if not existed or chunk in computed_now:
+                computed_now.add(chunk)
+                fresh[start:stop] = True
             old[:, 0, start:stop] = rerotate(kv[:, 0], start - len(self.canonical_prefix), rotary)
             old[:, 1, start:stop] = kv[:, 1]
             reusable[start + min(self.selection.sink_tokens, stop - start) : stop] = True
@@ -134,24 +143,25 @@ class Blender:
         sel = self.selection
         check = min(sel.check_layer, cfg.num_layers - 1)
         layers = min(sel.filter_layers, cfg.num_layers - check)  # the final count is reached by the last layer
-        return ReusePlan(old, reusable, num, check, layers, sel.filter_start, sel.value_weight)
+        return ReusePlan(old, reusable, num, check, layers, sel.filter_start, sel.value_weight, fresh)
 
     # ---- chunks -------------------------------------------------------------------------------
-    def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> torch.Tensor:
-        """[num_layers, 2, n, kvh, d] of a chunk at the canonical position: from the store, the cachestore,
-        or computed now (and stored in both)."""
+    def chunk_kv(self, token_ids: list[int], cache_salt: str | None) -> tuple[torch.Tensor, bool]:
+        """[num_layers, 2, n, kvh, d] of a chunk at the canonical position, and whether it existed: from the
+        store or the cachestore (True), or computed now and stored in both (False)."""
         key = chunk_key(self.root, token_ids, self.canonical_prefix, cache_salt)
         kv = self.store.get(key)
         if kv is None and self.remote is not None:
             kv = self.remote.get(key, len(token_ids), self.runner.dtype, self.runner.device)
             if kv is not None:
                 self.store.put(key, kv)
-        if kv is None:
-            kv = self.compute_chunk(token_ids)
-            self.store.put(key, kv)
-            if self.remote is not None:
-                self.remote.put(key, kv)
-        return kv
+        if kv is not None:
+            return kv, True
+        kv = self.compute_chunk(token_ids)
+        self.store.put(key, kv)
+        if self.remote is not None:
+            self.remote.put(key, kv)
+        return kv, False
 
     @torch.inference_mode()
     def compute_chunk(self, token_ids: list[int]) -> torch.Tensor:

@@ -20,12 +20,25 @@ class Selection:
 
 
 @dataclass
+class BlendUsage:
+    """Where a blended prefill's prompt tokens came from: each token is counted in exactly one field."""
+
+    reused_tokens: int = 0  # chunk tokens kept from K/V that existed before the request (chunk store, cachestore)
+    computed_chunk_tokens: int = 0  # chunk tokens kept from chunks first computed for this request
+    recomputed_tokens: int = 0  # prompt tokens the blended forward computed (non-chunk + selected)
+
+    def add(self, other: BlendUsage) -> None:
+        self.reused_tokens += other.reused_tokens
+        self.computed_chunk_tokens += other.computed_chunk_tokens
+        self.recomputed_tokens += other.recomputed_tokens
+
+
+@dataclass
 class BlendSpec:
     spans: list[tuple[int, int]]  # [start, end) token ranges of the prompt that are chunks
     recompute_fraction: float | None = None  # None: the engine's default
     cache_salt: str | None = None  # the request's own salt: chunks are keyed under it
-    reused_tokens: int = field(default=0, init=False)  # chunk tokens whose stored K/V were kept
-    recomputed_tokens: int = field(default=0, init=False)  # prompt tokens computed (non-chunk + selected)
+    usage: BlendUsage = field(default_factory=BlendUsage, init=False)  # set by the blended prefill
 
     def validate(self, num_prompt_tokens: int) -> None:
         """Raises ValueError naming what is wrong."""

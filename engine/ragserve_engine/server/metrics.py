@@ -55,8 +55,21 @@ class EngineStateCollector:
             (m.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens", stats.prefix_cache_queries),
             (m.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens", stats.prefix_cache_hits),
             (m.NUM_PREEMPTIONS, "Cumulative preemptions", stats.num_preemptions),
-            (m.BLEND_REUSED_TOKENS, "Chunk tokens whose stored KV blended prefills reused", stats.blend_reused_tokens),
-            (m.BLEND_RECOMPUTED_TOKENS, "Prompt tokens blended prefills computed", stats.blend_recomputed_tokens),
+            (
+                m.BLEND_REUSED_TOKENS,
+                "Blended-prefill chunk tokens kept from KV that existed before the request (chunk store or cachestore)",
+                stats.blend_reused_tokens,
+            ),
+            (
+                m.BLEND_COMPUTED_CHUNK_TOKENS,
+                "Blended-prefill chunk tokens kept from chunks first computed for the request (not reuse)",
+                stats.blend_computed_chunk_tokens,
+            ),
+            (
+                m.BLEND_RECOMPUTED_TOKENS,
+                "Blended-prefill prompt tokens the blended forward computed (non-chunk and selected chunk tokens)",
+                stats.blend_recomputed_tokens,
+            ),
             (
                 m.EXTERNAL_PREFIX_CACHE_QUERIES,
                 "External (cachestore) prefix-cache queries, in tokens",

@@ -27,24 +27,21 @@ class ChatServing(OpenAIServing):
     async def create(self, request: Request, req: ChatCompletionRequest) -> Response:
         self.server.check_model(req.model)
         try:
-            messages = req.render_messages()
+            # chunk parts first: a badly marked part is named (a non-text one too, which rendering refuses)
+            blended = chunked_chat(self.tokenizer, [m.model_dump(exclude_unset=True) for m in req.messages], req)
+            messages = req.render_messages() if blended is None else []
             params = req.to_sampling_params()
-        except ValueError as exc:
+        except ValueError as exc:  # template errors too
             raise bad_request(exc, "messages") from None
+        if blended is not None:
+            return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
             size = sum(len(m.get("content") or "") for m in messages)
             encode = self.tokenizer.encode_chat
-            blended = chunked_chat(self.tokenizer, [m.model_dump(exclude_unset=True) for m in req.messages], req)
-            if blended is None:  # no chunk parts
-                prompt, extra = (
-                    await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages),
-                    {},
-                )
-            else:
-                prompt, extra = blended
+            prompt = await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages)
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
-        return await self.run(request, req, [prompt], params, **extra)
+        return await self.run(request, req, [prompt], params)
 
     def _logprobs(self, req: ChatCompletionRequest) -> LogprobFormatter | None:
         return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
