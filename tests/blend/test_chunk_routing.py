@@ -43,13 +43,26 @@ def reused(resp: httpx.Response) -> int:
     return resp.json()["usage"]["prompt_tokens_details"].get("blend_reused_tokens", 0)
 
 
+def wait_registered(engine) -> None:
+    """Until the engine's /ready says the router acknowledged its registration (the router writes the record
+    to Redis before it answers). Fails at once if the engine exits; the timeout only bounds a hung start."""
+
+    def registered() -> bool:
+        r = httpx.get(engine.url + "/ready", timeout=5)
+        return r.status_code == 200 and r.json().get("registered") is True
+
+    process.until(registered, timeout=300, interval=0.2, what=f"{engine.name} registered with the router", proc=engine)
+
+
 @pytest.fixture(scope="module")
 def stack(module_cluster):
     url = module_cluster.redis()
     router = module_cluster.router("--redis", url, "--heartbeat-interval-ms", "300")
     engines = module_cluster.real_engines(router, 3, "--num-gpu-blocks", "512", ids=IDS)
+    for engine in engines:
+        wait_registered(engine)
     index = redis.Redis.from_url(url)
-    process.until(lambda: index.hlen("ragserve:engines") == 3, timeout=60, what="three engines registered")
+    assert sorted(k.decode() for k in index.hkeys("ragserve:engines")) == IDS
     yield router, dict(zip(IDS, engines, strict=True)), index
     index.close()
 
