@@ -1,5 +1,6 @@
 """The in-memory API server itself (kube_sim.py): the API server behaviours the operator tests rely on
-(status subresource, resourceVersion conflicts, garbage collection, apply conflicts) hold as on a cluster."""
+(status subresource, resourceVersion conflicts, garbage collection) hold as on a cluster; the apply merge's
+conflicts are test_apply_model.py's."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import copy
 
 import pytest
 
-from ragserve_operator.kube import FIELD_MANAGER
 from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, RAGSERVES, ragserve
-from tests.operator import server_side_apply as ssa
 
 pytestmark = pytest.mark.asyncio
 DEPLOYMENTS_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments"
@@ -117,35 +116,3 @@ async def test_garbage_collection_follows_owner_references(kube):
     orphan = await kube.call("POST", DEPLOYMENTS_PATH, deployment("orphan", [ref(other)]))
     await kube.call("DELETE", f"{BASE}/other", {"propagationPolicy": "Orphan"})
     assert kube.obj(DEPLOYMENTS, "orphan")["metadata"]["uid"] == orphan["metadata"]["uid"]
-
-
-def test_apply_conflicts_force_and_shared_fields():
-    """The apply merge (server_side_apply.py) answers conflicts as the API server does: the causes name
-    the field path and the manager (the operator reports these), force takes the fields over, fields two
-    managers set to one value are shared."""
-    live = ssa.apply(None, deployment("d"), FIELD_MANAGER, force=False)
-    container = {"name": "engine", "image": "ours:1"}
-    ours = {**deployment("d"), "spec": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
-    live = ssa.apply(live, ours, FIELD_MANAGER, force=False)
-    edited = copy.deepcopy(live)
-    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "mine:latest"
-    edited["spec"]["paused"] = True
-    live = ssa.update(live, edited, "kubectl-edit")
-    with pytest.raises(ssa.Conflict) as conflict:
-        ssa.apply(live, ours, FIELD_MANAGER, force=False)
-    (cause,) = conflict.value.status()["details"]["causes"]
-    assert cause["field"] == '.spec.template.spec.containers[{"name":"engine"}].image'
-    assert cause["message"] == 'conflict with "kubectl-edit" using apps/v1'
-
-    forced = ssa.apply(live, ours, FIELD_MANAGER, force=True)
-    assert forced["spec"]["template"]["spec"]["containers"][0]["image"] == "ours:1"
-    assert forced["spec"]["paused"] is True  # theirs, not in conflict: kept
-    assert ssa.owners_of(forced)[("kubectl-edit", "Update")] == {("f:spec", "f:paused")}
-
-    shared = copy.deepcopy(ours)
-    shared["metadata"]["labels"] = {"team": "a"}
-    live = ssa.apply(forced, shared, "gitops", force=False)
-    live = ssa.apply(live, {**ours, "metadata": {**ours["metadata"], "labels": {"team": "a"}}}, FIELD_MANAGER, False)
-    dropped = ssa.apply(live, ours, FIELD_MANAGER, force=False)
-    assert dropped["metadata"]["labels"] == {"team": "a"}  # gitops still sets it
-    assert "labels" not in ssa.apply(dropped, ours, "gitops", force=False)["metadata"]
