@@ -29,7 +29,7 @@ from ragserve_operator.crd import pool_crd
 from ragserve_operator.spec import POOL_KIND
 from tests.helpers.net import free_ports as _free_ports
 from tests.helpers.process import Proc, start, until_async
-from tests.helpers.ragserve_cr import BASE, NS, POOLS, RAGSERVES
+from tests.helpers.ragserve_cr import NS, POOLS, RAGSERVES
 from tests.operator import rbac
 from tests.operator.kube_sim import KubeSim
 
@@ -153,64 +153,6 @@ async def run_operator(kube: KubeSim, tmp_path: Path, port: int, metrics_port: i
 @pytest_asyncio.fixture
 async def operator(run_operator: Callable) -> subprocess.Popen:
     return await run_operator()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def shared_operators(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Operators]:
-    """One KubeSim and one operator process for a whole module."""
-    port, metrics_port = _free_ports(2)
-    async with serving_kube() as sim:
-        operators = Operators(sim, tmp_path_factory.mktemp("operator"), port, metrics_port)
-        try:
-            await operators.run()
-            yield operators
-        finally:
-            await operators.stop()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def shared_kube(shared_operators: Operators) -> KubeSim:
-    """The module's KubeSim, emptied: what a fresh one holds, with the module's operator watching it."""
-    await empty(shared_operators.kube)
-    return shared_operators.kube
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def shared_operator(shared_operators: Operators, shared_kube: KubeSim) -> AsyncIterator[subprocess.Popen]:
-    """The module's operator process (running; restart_operator() replaces it)."""
-    assert shared_operators.current.poll() is None, "the module's operator exited"
-    yield shared_operators.current
-    assert shared_operators.current.poll() is None, "the module's operator exited during the test"
-
-
-@pytest.fixture
-def restart_operator(shared_operators: Operators, shared_kube: KubeSim) -> Callable:
-    return shared_operators.run
-
-
-@pytest.fixture
-def shared_metrics_port(shared_operators: Operators) -> int:
-    return shared_operators.metrics_port
-
-
-async def empty(sim: KubeSim) -> None:
-    """Delete every RAGServe through the API (the operator lets go of it, the garbage collector takes its
-    children), then every other object of the test namespace; forget the requests."""
-    for name in [n for r, n in sim.live() if r == RAGSERVES]:
-        async with sim.request("DELETE", f"{BASE}/{name}"):
-            pass
-    await until_async(lambda: not [n for r, n in sim.live() if r == RAGSERVES], timeout=60, what="RAGServes gone")
-
-    async def delete_the_rest() -> bool:  # (an Event the operator posts late is deleted on the next round)
-        for resource, name in sim.live():
-            res = kmock.resource(resource)
-            prefix = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
-            async with sim.request("DELETE", f"{prefix}/namespaces/{NS}/{res.plural}/{name}"):
-                pass
-        return not sim.live()
-
-    await until_async(delete_the_rest, timeout=30, what="an empty namespace")
-    sim._requests.clear()
 
 
 WATCHED = ("ragserves", "ragserveenginepools", "deployments", "statefulsets", "services", "configmaps")
