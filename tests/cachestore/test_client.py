@@ -3,6 +3,7 @@
 import signal
 import socket
 import threading
+import time
 
 import grpc
 import pytest
@@ -90,7 +91,10 @@ def test_slow_replica_costs_a_miss_within_the_deadline():
         silent.listen(8)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         with CacheStoreClient([address], LAYOUT, timeout_s=0.3, backoff_s=30) as client:
+            start = time.monotonic()
             assert client.lookup(chain(4)) == 0
+            waited = time.monotonic() - start
+            assert 0.3 <= waited < 5, waited  # it waited for the deadline, then gave up (5 s: a stall bound)
             assert not client.replicas[0].backoff.available()
             assert client.get(chain(4)) == [] and client.put(kv_blocks(2)) == 0
 

@@ -79,20 +79,28 @@ def test_capacity_is_never_exceeded_under_a_random_workload(tmp_path):
     rng = random.Random(7)
     store = make(tmp_path, 5, 12)
     pool = items(40, size=SIZE) + items(20, "big", size=3 * SIZE)
+    absent = {key for key, _ in pool}  # never put, or deleted since
+    hits = misses = 0
     for _ in range(400):
         key, block = rng.choice(pool)
         op = rng.random()
         if op < 0.5:
             store.put(key, block)
+            absent.discard(key)
         elif op < 0.9:
+            listed = store.lookup([key]) != []
             got = store.get(key)
-            assert got is None or got[0] == block
+            assert (got is not None) == listed and not (got and key in absent)  # get agrees with lookup
+            if got is not None:
+                assert got[0] == block
+            hits, misses = hits + (got is not None), misses + (got is None)
         else:
             store.delete(key)
+            absent.add(key)
         for tier in store.snapshot().tiers:
             assert tier.used <= tier.capacity
         assert dir_bytes(tmp_path / "disk") <= 12 * COST
-    assert store.snapshot().counters.dropped > 0
+    assert store.snapshot().counters.dropped > 0 and hits > 0 and misses > 0
 
 
 def test_block_larger_than_ram_goes_to_disk_and_larger_than_all_is_skipped(tmp_path):

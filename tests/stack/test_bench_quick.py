@@ -13,13 +13,16 @@ import pytest
 
 from tests.helpers.stack import ROOT
 
-CONFIGS = ["round_robin", "prefix", "kv_aware", "kv_aware+cachestore"]
+# The baseline and the full stack (kv_aware's prediction header, the cachestore); prefix and kv_aware alone
+# run the same code paths between these two and are left to the benchmark itself.
+CONFIGS = ["round_robin", "kv_aware+cachestore"]
 
 
 @pytest.mark.slow
 def test_quick_cluster_benchmark(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
     cmd = [sys.executable, str(ROOT / "bench" / "rag_cluster.py"), "--quick", "--requests", "12", "--clients", "3"]
+    cmd += ["--engines", "2", "--configs", ",".join(CONFIGS)]
     proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     report = json.loads((tmp_path / "rag_cluster-quick.json").read_text())
@@ -28,7 +31,7 @@ def test_quick_cluster_benchmark(tmp_path):
     for name, r in results.items():
         assert r["requests"] == 12 and r["errors"] == 0, name
         assert r["prompt_tokens"] > 12 * 1000 and r["usage_prompt_tokens"] == r["prompt_tokens"], name
-        assert min(r["local"], r["fetched"], r["computed"]) >= 0
+        assert r["computed"] == r["prompt_tokens"] - r["local"] - r["fetched"] >= 0  # never more cached than sent
         # the engines' cache counters (Prometheus) agree with the cached_tokens the clients were told (usage)
         assert r["local"] + r["fetched"] == r["usage_cached_tokens"], name
         assert 0.0 <= r["cached_share_after_first"] <= 1.0
@@ -36,13 +39,13 @@ def test_quick_cluster_benchmark(tmp_path):
         assert all(math.isfinite(v) and v > 0 for k, v in r["ratios"].items() if k != "computed_tokens")
         rows = r["per_request"]  # per-request records, in send order, for finding what makes the tail
         assert len(rows) == 12 and all(x["ok"] and x["engine"] and x["ttft_s"] > 0 for x in rows), name
-        assert [x["sent_s"] for x in rows] == sorted(x["sent_s"] for x in rows) and r["preemptions"] >= 0
+        assert [x["sent_s"] for x in rows] == sorted(x["sent_s"] for x in rows)
         assert all(x["reason"] for x in rows) and 0 < r["first_sight"] < 12  # the router's reason, per request
         predicted = [x["predicted_ttft_s"] for x in rows]  # kv_aware's prediction (router header), only there
         expected_none = not name.startswith("kv_aware")
         assert all((p is None) == expected_none and (p is None or p >= 0) for p in predicted), name
     assert results["round_robin"]["ratios"]["ttft_p50_speedup"] == 1.0
-    assert all(results[n]["fetched"] == 0 for n in CONFIGS[:3])  # no cachestore, nothing fetched
+    assert results["round_robin"]["fetched"] == 0  # no cachestore, nothing fetched
     table = (tmp_path / "rag_cluster-quick.md").read_text()
     assert all(f"| {name} |" in table for name in CONFIGS)
     for plot in ("tokens", "ttft"):
