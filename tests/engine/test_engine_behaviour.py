@@ -93,6 +93,27 @@ def test_beam_search_shares_blocks_and_finds_a_better_sequence(llm):
     assert_pool_consistent(engine)
 
 
+def test_beam_search_matches_transformers_num_beams(llm):
+    """The same beams, in the same order, with the same scores as transformers' beam search on the same weights
+    (fixed length: EOS ignored here, masked there by min_new_tokens; length_penalty 0 scores the plain sum)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = list(range(2000, 2040))
+    params = SamplingParams(use_beam_search=True, beam_width=4, n=4, max_tokens=6, temperature=0.0, ignore_eos=True)
+    ours = fresh(llm, num_gpu_blocks=128).generate([prompt], params)[0].outputs
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = ref.generate(
+            torch.tensor([prompt]), num_beams=4, num_return_sequences=4, max_new_tokens=6, min_new_tokens=6,
+            do_sample=False, length_penalty=0.0, return_dict_in_generate=True, output_scores=True,
+            pad_token_id=0,
+        )  # fmt: skip
+    expected = [seq[len(prompt) :].tolist() for seq in out.sequences]
+    assert [list(o.token_ids) for o in ours] == expected
+    assert [o.cumulative_logprob for o in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-3)
+
+
 def _peak_blocks(engine) -> int:
     peak = 0
     while engine.has_unfinished_requests():

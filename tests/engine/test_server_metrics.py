@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 
@@ -23,8 +25,15 @@ def idle(engine) -> bool:
     return metric(s, "vllm:num_requests_running") == 0 and metric(s, "vllm:kv_cache_usage_perc") == 0
 
 
-def test_cache_config_and_zeroed_counters(engine):
-    s = scrape(engine.url)
+@pytest.fixture
+def fresh_engine(tmp_path):
+    """An engine no other test has sent anything to, whatever order the tests run in."""
+    with running_engine(tmp_path, "--num-gpu-blocks", str(BLOCKS)) as proc:
+        yield proc
+
+
+def test_cache_config_and_zeroed_counters(fresh_engine):
+    s = scrape(fresh_engine.url)
     assert s[f"vllm:cache_config_info{{block_size=16,num_gpu_blocks={BLOCKS}}}"] == 1
     for name in ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total"):
         assert metric(s, name) == 0
@@ -37,7 +46,8 @@ def test_cache_config_and_zeroed_counters(engine):
 
 def test_counters_and_histograms_move_with_requests(sdk, engine):
     before = scrape(engine.url)
-    messages = [{"role": "system", "content": LONG_CONTEXT}, {"role": "user", "content": "Why?"}]
+    system = f"[{uuid.uuid4()}] {LONG_CONTEXT}"  # no earlier test sent it: the first request has no hits
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
     first = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=5, temperature=0)
     second = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=5, temperature=0)
     after = scrape(engine.url)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import openai
 import pytest
@@ -154,7 +156,8 @@ def test_ignore_eos_min_tokens_and_beam_search(sdk):
 
 
 def test_repeated_long_prompt_reports_cached_tokens(sdk):
-    messages = [{"role": "system", "content": LONG_CONTEXT}, {"role": "user", "content": "Summarise."}]
+    system = f"[{uuid.uuid4()}] {LONG_CONTEXT}"  # no earlier test sent it: the first request has no hits
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Summarise."}]
     first = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=2, temperature=0)
     second = sdk.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens > 200
@@ -162,7 +165,7 @@ def test_repeated_long_prompt_reports_cached_tokens(sdk):
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == (second.usage.prompt_tokens - 1) // 16 * 16 > 0
     salted = sdk.chat.completions.create(
-        model=MODEL_NAME, messages=messages, max_tokens=2, extra_body={"cache_salt": "tenant-b"}
+        model=MODEL_NAME, messages=messages, max_tokens=2, extra_body={"cache_salt": f"tenant-{uuid.uuid4()}"}
     )
     assert salted.usage.prompt_tokens_details.cached_tokens == 0  # another tenant never hits
 
