@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import Counter
 
 import pytest
 
+from ragserve.cachestore_args import CacheStoreConfig
 from ragserve.router_args import POLICIES, RouterConfig
 from ragserve.v1 import registry_pb2
+from ragserve_cachestore.client import CacheStoreClient
+from ragserve_cachestore.server import CacheStoreServer
 from ragserve_router.cost_model import DEFAULT_PREFILL_TOKENS_PER_S, calibrate, predict
 from ragserve_router.engines import STATIC, EngineRecord, Load
 from ragserve_router.hashring import bounded_order, ring_order
@@ -29,6 +33,8 @@ from ragserve_router.policies import (
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import RoutingKey
 from ragserve_router.state import STORED, KVOp
+from ragserve_router.store_index import StoreIndex
+from tests.helpers.cachestore import LAYOUT, kv_blocks
 
 IDS = ["e0", "e1", "e2"]
 
@@ -206,21 +212,36 @@ async def test_kv_aware_counts_work_it_routed_since_the_last_heartbeat():
     assert again.predictions[again.order[0].engine_id].local_tokens == 60 * 16
 
 
+@pytest.fixture
+def store():
+    """A real in-process cachestore: (address, client writing blocks of the test layout)."""
+    server = CacheStoreServer(CacheStoreConfig(host="127.0.0.1", port=0, metrics_port=0))
+    address = f"127.0.0.1:{server.start()}"
+    client = CacheStoreClient(address, LAYOUT)
+    yield address, client
+    client.close()
+    server.stop(grace=0)
+
+
 @pytest.mark.asyncio
-async def test_kv_aware_counts_the_cachestores_blocks_as_fetchable(monkeypatch):
+async def test_kv_aware_counts_the_cachestores_blocks_as_fetchable(store):
     """A hot prefix held by e0 and by the store: e1 and e2 can fetch it, so a busy e0 no longer pins it."""
+    address, client = store
     state, loads, records, decider = setup()
-    hot = [h(i) for i in range(30)]
+    blocks = kv_blocks(30, seed="hot")
+    hot = [b.key for b in blocks]
+    assert client.put(blocks) == 30
     for r in records:
-        r.layout_fingerprint, r.cachestore = "layout-1", "store:1"
+        r.layout_fingerprint, r.cachestore = LAYOUT, address
         r.load = measured(fetch_s_per_block=0.002)
-    stored = set(hot)
-
-    async def leading(address, layout, hashes):
-        assert (address, layout) == ("store:1", "layout-1")
-        return next((i for i, x in enumerate(hashes) if x not in stored), len(hashes))
-
-    monkeypatch.setattr(decider.store, "leading", leading)
+    # the router's own StoreIndex (real Lookup RPCs) on a clock the test moves, so what it remembers
+    # expires when the test says, not when a slow machine gets there
+    now = [0.0]
+    index = decider.by_name["kv_aware"].ctx.store = StoreIndex(RouterConfig(), clock=lambda: now[0])
+    deadline = time.monotonic() + 30  # until its channel is up (a lookup past its 0.1 s deadline counts 0)
+    while await index.leading(address, LAYOUT, hot) != 30:
+        assert time.monotonic() < deadline, "the router's store index never saw the 30 stored blocks"
+        await asyncio.sleep(0.05)
     await state.apply("e0", [KVOp(STORED, hot)], 1)
     records[0].load = measured(queued_prefill_tokens=600)
     request = req(hot + [h(999)], tokens=16 * 31 + 3)
@@ -229,9 +250,13 @@ async def test_kv_aware_counts_the_cachestores_blocks_as_fetchable(monkeypatch):
     chosen = decision.predictions[decision.order[0].engine_id]
     assert (chosen.local_tokens, chosen.fetched_tokens, chosen.computed_tokens) == (0, 480, 19)
     assert decision.predicted_cached_tokens(decision.order[0].engine_id, request.key) == 480
-    stored.clear()  # the store lost it: recomputing 480 tokens elsewhere is slower than waiting on e0
+    # the store lost it (and the index's memory of it expired): recomputing 480 tokens elsewhere is slower
+    # than waiting on e0
+    assert client.delete(hot) == 30 and client.lookup(hot) == 0
+    now[0] += 2 * RouterConfig().store_lookup_ttl
     records[0].load = measured(queued_prefill_tokens=300, reported_at=time.time() + 1)
     assert (await decider.decide("kv_aware", request, records)).order[0].engine_id == "e0"
+    index.close()
 
 
 @pytest.mark.asyncio
