@@ -15,8 +15,8 @@ def rag(doc: int, question: str) -> dict:
     return {"model": "tiny", "messages": messages, "max_tokens": 2}
 
 
-def post(router, body: dict) -> httpx.Response:
-    resp = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=60)
+def post(router, body: dict, headers: dict | None = None) -> httpx.Response:
+    resp = httpx.post(router.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert resp.status_code == 200, resp.text
     return resp
 
@@ -66,20 +66,38 @@ def test_router_refuses_to_start_without_its_redis(cluster, port):
     assert "secret" not in out and "Traceback" not in out
 
 
-def test_losing_redis_degrades_routing_but_never_fails_requests(cluster, until):
+def test_losing_redis_degrades_routing_but_never_fails_requests(cluster, metrics, until):
+    """Two engines: with Redis, a document's follow-up goes where its KV is (prefix_hit); without it, the KV
+    index is gone (kv_aware routes on cost and load alone, claiming no cached prefix), while the last known
+    registry keeps both engines serving."""
     import grpc
 
     from ragserve.v1 import registry_pb2, registry_pb2_grpc
 
     redis = cluster.redis()
-    router = cluster.router("--redis", redis, "--heartbeat-interval-ms", "300", "--redis-prefix", "t2:")
-    cluster.real_engines(router, 1, ids=["deg-0"])
-    until(lambda: engines(router) == 1, timeout=60, message="engine registered")
-    assert post(router, rag(0, "before")).status_code == 200
+    flags = ("--redis", redis, "--heartbeat-interval-ms", "300", "--redis-prefix", "t2:", "--allow-policy-header")
+    router = cluster.router(*flags)
+    cluster.real_engines(router, 2, ids=["deg-0", "deg-1"])
+    until(lambda: engines(router) == 2, timeout=60, message="engines registered")
+    stored = metrics(router.url, "ragserve_router_kv_events_total", kind="stored")
+    home = post(router, rag(0, "before")).headers["x-ragserve-engine"]
+    until(
+        lambda: metrics(router.url, "ragserve_router_kv_events_total", kind="stored") > stored,
+        message="the engine's KV events in Redis",
+    )
+    resp = post(router, rag(0, "before, again"))
+    assert (resp.headers["x-ragserve-engine"], resp.headers["x-ragserve-route-reason"]) == (home, "prefix_hit")
     next(p for p in cluster.procs if p.name == "redis").stop(signal.SIGKILL)
-    for i in range(3):  # the last known engines keep serving; routing falls back to load
+    for i in range(3):  # the index is unreachable: no engine is credited with the prefix, requests still served
         resp = post(router, rag(0, f"after {i}"))
-        assert resp.headers["x-ragserve-engine"] == "deg-0"
+        assert resp.headers["x-ragserve-route-reason"] == "cost", resp.headers
+        assert resp.headers["x-ragserve-engine"] in {"deg-0", "deg-1"}
+    # both last known engines keep serving (round robin over the registry this replica still holds)
+    served = {
+        post(router, rag(1, f"rr {i}"), {"x-ragserve-policy": "round_robin"}).headers["x-ragserve-engine"]
+        for i in range(4)
+    }
+    assert served == {"deg-0", "deg-1"} and engines(router) == 2
     with grpc.insecure_channel(router.grpc) as channel:
         stub = registry_pb2_grpc.RegistryStub(channel)
         with pytest.raises(grpc.RpcError) as info:
