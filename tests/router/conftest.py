@@ -61,6 +61,17 @@ class Cluster:
     def wait_http(self, proc: Server, timeout: float = 60) -> None:
         process.wait_http(proc.url + "/health", proc=proc, timeout=timeout)
 
+    def wait_registered(self, engine: Server, timeout: float = 300) -> None:
+        """Until the engine's /ready says the router acknowledged its registration. Fails at once if the engine
+        exits; the timeout only bounds a hung start."""
+
+        def registered() -> bool:
+            r = httpx.get(engine.url + "/ready", timeout=5)
+            return r.status_code == 200 and r.json().get("registered") is True
+
+        what = f"{engine.name} registered with the router"
+        process.until(registered, timeout=timeout, interval=0.2, what=what, proc=engine)
+
     def router(self, *flags: str, env: dict | None = None, wait: bool = True, name: str = "router") -> Server:
         port, grpc_port = free_port(), free_port()
         argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
@@ -150,7 +161,9 @@ def fleet(tmp_path_factory, model_dir):
     router = c.router("--heartbeat-interval-ms", "300", "--allow-policy-header", name="fleet-router")
     engines = c.real_engines(router, 3, "--num-gpu-blocks", "1024", "--max-model-len", "4096",
                              ids=[f"fleet-{i}" for i in range(3)])  # fmt: skip
-    process.until(lambda: registered(router) == 3, timeout=60, what="three engines registered")
+    for engine in engines:
+        c.wait_registered(engine)
+    assert registered(router) == 3
     yield Fleet(c, router, engines)
     c.stop_all()
 
