@@ -1,11 +1,12 @@
-"""Start-up calibration (vLLM's profile run, for the router's cost model): before the server reports ready
-it prefills synthetic prompts and decodes a few tokens at batch 2 and 1, so the first heartbeat already
-carries a measured prefill rate and decode step line, and the fused ops compile now rather than in the
-first user request. Its decode steps run eager (the compiled decode graphs are set aside meanwhile, so no
-background compile starts beside them and spoils the samples, compilation/events.py); the heartbeat
-says so (DECODE_EAGER_BEFORE_GRAPHS) until a compiled graph has timed a step, and from then on it carries the
-graph's own line (fitted apart, load_stats), so the router never compares an eager figure with a peer's
-graph figure (router/cost_model.py).
+"""Start-up calibration (vLLM's profile run, for the router's cost model): before the server reports ready it
+prefills synthetic prompts and decodes a few tokens at batch 3 and 1, so the first heartbeat already carries
+a measured prefill rate and decode step line, its slope included (batch sizes 2 and 1 could never vary
+enough for load_stats.MIN_X_VARIANCE: two values a step apart have a variance of at most 0.25), and the
+fused ops compile now rather than in the first user request. Its decode steps run eager (the compiled decode
+graphs are set aside meanwhile, so no background compile starts beside them and spoils the samples,
+compilation/events.py); the heartbeat says so (DECODE_EAGER_BEFORE_GRAPHS) until a compiled graph has timed
+a step, and from then on it carries the graph's own line (fitted apart, load_stats), so the router never
+compares an eager figure with a peer's graph figure (router/cost_model.py).
 
 Engines that start together on one machine (a local stack, a test fleet) would measure each other, so a
 host-wide lock file lets one calibrate at a time (a pod's /tmp is its own: pods never wait for each other).
@@ -34,7 +35,8 @@ from ragserve_engine.engine_client import EngineClient, SamplingParams
 
 log = logging.getLogger("ragserve_engine.server")
 PROMPT_TOKENS = 256  # per prompt: one step of fused ops (>= fused.MIN_TOKENS), a few on a capped engine
-DECODE_STEPS = 4  # per batch size (2, then 1)
+DECODE_STEPS = 4  # per batch size (CALIBRATION_BATCH, then 1)
+CALIBRATION_BATCH = 3  # batch sizes 3 and 1, DECODE_STEPS each: a decayed variance of ~0.96, over MIN_X_VARIANCE
 LOCK_PATH = Path(tempfile.gettempdir()) / "ragserve-calibration.lock"
 LOCK_WAIT_S = 120.0  # then calibrate anyway: a slow measurement beats never serving
 WORDS = ("the", "engine", "measures", "its", "speed", "before", "it", "serves", "a", "prompt")
@@ -93,10 +95,13 @@ async def _calibrate(llm: EngineClient) -> None:
     async with llm.calibrating():
         try:
             await _generate(llm, synthetic_prompt(llm, n, 0), 1)  # compiles the fused ops: not a speed sample
-            # prefilled together, then DECODE_STEPS steps decoding both and DECODE_STEPS decoding one
+            # prefilled together, then DECODE_STEPS steps decoding all of them and DECODE_STEPS decoding one
             await asyncio.gather(
                 _generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS),
-                _generate(llm, synthetic_prompt(llm, n, 2), 1 + DECODE_STEPS),
+                *(
+                    _generate(llm, synthetic_prompt(llm, n, s), 1 + DECODE_STEPS)
+                    for s in range(2, CALIBRATION_BATCH + 1)
+                ),
             )
         except Exception:  # noqa: BLE001 - serving matters more than the measurement
             log.exception("start-up calibration failed; the router uses its defaults until requests are measured")
