@@ -5,7 +5,10 @@ request alone; its batch mates finish with exactly the tokens they produce witho
 cache is whole afterwards. A failure that belongs to no request fails everyone as an EngineError.
 Real process (`ragserve engine` with the same fault injected): the poisoned request gets a 500
 (or an SSE error event) with scope `request`, a lone-surrogate cache_salt a 400, a step failure a
-500 with scope `engine`; four bystander streams are unaffected and the engine keeps serving.
+500 with scope `engine`; four bystander streams are unaffected and the engine keeps serving. The bad
+requests overlap the bystanders by construction: those ask for 400 tokens, and each bad request goes in
+only once all four streamed a chunk and the engine's running gauge counts exactly them (and still does
+after it answered).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import httpx
 import pytest
 
 from ragserve.engine_args import EngineConfig
+from ragserve.metric_names import NUM_REQUESTS_RUNNING
 from ragserve_engine import llm_engine, sampler
 from ragserve_engine.async_engine import AsyncLLM
 from ragserve_engine.outputs import EngineError, RequestError
 from ragserve_engine.sampling_params import SamplingParams
-from tests.helpers.engine_server import MODEL_NAME, EngineProc
+from tests.helpers.engine_server import MODEL_NAME, EngineProc, metric, scrape
 from tests.helpers.net import free_port
 from tests.helpers.process import start, until
 from tests.helpers.tiny_models import tiny_model
@@ -158,8 +162,8 @@ def server(tmp_path_factory):
         assert engine.stop() == 0, engine.output()[-3000:]
 
 
-def stream_tokens(url: str, body: dict, started: threading.Barrier | None = None) -> tuple[list[int], list[str]]:
-    """A stream's token ids and its SSE data lines."""
+def stream_tokens(url: str, body: dict, first: threading.Event | None = None) -> tuple[list[int], list[str]]:
+    """A stream's token ids and its SSE data lines; `first` is set once its first chunk arrived."""
     body = {"model": MODEL_NAME, "stream": True, "return_token_ids": True, **body}
     tokens, lines = [], []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as resp:
@@ -168,32 +172,49 @@ def stream_tokens(url: str, body: dict, started: threading.Barrier | None = None
             if not line.startswith("data: "):
                 continue
             lines.append(line[6:])
-            if started is not None and len(lines) == 1:
-                started.wait()  # every bystander is generating before the bad request goes in
             if line[6:] != "[DONE]" and "error" not in json.loads(line[6:]):
                 tokens += [t for c in json.loads(line[6:])["choices"] for t in c["token_ids"]]
+            if first is not None:
+                first.set()
     return tokens, lines
 
 
-BYSTANDERS = [{"prompt": f"Bystander {i} asks about paged attention.", "max_tokens": 160} for i in range(4)]
+BYSTANDER_TOKENS = 400  # hundreds of decode steps: none can end while a bad request (a few steps) runs
+BYSTANDERS = [
+    {"prompt": f"Bystander {i} asks about paged attention.", "max_tokens": BYSTANDER_TOKENS, "temperature": 0,
+     "ignore_eos": True}
+    for i in range(4)
+]  # fmt: skip
 
 
-def with_bystanders(url: str, bad) -> tuple[list[list[int]], object]:
-    """Four greedy streams; once all are generating, `bad()` runs; returns their tokens and its result."""
-    started = threading.Barrier(len(BYSTANDERS) + 1)
+def running(url: str) -> int:
+    return int(metric(scrape(url), NUM_REQUESTS_RUNNING))
+
+
+def with_bystanders(url: str, *bad) -> tuple[list[list[int]], list]:
+    """Four greedy streams; once each has its first chunk and the engine runs exactly them, each `bad()` runs
+    in turn and the engine must still be running all four after it; returns their tokens and the results."""
+    firsts = [threading.Event() for _ in BYSTANDERS]
     with ThreadPoolExecutor(len(BYSTANDERS)) as pool:
-        futures = [
-            pool.submit(stream_tokens, url, {**b, "temperature": 0, "ignore_eos": True}, started) for b in BYSTANDERS
-        ]
-        started.wait(timeout=60)
-        result = bad()
-        assert not all(f.done() for f in futures), "the bad request must overlap the bystanders"
-        return [f.result()[0] for f in futures], result
+        futures = [pool.submit(stream_tokens, url, b, e) for b, e in zip(BYSTANDERS, firsts, strict=True)]
+        until(lambda: all(e.is_set() for e in firsts) or any(f.done() for f in futures), timeout=60, what="streams")
+        assert all(e.is_set() for e in firsts), [f.result() for f in futures if f.done()]
+        until(lambda: running(url) == len(BYSTANDERS), timeout=10, interval=0.02, what="the bystanders running")
+        results = []
+        for call in bad:
+            results.append(call())
+            assert running(url) == len(BYSTANDERS), "the bad request must overlap the bystanders"
+        mates = [f.result()[0] for f in futures]
+    assert all(len(m) == BYSTANDER_TOKENS for m in mates), [len(m) for m in mates]
+    return mates, results
 
 
 @pytest.fixture(scope="module")
 def baseline(server):
-    return [stream_tokens(server.url, {**b, "temperature": 0, "ignore_eos": True})[0] for b in BYSTANDERS]
+    with ThreadPoolExecutor(len(BYSTANDERS)) as pool:
+        mates = list(pool.map(lambda b: stream_tokens(server.url, b)[0], BYSTANDERS))
+    assert all(len(m) == BYSTANDER_TOKENS for m in mates)
+    return mates
 
 
 def post(url: str, body: dict, path: str = "/v1/completions") -> httpx.Response:
@@ -201,9 +222,25 @@ def post(url: str, body: dict, path: str = "/v1/completions") -> httpx.Response:
     return httpx.post(url + path, content=content, headers={"Content-Type": "application/json"}, timeout=60)
 
 
-def test_lone_surrogate_cache_salt_is_400_and_bystanders_unaffected(server, baseline):
-    body = {"prompt": "Hello there", "max_tokens": 4, "cache_salt": "\ud800"}
-    mates, resp = with_bystanders(server.url, lambda: post(server.url, body))
+SALT = {"prompt": "Hello there", "max_tokens": 4, "cache_salt": "\ud800"}
+POISON_PILL = {"prompt": "POISON pill", "max_tokens": 32, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def overlapped(server):
+    """One run of the bystanders with each bad request going in, in turn: their tokens and {name: result}."""
+    bad = {
+        "cache_salt": lambda: post(server.url, SALT),
+        "poison": lambda: post(server.url, POISON_PILL),
+        "poison_stream": lambda: stream_tokens(server.url, POISON_PILL),
+    }
+    mates, results = with_bystanders(server.url, *bad.values())
+    return mates, dict(zip(bad, results, strict=True))
+
+
+def test_lone_surrogate_cache_salt_is_400_and_bystanders_unaffected(overlapped, baseline):
+    mates, results = overlapped
+    resp = results["cache_salt"]
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "cache_salt", resp.text
     assert resp.headers["x-ragserve-error-scope"] == "request"
     assert mates == baseline
@@ -221,12 +258,10 @@ def test_lone_surrogates_in_prompts_are_400(server, path, body, param):
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
 
 
-def test_request_failing_in_the_step_is_a_request_scoped_500(server, baseline):
-    poison = {"prompt": "POISON pill", "max_tokens": 32, "ignore_eos": True}
-    mates, resp = with_bystanders(server.url, lambda: post(server.url, poison))
+def test_request_failing_in_the_step_is_a_request_scoped_500(overlapped, baseline):
+    mates, results = overlapped
+    resp, (_, lines) = results["poison"], results["poison_stream"]
     assert resp.status_code == 500 and resp.headers["x-ragserve-error-scope"] == "request", resp.text
-    assert mates == baseline
-    mates, (_, lines) = with_bystanders(server.url, lambda: stream_tokens(server.url, poison))
     error = json.loads(lines[-1])["error"]
     assert error["scope"] == "request" and "[DONE]" not in lines, lines
     assert mates == baseline
@@ -236,5 +271,5 @@ def test_engine_wide_failure_is_engine_scoped_and_the_engine_recovers(server, ba
     resp = post(server.url, {"prompt": "ENGINE-FAULT now", "max_tokens": 4})
     assert resp.status_code == 500 and resp.headers["x-ragserve-error-scope"] == "engine", resp.text
     assert httpx.get(server.url + "/ready", timeout=10).status_code == 200
-    again = stream_tokens(server.url, {**BYSTANDERS[0], "temperature": 0, "ignore_eos": True})[0]
-    assert again == baseline[0]
+    again = stream_tokens(server.url, {**BYSTANDERS[0], "max_tokens": 48})[0]
+    assert again == baseline[0][:48]  # greedy: the first 48 tokens of the same answer
