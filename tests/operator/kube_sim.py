@@ -13,7 +13,8 @@ namespace from the URL, listing the cluster-scoped namespaces, server-side apply
   Conflict, a JSON patch whose "test" of it fails a 422 (what the API server answers kopf);
 - garbage collection by ownerReferences, background propagation: once an object is gone, every object
   whose owners are all gone is deleted too, transitively (finalizers respected), and a dependent with
-  other owners left loses the reference. propagationPolicy Orphan keeps the dependents; Foreground is
+  other owners left loses the reference; an object written while none of its owners exists (a write
+  racing the owner's deletion) is collected too. propagationPolicy Orphan keeps the dependents; Foreground is
   treated as Background. Collected at once, where the real collector runs shortly after.
 - `calls`: every (verb, group, resource/subresource) a client other than the test itself made, for the
   RBAC checks (tests/operator/rbac.py).
@@ -21,6 +22,7 @@ namespace from the URL, listing the cluster-scoped namespaces, server-side apply
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import uuid
@@ -92,8 +94,23 @@ class KubeSim(kmock.KubernetesEmulator):
         uid = self._uid(request)
         response = await super()._handle(request)
         if uid and self.obj(request.resource, request.name, request.namespace) is None and not _orphans(request):
-            await self._collect({uid})
+            # shielded: the collector's work must not end half-way when the client's request is cancelled
+            await asyncio.shield(self._collect({uid}))
+        elif request.action in (kmock.action.CREATE, kmock.action.UPDATE):
+            await asyncio.shield(self._collect(self._dangling(request)))
         return response
+
+    def _dangling(self, request: kmock.Request) -> set[str]:
+        """The owner uids of the object just written, if none of its owners exists (a write racing its
+        owner's deletion): the collector deletes such a dependent, as the real one does on seeing it."""
+        data = request.data if isinstance(request.data, dict) else {}
+        name = request.name or (data.get("metadata") or {}).get("name")
+        live = self.obj(request.resource, name, request.namespace) if name else None
+        refs = {r.get("uid") for r in (live or {}).get("metadata", {}).get("ownerReferences") or []}
+        if not refs:
+            return set()
+        uids = {o.raw["metadata"].get("uid") for o in self.objects.values() if not o.deleted}
+        return set() if refs & uids else refs
 
     # status subresource, resourceVersion, PUT
 
@@ -287,6 +304,7 @@ class KubeSim(kmock.KubernetesEmulator):
                 self.objects[key].patch([{"op": "replace", "path": "", "value": new}])
             raw = self.objects[key].raw
             await self._buses[request.resource].put({"type": "ADDED" if live is None else "MODIFIED", "object": raw})
+        await asyncio.shield(self._collect(self._dangling(request)))
         return raw
 
     def _next_version(self) -> str:

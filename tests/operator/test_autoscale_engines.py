@@ -48,7 +48,9 @@ async def keep_busy(port: int, stop: asyncio.Event) -> int:
     return done
 
 
-SPEC = operator_autoscaled("tiny", scale_down_stabilization_s=8)
+# an hour-long scale-down window: once the load stops the operator must hold 3 replicas however slow the
+# machine is; the test then shortens it to 0 and the scale-down follows
+SPEC = operator_autoscaled("tiny", scale_down_stabilization_s=3600)
 
 
 async def test_scales_real_engines(kube, operator, eventually, free_ports, engine_pod, tmp_path):
@@ -80,21 +82,31 @@ async def test_scales_real_engines(kube, operator, eventually, free_ports, engin
 
         await eventually(scaled_up, what="the Scaled event")
 
-        stop.set()  # in-flight requests drain; the recommendation drops, the window holds 3 for a while
+        await eventually(lambda: record().get("desiredReplicas") == 3, what="the scale-up recorded")
+        scaled_up_at = record()["lastScaleTime"]
+        stop.set()  # in-flight requests drain; the recommendation drops, the window holds 3
+        finished = await asyncio.gather(*slots)
+        assert sum(finished) >= len(slots)
 
         def held() -> bool:
             r = record()
-            return r["recommendedReplicas"] < 3 and "stabilization window keeps 3" in r["reason"]
+            return r["metrics"]["waiting"] == 0 and r["recommendedReplicas"] < 3 and "window keeps 3" in r["reason"]
 
-        await eventually(held, what="held by the window", timeout=60)
+        await eventually(held, what="idle engines, 3 replicas held by the window", timeout=60)
+        assert record()["desiredReplicas"] == 3 and record()["lastScaleTime"] == scaled_up_at
         assert replicas() == 3
-        finished = await asyncio.gather(*slots)
-        assert sum(finished) >= len(slots)
-        await eventually(lambda: replicas() == 1, what="scale down after the load stops", timeout=90)
-        assert record()["metrics"]["waiting"] == 0
+
+        await kube.call("PATCH", f"{BASE}/scale", {"spec": {"autoscaling": {"scaleDownStabilizationSeconds": 0}}})
+        await eventually(lambda: replicas() == 1, what="scale down once the window is 0", timeout=90)
+        await eventually(lambda: record().get("lastScaleTime") != scaled_up_at, what="the scale-down recorded")
+        assert record()["metrics"]["waiting"] == 0 and "stabilization window" not in record()["reason"]
     finally:
         stop.set()
         for engine in engines:
             await engine.stop_async(timeout=30)
     history = [v["spec"]["replicas"] for v in kube.objects["apps/v1/deployments", NS, DEPLOYMENT].history if v]
-    assert min(history) == 1 and max(history) == 3  # within min/max throughout
+    # 1, up to 3, held at 3 until the window was shortened, then down to 1: one rise and one fall
+    changes = [r for i, r in enumerate(history) if i == 0 or history[i - 1] != r]
+    top = changes.index(3)
+    assert changes[0] == 1 and changes[-1] == 1 and set(changes) <= {1, 2, 3}
+    assert changes[: top + 1] == sorted(changes[: top + 1]) and changes[top:] == sorted(changes[top:], reverse=True)

@@ -52,10 +52,12 @@ def decision(kube, name: str) -> dict:
 
 
 AUTOSCALED = operator_autoscaled("m", scale_down_stabilization_s=4)
+# an hour-long scale-down window: while it lasts no scale-down can happen, however slow the machine
+HOLDING = operator_autoscaled("m", scale_down_stabilization_s=3600)
 
 
 async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator, eventually, free_ports, engine_pod):
-    await kube.call("POST", BASE, ragserve("auto", AUTOSCALED))
+    await kube.call("POST", BASE, ragserve("auto", HOLDING))
     await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="pool created at minReplicas")
     with engines(free_ports(2)) as running:
         for i, engine in enumerate(running):
@@ -80,23 +82,43 @@ async def test_scales_up_under_queueing_and_down_after_the_window(kube, operator
         record = decision(kube, "auto")
         assert record["metrics"]["waiting"] == 10 and record["recommendedReplicas"] == 10
         assert "maxReplicas 3" in record["reason"] and record["lastScaleTime"]
+        scaled_up_at = record["lastScaleTime"]
 
         for engine in running:
             engine.waiting.set(0)
-        await eventually(
-            lambda: "stabilization window keeps 3" in decision(kube, "auto").get("reason", ""), what="hold"
-        )
+
+        def held() -> bool:
+            r = decision(kube, "auto")
+            return r.get("recommendedReplicas", 3) < 3 and "stabilization window keeps 3" in r["reason"]
+
+        # the operator's own record: metrics say fewer, the window keeps 3 and nothing was scaled since
+        await eventually(held, what="the lower recommendation held at 3 by the window")
+        record = decision(kube, "auto")
+        assert record["currentReplicas"] == record["desiredReplicas"] == 3
+        assert record["lastScaleTime"] == scaled_up_at
         assert replicas(kube, "auto-engine-a") == 3
-        await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="scale down after the window", timeout=30)
+        assert kube.obj(POOLS, "auto-engine-a")["spec"]["replicas"] == 3
+
+        await kube.call("PATCH", f"{BASE}/auto", {"spec": {"autoscaling": {"scaleDownStabilizationSeconds": 0}}})
+        await eventually(lambda: replicas(kube, "auto-engine-a") == 1, what="scale down once the window is 0")
+        await eventually(
+            lambda: decision(kube, "auto").get("lastScaleTime", scaled_up_at) != scaled_up_at,
+            what="the scale-down recorded",
+        )
+        record = decision(kube, "auto")
+        assert record["recommendedReplicas"] < 3 and record["desiredReplicas"] == 1
+        assert "stabilization window" not in record["reason"]
 
     history = [v["spec"]["replicas"] for v in kube.objects[DEPLOYMENTS, NS, "auto-engine-a"].history if v]
-    assert set(history) == {1, 3} and max(history) == 3  # straight to max, never beyond
+    # straight to max, never beyond, and held at 3 until the window was shortened
+    assert [r for i, r in enumerate(history) if i == 0 or history[i - 1] != r] == [1, 3, 1]
 
     def scaled(prefix: str) -> bool:
         return any(e["reason"] == "Scaled" and e["message"].startswith(prefix) for e in kube.events())
 
     assert scaled("engine pool a: 1 -> 3 replicas (waiting 10/pod")
     await eventually(lambda: scaled("engine pool a: 3 -> 1 replicas"), what="the scale-down Event")
+    assert len([e for e in kube.events() if e["reason"] == "Scaled"]) == 2
 
 
 async def test_hpa_and_keda_modes_take_over_and_hand_back(kube, operator, eventually):

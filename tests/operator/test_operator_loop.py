@@ -194,3 +194,49 @@ async def test_a_foreign_object_in_the_way_degrades(kube, operator, eventually):
         lambda: condition(kube, "clash", "Degraded").get("status") == "False", what="recovered", timeout=60
     )
     assert operator.poll() is None
+
+
+def dependents(kube, uid: str) -> set[tuple]:
+    """(resource, name) of every live object owned by `uid`, transitively."""
+    uids, owned = {uid}, set()
+    while True:
+        found = {
+            (r, n, o.raw["metadata"]["uid"])
+            for (r, ns, n), o in kube.objects.items()
+            if ns == NS
+            and not o.deleted
+            and any(ref.get("uid") in uids for ref in o.raw["metadata"].get("ownerReferences") or [])
+        }
+        if {(r, n) for r, n, _ in found} == owned:
+            return owned
+        owned = {(r, n) for r, n, _ in found}
+        uids |= {u for _, _, u in found}
+
+
+async def test_deleting_a_ragserve_collects_its_children_and_they_stay_gone(kube, operator, eventually, metrics_port):
+    created = await kube.call("POST", BASE, ragserve("gone", SPEC))
+    uid = created["metadata"]["uid"]
+    await eventually(lambda: len(dependents(kube, uid)) >= 15, what="children (13 + 2 engine pools)", timeout=60)
+    children = dependents(kube, uid)
+    kinds = {r.plural for r, _ in children}
+    assert {"deployments", "statefulsets", "services", "configmaps", "ragserveenginepools"} <= kinds
+    await eventually(lambda: status_of(kube, "gone").get("phase") == "Progressing", what="reconciled")
+
+    await kube.call("DELETE", f"{BASE}/gone")
+    await eventually(lambda: kube.obj(RAGSERVES, "gone") is None, what="RAGServe deleted (finalizer released)")
+    # collected through their ownerReferences (the Deployments through their pools), as the collector does
+    await eventually(lambda: not any(kube.obj(r, n) for r, n in children), what="children collected")
+
+    # the children's DELETED events reach the operator before those of a RAGServe created afterwards: once
+    # that one is reconciled and the operator stopped, nothing it did can recreate the deleted ones later
+    await kube.call("POST", BASE, ragserve("after", {"engines": [{"name": "a", "model": "m"}]}))
+    await eventually(lambda: status_of(kube, "after").get("phase") == "Progressing", what="the next RAGServe")
+    scraped = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+    outcomes = {o: scraped[("ragserve_operator_reconciles_total", (("outcome", o),))] for o in OUTCOMES}
+    operator.terminate()  # (not waited on in this thread: the API it talks to runs in this loop)
+    await eventually(lambda: operator.poll() is not None, timeout=30, what="operator stopped")
+    assert operator.returncode == 0
+    assert [(r, n) for r, n in children if kube.obj(r, n)] == []
+    assert not {n for _, n in kube.live() if n.startswith("gone-")}
+    assert outcomes["apply_failed"] == 0 and outcomes["invalid_spec"] == 0
+    assert [e["message"] for e in kube.events() if e["type"] != "Normal"] == []  # no handler failed
