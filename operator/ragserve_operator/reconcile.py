@@ -73,7 +73,19 @@ def reconcile(kube: Kube, namespace: str, name: str, emitter: Callable[[dict], E
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         with metrics.reconcile_seconds.time():
-            return _reconcile(kube, body, emitter)
+            try:
+                return _reconcile(kube, body, emitter)
+            except _Gone:
+                return None
+
+
+class _Gone(Exception):
+    """The RAGServe was deleted while its pass ran: the pass's writes are moot, not a failure."""
+
+
+def _gone(kube: Kube, owner: Owner) -> bool:
+    live = kube.get("RAGServe", owner.namespace, owner.name)
+    return live is None or live["metadata"].get("uid") != owner.uid or bool(live["metadata"].get("deletionTimestamp"))
 
 
 def _reconcile(kube: Kube, body: dict, emitter: Callable[[dict], Emit]) -> dict:
@@ -90,11 +102,18 @@ def _reconcile(kube: Kube, body: dict, emitter: Callable[[dict], Emit]) -> dict:
     except SpecError as exc:
         outcome, status = "invalid_spec", degraded_status(previous, generation, "InvalidSpec", f"invalid spec: {exc}")
     except (KubeError, NotOwnedError) as exc:
+        if _gone(kube, owner):
+            raise _Gone from exc
         log.warning("reconcile %s/%s failed: %s", owner.namespace, owner.name, exc)
         outcome, status = "apply_failed", degraded_status(previous, generation, "ApplyFailed", str(exc))
     metrics.reconciles.labels(outcome).inc()
     _announce(previous, status, emit)
-    write_status(kube, owner, previous, status)
+    try:
+        write_status(kube, owner, previous, status)
+    except KubeError as exc:
+        if _gone(kube, owner):
+            raise _Gone from exc
+        raise
     return status
 
 
