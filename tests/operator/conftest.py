@@ -1,12 +1,9 @@
 """The in-memory Kubernetes API (kube_sim.KubeSim, on loopback) and the operator as a real subprocess
 against it.
 
-Two ways to get them: `kube` + `operator` / `run_operator` give a test its own API and operator; a module
-whose tests do not need a fresh operator process takes `shared_kube` + `shared_operator` (tests marked
-`pytest.mark.asyncio(loop_scope="module")`): one API and one operator for the module, the API emptied
-through the operator before each test (every RAGServe deleted and collected, then whatever is left), so
-no test sees another's objects. Every call the operator makes is checked against the chart's RBAC rules
-when its API closes (rbac.py).
+`kube` + `operator` / `run_operator` give a test its own API and operator. Every call the operator makes
+is checked against the chart's RBAC rules when its API closes (rbac.py), and collected for
+test_rbac_coverage.py, which runs last and only where the whole directory runs.
 """
 
 from __future__ import annotations
@@ -57,9 +54,9 @@ current-context: sim
 
 
 @contextlib.asynccontextmanager
-async def serving_kube() -> AsyncIterator[KubeSim]:
+async def serving_kube(check: Callable[[set], None] = rbac.check_operator_calls) -> AsyncIterator[KubeSim]:
     """A KubeSim on loopback with the test namespace, the RAGServe kinds and KEDA's ScaledObject; at the
-    end, every call a client made is checked against the chart's RBAC."""
+    end, every call a client made is checked against the chart's RBAC (the operator's unless told)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kmock_parsing, "parse_path", _parse_path_fixed)
         async with KubeSim() as sim, kmock.Server(sim):
@@ -82,7 +79,27 @@ async def serving_kube() -> AsyncIterator[KubeSim]:
             async with sim.post("/api/v1/namespaces", json={"metadata": {"name": NS}}) as response:
                 assert response.status < 300
             yield sim
-            rbac.check_operator_calls(sim.calls)
+            check(sim.calls)
+            if check is rbac.check_operator_calls:
+                rbac.OPERATOR_CALLS.update(sim.calls)
+
+
+COVERAGE = "test_rbac_coverage.py"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """test_rbac_coverage.py last (after any shuffling), and only when every module here is collected:
+    what it checks is what the whole suite's calls used."""
+    here = Path(__file__).parent
+    coverage = [i for i in items if i.path.name == COVERAGE]
+    if not coverage:
+        return
+    modules = {i.path.name for i in items if i.path.parent == here}
+    complete = {p.name for p in here.glob("test_*.py")} <= modules
+    items[:] = [i for i in items if i.path.name != COVERAGE] + (coverage if complete else [])
+    if not complete:
+        config.hook.pytest_deselected(items=coverage)
 
 
 @pytest_asyncio.fixture

@@ -12,6 +12,7 @@ import yaml
 CHART = Path(__file__).resolve().parents[2] / "charts" / "ragserve"
 RELEASE, NAMESPACE = "rs", "ai"
 Call = tuple[str, str, str]  # (verb, group, resource or resource/subresource)
+OPERATOR_CALLS: set[Call] = set()  # every call the operator made in this session (test_rbac_coverage.py)
 
 
 @functools.cache
@@ -71,3 +72,26 @@ def check_operator_calls(calls: set[Call]) -> None:
     rules = operator_rules()
     refused = sorted(c for c in calls if not allows(rules, c))
     assert not refused, f"calls the chart's operator RBAC does not allow: {refused}"
+
+
+def check_router_calls(calls: set[Call]) -> None:
+    """Every call a client of the in-memory API made is one the chart lets the router make."""
+    rules = router_rules()
+    refused = sorted(c for c in calls if not allows(rules, c))
+    assert not refused, f"calls the chart's router RBAC does not allow: {refused}"
+
+
+def unused(rules: list[dict], calls: set[Call]) -> list[str]:
+    """What a rule grants that no call used: a verb no call of its resources made, or a resource no call of
+    its verbs touched (each would be an over-grant)."""
+    out = []
+    for rule in rules:
+        pairs = [(g, r) for g in rule["apiGroups"] for r in rule["resources"]]
+        out += [f"{v} on {rule['resources']}" for v in rule["verbs"] if not any((v, g, r) in calls for g, r in pairs)]
+        out += [
+            f"{r} ({'/'.join(rule['verbs'])})"
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            if not any((v, g, r) in calls for v in rule["verbs"])
+        ]
+    return out

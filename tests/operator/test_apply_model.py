@@ -1,14 +1,14 @@
-"""The apply model on every child kind, through the API server's merge (tests/operator/server_side_apply.py):
-the children of a rich spec are applied, others add their own fields, then the children of a spec with map
-keys, list items and whole sections removed are applied: each child is then exactly what applying the
-lean spec to nothing gives, plus the other managers' fields. And the merge itself: conflicts, force,
-shared and foreign ownership."""
+"""The operator's apply intents (desired_children, applied as field manager ragserve-operator) on every child
+kind and autoscaling mode: the children of a rich spec are applied, another manager adds its own field,
+then the children of a spec with map keys, list items and whole sections removed are applied: each child
+is then exactly what applying the lean spec to nothing gives, plus the other manager's field. That is, the
+operator's intent for the lean spec leaves out every removed field (so server-side apply removes it) and
+claims nothing it does not set. The merge is the suite's emulator (server_side_apply.py), the API server's
+rules; the operator process doing the same end to end is test_apply_loop.py."""
 
 from __future__ import annotations
 
 import copy
-
-import pytest
 
 from ragserve_operator.children import OWNED_KINDS, desired_children
 from ragserve_operator.kube import FIELD_MANAGER
@@ -105,39 +105,3 @@ def test_the_removed_fields_are_the_ones_asked_for():
     assert pod["tolerations"] == [{"key": "spot", "operator": "Exists"}]
     assert "model" not in {v["name"] for v in pod["volumes"]} and "debug" not in engine["args"]
     assert "imagePullSecrets" not in pod
-
-
-def test_conflicts_force_and_shared_fields():
-    deployment = children(lean("hpa"))[("Deployment", "demo-engine-a")]
-    live = ssa.apply(None, deployment, FIELD_MANAGER, force=False)
-    edited = copy.deepcopy(live)
-    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "mine:latest"
-    edited["spec"]["paused"] = True
-    live = ssa.update(live, edited, "kubectl-edit")
-    with pytest.raises(ssa.Conflict) as conflict:
-        ssa.apply(live, deployment, FIELD_MANAGER, force=False)
-    (cause,) = conflict.value.status()["details"]["causes"]
-    assert cause["field"] == '.spec.template.spec.containers[{"name":"engine"}].image'
-    assert cause["message"] == 'conflict with "kubectl-edit" using apps/v1'
-
-    forced = ssa.apply(live, deployment, FIELD_MANAGER, force=True)
-    assert (
-        forced["spec"]["template"]["spec"]["containers"][0]["image"]
-        == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    )
-    assert forced["spec"]["paused"] is True  # theirs, not in conflict: kept
-    owners = ssa.owners_of(forced)
-    assert owners[("kubectl-edit", "Update")] == {("f:spec", "f:paused")}
-
-    # a field set to the same value by two managers is shared: the applier leaving it out does not remove it
-    shared = copy.deepcopy(deployment)
-    shared["metadata"]["labels"] = {"team": "a"}
-    live = ssa.apply(forced, shared, "gitops", force=False)
-    dropped = ssa.apply(live, deployment, FIELD_MANAGER, force=False)
-    assert dropped["metadata"]["labels"]["team"] == "a"
-    assert (
-        ssa.apply(dropped, {**shared, "metadata": {**shared["metadata"], "labels": {}}}, "gitops", force=False)[
-            "metadata"
-        ]["labels"]
-        == deployment["metadata"]["labels"]
-    )
