@@ -36,12 +36,15 @@ def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_pref
     yield "preempt-swap", LLM(path, preemption_mode="swap", swap_space=0.5, **tight)
 
 
-def run_parity(path: str, hf_model, prompts: list[list[int]], chunk: int = 7, no_prefix_caching: bool = True) -> None:
+def run_parity(
+    path: str, hf_model, prompts: list[list[int]], chunk: int = 7, no_prefix_caching: bool = True, eager: bool = False
+) -> None:
     """`chunk`: the chunked-prefill regime's step budget; the longest prompts need several chunks.
-    `no_prefix_caching=False` drops that regime where the cold pass, asserted hit-free, already ran it."""
+    `no_prefix_caching=False` drops that regime where the cold pass, asserted hit-free, already ran it.
+    `eager`: the base LLM too runs eager (where another test checks the compiled path on the same model)."""
     assert max(len(p) for p in prompts) > 2 * chunk, chunk
     refs = [reference_greedy(hf_model, p, MAX_NEW) for p in prompts]
-    base = LLM(path, num_gpu_blocks=512)  # the default, compiled path
+    base = LLM(path, num_gpu_blocks=512, enforce_eager=eager)  # by default the default, compiled path
     outs = base.generate(prompts, GREEDY)
     assert_all_parity(hf_model, prompts, [o.outputs[0].token_ids for o in outs], refs, "prefix-caching-cold")
     assert no_prefix_caching or not any(o.num_cached_tokens for o in outs)
@@ -115,7 +118,9 @@ def test_smollm2_gguf_parity_at_rag_length(smollm2):
     assert all(1900 <= len(p) <= 2600 for p in prompts), [len(p) for p in prompts]
     # 512-token chunks: still 4-5 chunks a prompt, each attending to the KV cache of the ones before. The two
     # prompts share no block, so the cold pass computed what no-prefix-caching would (that regime runs above)
-    run_parity("smollm2-135m", hf, prompts, chunk=512, no_prefix_caching=False)
+    # All eager: test_smollm2_gguf_parity checks the compiled path on the same weights, and compiling it again
+    # for these shapes cost about two minutes of the CI run.
+    run_parity("smollm2-135m", hf, prompts, chunk=512, no_prefix_caching=False, eager=True)
 
 
 class FixedLogits:
