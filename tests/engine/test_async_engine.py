@@ -15,7 +15,8 @@ from tests.helpers.tiny_models import tiny_model
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = AsyncLLM(EngineConfig(model=str(tiny_model("llama")), num_gpu_blocks=64))
+    # eager: compiled == eager has its own tests (test_decode_graphs.py); here what matters is the async layer
+    llm = AsyncLLM(EngineConfig(model=str(tiny_model("llama")), num_gpu_blocks=64, enforce_eager=True))
     yield llm
     llm.shutdown()
 
@@ -39,7 +40,8 @@ def test_concurrent_streams_match_offline_greedy(engine):
         assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 6
         tokens = [len(o.outputs[0].token_ids) for o in outs]
         assert tokens == sorted(tokens) and len(outs) >= 2  # streamed token by token
-    offline = LLM(str(tiny_model("llama")), num_gpu_blocks=64, loaded_model=engine.engine.runner.model)
+    model = engine.engine.runner.model
+    offline = LLM(str(tiny_model("llama")), num_gpu_blocks=64, loaded_model=model, enforce_eager=True)
     expected = [o.outputs[0].token_ids for o in offline.generate(prompts, params)]
     assert [outs[-1].outputs[0].token_ids for outs in results] == expected
 

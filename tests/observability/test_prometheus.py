@@ -164,7 +164,7 @@ def test_targets_are_labelled_as_the_charts_monitors(loaded):
     assert pools == {monitoring.POOL}
 
 
-def test_every_dashboard_query_returns_plausible_data(loaded):
+def test_every_dashboard_query_returns_plausible_data(loaded, stack):
     prom, seen = loaded
     board = dashboard()
     for var in board["templating"]["list"]:
