@@ -19,7 +19,9 @@ from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow  # a router, two model-loading engines and a cachestore
 
-DOC = " ".join(f"Clause {i}: the supplier ships part {i * 7 % 31} within {i % 9} days." for i in range(40))
+# ~2,800 tokens: computing it again elsewhere must cost clearly more (work_weight x prefill) than queueing behind
+# the burst's first prefill; at ~700 tokens the measured decode terms could tip one request to the other engine.
+DOC = " ".join(f"Clause {i}: the supplier ships part {i * 7 % 31} within {i % 9} days." for i in range(160))
 BURST = 4
 
 
