@@ -9,12 +9,13 @@ Probes are ragserve.stack.health's (the ones `ragserve up` and the images' HEALT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,20 @@ class Proc:
     def failure(self, what: str) -> str:
         state = f"exited with {self.popen.returncode}" if not self.alive() else what
         return f"{self.name} {state}:\n{self.output()[-TAIL:]}"
+
+
+@contextlib.contextmanager
+def frozen(procs: Sequence[Proc]) -> Iterator[None]:
+    """SIGSTOP the processes for the block, SIGCONT after: what they report and answer stays as it was."""
+    stopped = []
+    try:
+        for proc in procs:
+            proc.popen.send_signal(signal.SIGSTOP)
+            stopped.append(proc)
+        yield
+    finally:
+        for proc in stopped:
+            proc.popen.send_signal(signal.SIGCONT)
 
 
 def start(

@@ -10,8 +10,10 @@ the fixture that started it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +151,25 @@ class Fleet:
     cluster: Cluster
     router: Server
     engines: list[Server]
+
+
+def measure_prefill(router: Server, engines: list[Server], prompt: Callable[[int], str], times: int = 3) -> None:
+    """Before any other traffic, give each engine in turn `times` fresh prompts like the test's own, straight to the
+    engine, so the prefill rate each reports is measured on the same work on an otherwise idle machine instead of by
+    start-up calibration's short prompts while its peers load (15k to 43k tokens/s seen on one machine for one
+    model); then wait until the router holds a heartbeat carrying all of it (its per-engine computed-token gauge)."""
+    for engine in engines:
+        computed = 0
+        for k in range(times):
+            messages = [{"role": "user", "content": prompt(k)}]
+            body = {"model": "tiny", "messages": messages, "max_tokens": 1, "cache_salt": engine.name}
+            resp = httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=120)
+            assert resp.status_code == 200, resp.text
+            usage = resp.json()["usage"]
+            computed += usage["prompt_tokens"] - (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        key = ("ragserve_router_engine_prompt_tokens", (("engine", engine.name), ("source", "computed")))
+        seen = functools.partial(lambda key, n: scrape(router.url).get(key, 0) >= n, key, computed)
+        process.until(seen, timeout=30, what=f"{engine.name}'s measured prefill in the router")
 
 
 def registered(router: Server) -> int:

@@ -5,7 +5,6 @@ a token (as the chart's `cachestore.auth` makes it), so the router's own Lookups
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -14,16 +13,25 @@ import pytest
 from ragserve_cachestore.client import CacheStoreClient
 from tests.helpers.cachestore import LAYOUT, CacheStoreProcess
 from tests.helpers.net import free_port
+from tests.helpers.process import frozen
+from tests.router.conftest import measure_prefill
 
 pytestmark = pytest.mark.slow  # a router, two model-loading engines and a cachestore
 
 HOT = " ".join(f"Shared handbook rule {i}: keep answers short and cite rule {i * 3 % 17}." for i in range(90))
-BURST = 8
-# Long enough answers that one more decoder on the warm engine costs clearly more than the other's fetch of the
-# prefix: with 48 tokens 7 of 8 stayed home once (the model was right to), and with 160, once the engines reported
-# calibrated speeds (tiny model: ~0.4 ms a decoding sequence, ~3,300 prefill tokens/s), 1 run in 4 sent only one
-# request to the other engine (a borderline call either way)
-BURST_ANSWER = 400
+BURST = 4
+# Each burst request brings its own ~1,900-token case file after the hot prefix, so what decides is prefill work,
+# which this model really spends, not the per-sequence decode cost, which for the tiny model is ~0 and was measured
+# either side of the borderline (1 run in 4 kept a decode-heavy burst on one engine). The engines are stopped
+# (SIGSTOP) while the router routes the burst, so every decision sees the prompts routed before it still queued:
+# the warm engine's second prompt would wait for the first one's case file, which costs more than fetching the
+# prefix. Both engines first measure their prefill rate on case files (conftest.measure_prefill): start-up
+# calibration alone left rates up to 3x apart, enough to keep the burst on the faster one.
+CASE_ITEMS = 150
+
+
+def case_file(i: int) -> str:
+    return f"Case file {i}: " + " ".join(f"item {i}-{j} weighs {j * 13 % 97} grams." for j in range(CASE_ITEMS))
 
 
 def chat(question: str, **extra) -> dict:
@@ -39,6 +47,10 @@ def engine_metric(url: str, name: str) -> float:
 TOKEN = "store-token-for-router-tests"
 
 
+def decisions(metrics, url: str) -> float:
+    return sum(v for (name, _), v in metrics.scrape(url).items() if name == "ragserve_router_routing_decisions_total")
+
+
 def stored_blocks(address: str) -> int:
     with CacheStoreClient(address, LAYOUT, token=TOKEN) as client:
         stats = client.stats()[address]
@@ -51,11 +63,12 @@ def test_hot_prefix_is_fetched_by_the_other_engine_instead_of_pinning_one(cluste
     auth = ["--auth-token-file", str(token)]
     store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB", *auth).wait_serving()
     try:
-        router = cluster.router("--heartbeat-interval-ms", "200", "--cachestore-token-file", str(token))
-        flags = ["--num-gpu-blocks", "512", "--max-model-len", "4096", "--cachestore", store.address]
+        router = cluster.router("--heartbeat-interval-ms", "1000", "--cachestore-token-file", str(token))
+        flags = ["--num-gpu-blocks", "1024", "--max-model-len", "4096", "--cachestore", store.address]
         flags += ["--cachestore-token-file", str(token)]
         engines = cluster.real_engines(router, 2, *flags, ids=["hot-0", "hot-1"])
         until(lambda: httpx.get(router.url + "/ready", timeout=5).json()["engines"] == 2, timeout=60)
+        measure_prefill(router, engines, lambda k: case_file(1000 + k))
         first = httpx.post(router.url + "/v1/chat/completions", json=chat("warm up"), timeout=120)
         assert first.status_code == 200, first.text
         home = first.headers["x-ragserve-engine"]
@@ -63,28 +76,30 @@ def test_hot_prefix_is_fetched_by_the_other_engine_instead_of_pinning_one(cluste
         until(lambda: stored_blocks(store.address) >= prompt_blocks, timeout=30, message="prefix offloaded")
 
         used: list[str] = []
-        why: list[tuple] = []  # (route reason, predicted TTFT ms) per answer, for the failure message
-        barrier = threading.Barrier(BURST)
+        why: list[tuple] = []  # (engine, route reason, predicted TTFT ms) per answer
 
         def one(i: int) -> None:
-            body = chat(f"hot question {i}?", stream=True, max_tokens=BURST_ANSWER)
-            barrier.wait()
+            body = chat(f"{case_file(i)}\nWhich item is heaviest?", max_tokens=16, stream=True)
             with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=300) as resp:
                 assert resp.status_code == 200
-                used.append(resp.headers["x-ragserve-engine"])
-                why.append(
-                    (resp.headers.get("x-ragserve-route-reason"), resp.headers.get("x-ragserve-predicted-ttft-ms"))
-                )
+                h = resp.headers
+                used.append(h["x-ragserve-engine"])
+                why.append((h["x-ragserve-engine"], h["x-ragserve-route-reason"], h["x-ragserve-predicted-ttft-ms"]))
                 resp.read()
 
+        before = decisions(metrics, router.url)
         with ThreadPoolExecutor(BURST) as pool:
-            list(pool.map(one, range(BURST)))
+            with frozen(engines):  # no first token, heartbeat or finished request changes what the router sees
+                futures = [pool.submit(one, i) for i in range(BURST)]
+                until(lambda: decisions(metrics, router.url) >= before + BURST, timeout=2, message="burst routed")
+            for f in futures:
+                f.result()
         other = next(e for e in engines if e.name != home)
-        # both engines served (the hot prefix did not pin the burst): how many go to the other depends on the
-        # per-sequence decode cost the warm engine measured, ~0 for the tiny model on compiled decode graphs
-        # (a measured 0 falls back to the fleet default, 15 % of a step; a small positive one is used as is:
-        # 1 of 8 went to the other in such a CI run, 2-4 otherwise)
-        assert set(used) == {"hot-0", "hot-1"}, (used, why)
+        # both engines served (the hot prefix did not pin the burst); the home engine's answers were prefix hits,
+        # the other's were predicted faster than the engine holding more of the prompt
+        assert set(used) == {"hot-0", "hot-1"}, why
+        assert {reason for engine, reason, _ in why if engine == home} == {"prefix_hit"}, why
+        assert "spread" in {reason for engine, reason, _ in why if engine != home}, why
         home_url = next(e.url for e in engines if e.name == home)
         assert engine_metric(home_url, "ragserve:prefill_tokens_per_second") > 0  # measured, for the cost model
         # the other engine fetched the hot prefix from the store rather than computing it

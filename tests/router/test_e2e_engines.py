@@ -9,6 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.helpers.process import frozen
+from tests.router.conftest import measure_prefill
+
 pytestmark = pytest.mark.slow  # many processes, each loading a model
 
 DOCS = [" ".join(f"e2e-passage{d} sentence{i} states fact {i * 7 % 13}." for i in range(60)) for d in range(4)]
@@ -26,26 +29,50 @@ def engines(router) -> int:
     return httpx.get(router.url + "/ready", timeout=5).json()["engines"]
 
 
-def test_hot_prefix_spreads_under_load(fleet, metrics):
-    router = fleet.router
-    assert httpx.post(router.url + "/v1/chat/completions", json=rag(3, "warm"), timeout=120).status_code == 200
+def case_file(i: int) -> str:
+    return f"Case file {i}: " + " ".join(f"item {i}-{j} weighs {j * 13 % 97} grams." for j in range(150))
+
+
+def decisions(metrics, url: str) -> float:
+    return sum(v for (name, _), v in metrics.scrape(url).items() if name == "ragserve_router_routing_decisions_total")
+
+
+def test_hot_prefix_spreads_under_load(cluster, metrics, until):
+    """A burst on one document, each request with its own ~1,900-token case file: the engine holding the document
+    is not the fastest for all of them once its queue holds their case files, so the burst spreads. The engines are
+    stopped while the router routes the burst (no first token, heartbeat or finished request moves what it sees),
+    so each decision is made on the queue the earlier ones left: deterministic, not a race with prefill speed."""
+    router = cluster.router("--heartbeat-interval-ms", "1000")  # 3 s before a silent engine is dropped
+    flags = ["--num-gpu-blocks", "1024", "--max-model-len", "4096"]
+    trio = cluster.real_engines(router, 3, *flags, ids=["spread-0", "spread-1", "spread-2"])
+    until(lambda: engines(router) == 3, timeout=60, message="three engines registered")
+    measure_prefill(router, trio, lambda k: case_file(1000 + k))  # rates measured alike, not by calibration alone
+    warm = httpx.post(router.url + "/v1/chat/completions", json=rag(3, "warm"), timeout=120)
+    assert warm.status_code == 200
+    home = warm.headers["x-ragserve-engine"]
     before = metrics(router.url, "ragserve_router_routing_decisions_total", policy="kv_aware", reason="spread")
-    used: list[str] = []
-    barrier = threading.Barrier(12)
+    routed: list[tuple[str, str]] = []
 
     def one(i: int) -> None:
-        body = rag(3, f"hot question {i}", stream=True, max_tokens=128, ignore_eos=True)
-        barrier.wait()
+        body = rag(3, f"{case_file(i)}\nWhich item is heaviest?", stream=True)
         with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=300) as resp:
             assert resp.status_code == 200
-            used.append(resp.headers["x-ragserve-engine"])
+            h = resp.headers
+            routed.append((h["x-ragserve-engine"], h["x-ragserve-route-reason"], h["x-ragserve-predicted-ttft-ms"]))
             resp.read()
 
-    with ThreadPoolExecutor(12) as pool:
-        list(pool.map(one, range(12)))
-    assert len(set(used)) >= 2, used
+    burst, decided = 6, decisions(metrics, router.url)
+    with ThreadPoolExecutor(burst) as pool:
+        with frozen(trio):
+            futures = [pool.submit(one, i) for i in range(burst)]
+            until(lambda: decisions(metrics, router.url) >= decided + burst, timeout=2, message="burst routed")
+        for f in futures:
+            f.result()
+    assert len({engine for engine, *_ in routed}) == 3, routed
+    assert {reason for engine, reason, _ in routed if engine == home} == {"prefix_hit"}, routed
     after = metrics(router.url, "ragserve_router_routing_decisions_total", policy="kv_aware", reason="spread")
-    assert after > before
+    # each other engine's first request was a spread (it held less of the prompt); later ones there are prefix hits
+    assert 2 <= after - before <= sum(engine != home for engine, *_ in routed), routed
 
 
 def test_engine_killed_under_load(cluster, until):
