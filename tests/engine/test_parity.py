@@ -14,7 +14,7 @@ MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool):
+def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool, preemption):
     """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference.
 
     They run eager: the base LLM already checks the compiled path against the reference, and compiled ==
@@ -32,19 +32,27 @@ def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_pref
     # without prefix caching: chat prompts share the template's first blocks, and a prompt waits for a running
     # prefill of a block it shares (in-batch prefix sharing), so with it the pool would not run out
     tight = dict(num_gpu_blocks=tiny_pool, enable_prefix_caching=False, **shared)
-    yield "preempt-recompute", LLM(path, preemption_mode="recompute", **tight)
-    yield "preempt-swap", LLM(path, preemption_mode="swap", swap_space=0.5, **tight)
+    for mode in preemption:
+        yield f"preempt-{mode}", LLM(path, preemption_mode=mode, swap_space=0.5, **tight)
 
 
 def run_parity(
-    path: str, hf_model, prompts: list[list[int]], chunk: int = 7, no_prefix_caching: bool = True, eager: bool = False
+    path: str,
+    hf_model,
+    prompts: list[list[int]],
+    chunk: int = 7,
+    no_prefix_caching: bool = True,
+    loaded_model=None,
+    preemption: tuple[str, ...] = ("recompute", "swap"),
 ) -> None:
     """`chunk`: the chunked-prefill regime's step budget; the longest prompts need several chunks.
     `no_prefix_caching=False` drops that regime where the cold pass, asserted hit-free, already ran it.
-    `eager`: the base LLM too runs eager (where another test checks the compiled path on the same model)."""
+    `loaded_model`: weights another LLM loaded; the base LLM then runs eager on them (else it loads its own and
+    runs the default, compiled path). `preemption`: the preemption modes run in a pool too small for all."""
     assert max(len(p) for p in prompts) > 2 * chunk, chunk
     refs = [reference_greedy(hf_model, p, MAX_NEW) for p in prompts]
-    base = LLM(path, num_gpu_blocks=512, enforce_eager=eager)  # by default the default, compiled path
+    shared = dict(loaded_model=loaded_model, enforce_eager=True) if loaded_model is not None else {}
+    base = LLM(path, num_gpu_blocks=512, **shared)
     outs = base.generate(prompts, GREEDY)
     assert_all_parity(hf_model, prompts, [o.outputs[0].token_ids for o in outs], refs, "prefix-caching-cold")
     assert no_prefix_caching or not any(o.num_cached_tokens for o in outs)
@@ -54,7 +62,7 @@ def run_parity(
         assert o.outputs[0].token_ids == first.outputs[0].token_ids
         assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
     assert base.engine.kv_manager.stats.hits > 0
-    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching):
+    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching, preemption):
         outs = llm.generate(prompts, GREEDY)
         for o, first in zip(outs, again, strict=True):
             assert o.outputs[0].token_ids == first.outputs[0].token_ids, label
@@ -89,7 +97,7 @@ def test_sharded_checkpoint_loads_identically():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The real SmolLM2-135M GGUF in transformers (dequantized, fp32) and our tokenizer for it."""
+    """The real SmolLM2-135M GGUF in transformers (dequantized, fp32), our tokenizer and our loaded model."""
     from transformers import AutoModelForCausalLM
 
     from ragserve.model_source import resolve_model
@@ -97,30 +105,35 @@ def smollm2():
     source = resolve_model("smollm2-135m")
     hf = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
                                               dtype=torch.float32).eval()  # fmt: skip
-    return hf, LLM("smollm2-135m", num_gpu_blocks=8, enforce_eager=True).tokenizer
+    loader = LLM("smollm2-135m", num_gpu_blocks=8, enforce_eager=True)  # our side's weights, loaded once
+    return hf, loader.tokenizer, loader.engine.runner.model
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # ~2-5 minutes on 2 idle cores; much longer on a loaded machine
 def test_smollm2_gguf_parity(smollm2):
-    """The real SmolLM2-135M GGUF, dequantized by both sides; chat prompts through the chat template."""
-    hf, tok = smollm2
+    """The real SmolLM2-135M GGUF, dequantized by both sides; chat prompts through the chat template. Eager: the
+    compiled decode path is held to transformers on every architecture's tiny model (test_tiny_model_parity) and
+    to eager by test_decode_graphs; compiling it for SmolLM2 cost two minutes of a cold CI run."""
+    hf, tok, model = smollm2
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
-    run_parity("smollm2-135m", hf, prompts)
+    run_parity("smollm2-135m", hf, prompts, loaded_model=model)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_smollm2_gguf_parity_at_rag_length(smollm2):
     """~2,000-token RAG prompts (retrieved passages, then a question), English and Chinese."""
-    hf, tok = smollm2
+    hf, tok, model = smollm2
     prompts = [tok.encode_chat(rag_messages(lang, tok)) for lang in ("en", "zh")]
     assert all(1900 <= len(p) <= 2600 for p in prompts), [len(p) for p in prompts]
     # 512-token chunks: still 4-5 chunks a prompt, each attending to the KV cache of the ones before. The two
     # prompts share no block, so the cold pass computed what no-prefix-caching would (that regime runs above)
-    # All eager: test_smollm2_gguf_parity checks the compiled path on the same weights, and compiling it again
-    # for these shapes cost about two minutes of the CI run.
-    run_parity("smollm2-135m", hf, prompts, chunk=512, no_prefix_caching=False, eager=True)
+    # Preemption by swap only: by recompute, two such prompts in a pool one block short thrash (6 preemptions,
+    # each recomputing ~2,000 tokens: 54 s), and recompute runs the prefill path the chunked regime just checked
+    # (the short prompts' regimes check recompute preemption itself)
+    regimes = dict(chunk=512, no_prefix_caching=False, preemption=("swap",))
+    run_parity("smollm2-135m", hf, prompts, loaded_model=model, **regimes)
 
 
 class FixedLogits:
