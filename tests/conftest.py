@@ -24,3 +24,13 @@ def port() -> int:
 def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRITON_INTERPRET=1 for one test of the interpreted Triton kernels (tests.helpers.triton_interpret)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked last_in_module runs after the rest of its module in any order (pytest-randomly's too):
+    it ends what the module's fixtures share, e.g. stops the module's stack."""
+    for item in [i for i in items if i.get_closest_marker("last_in_module")]:
+        items.remove(item)
+        same = [k for k, other in enumerate(items) if other.path == item.path]
+        items.insert(same[-1] + 1 if same else len(items), item)

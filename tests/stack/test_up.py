@@ -112,8 +112,9 @@ def test_cachestore_takes_only_the_stacks_token(up):
     assert prom_value(metrics, "ragserve_cachestore_puts_total") > 0, "the engines offloaded with the token"
 
 
+@pytest.mark.last_in_module
 def test_sigterm_stops_everything(up):
-    """Runs last in this module: SIGTERM to `ragserve up` stops every child it started, exit 0."""
+    """Runs last in this module (the marker): SIGTERM to `ragserve up` stops every child it started, exit 0."""
     pids = up.child_pids
     assert up.stop(signal.SIGTERM, timeout=90) == 0, up.output()[-4000:]
     assert wait_gone(pids, timeout=5) == [], up.output()[-4000:]
