@@ -193,3 +193,25 @@ def test_a_server_engine_compiles_in_the_background_and_never_waits():
         assert engine.load.untimed_steps == beside_compile  # once compiled, every step is a sample again
     finally:
         llm.shutdown()
+
+
+def test_a_size_whose_background_compile_fails_stays_eager_and_is_not_pending():
+    """A compile that raises (here the graph call, injected: no real compile fails on demand) leaves its size
+    eager and no longer pending, so nothing waiting for ragserve:decode_graphs_pending == 0 waits forever."""
+    path = str(tiny_model("llama"))
+    graphs = LLM(path, num_gpu_blocks=64, max_num_seqs=4).engine.runner.decode_graphs
+
+    def broken(inputs):
+        raise RuntimeError("injected compile failure")
+
+    graphs._call = broken
+    graphs.compile_in_background()
+    try:
+        assert graphs.size_for(2, 8) is None  # queued: runs eager meanwhile
+        deadline = time.monotonic() + 60
+        while graphs.num_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert graphs.num_pending == 0 and graphs.stats.failed == {2}
+        assert graphs.size_for(2, 8) is None and 2 not in graphs.stats.compile_seconds  # eager from now on
+    finally:
+        graphs.stop()

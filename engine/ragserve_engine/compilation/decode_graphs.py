@@ -62,6 +62,7 @@ class GraphStats:
     steps: int = 0  # decode steps run by a compiled graph
     compiled: list[int] = field(default_factory=list)  # capture sizes compiled, in order
     compile_seconds: dict[int, float] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)  # sizes whose compile raised: they stay eager
 
 
 class DecodeGraphs:
@@ -98,8 +99,8 @@ class DecodeGraphs:
 
     @property
     def num_pending(self) -> int:
-        """Sizes a step asked for that the background thread has not compiled yet."""
-        return len(self._queued - self.stats.compile_seconds.keys())
+        """Sizes a step asked for that the background thread has not compiled (or failed to) yet."""
+        return len(self._queued - self.stats.compile_seconds.keys() - self.stats.failed)
 
     def compile_in_background(self) -> None:
         """From now on a step never compiles: sizes compile on a thread of their own (one at a time)."""
@@ -120,6 +121,7 @@ class DecodeGraphs:
                 with torch.inference_mode():  # as the step thread: dynamo guards on grad mode
                     self.run(size, [], np.zeros(0, np.int64), np.zeros((0, 2), np.int64))
             except Exception:  # the step thread keeps running eager for this size
+                self.stats.failed.add(size)
                 logger.exception("compiling the decode graph for batch %d failed; that size stays eager", size)
 
     def run(self, size: int, token_ids: list[int], positions: np.ndarray, tables: np.ndarray) -> torch.Tensor:
