@@ -153,6 +153,16 @@ class Fleet:
     engines: list[Server]
 
 
+def case_file(i: int) -> str:
+    """~1,900 tokens of unique text: a prompt whose prefill, not its decode, is the work (routing tests)."""
+    return f"Case file {i}: " + " ".join(f"item {i}-{j} weighs {j * 13 % 97} grams." for j in range(150))
+
+
+def decisions(metrics, url: str) -> float:
+    """The router's routing decisions so far, all policies and reasons."""
+    return sum(v for (name, _), v in metrics.scrape(url).items() if name == "ragserve_router_routing_decisions_total")
+
+
 def measure_prefill(router: Server, engines: list[Server], prompt: Callable[[int], str], times: int = 3) -> None:
     """Before any other traffic, give each engine in turn `times` fresh prompts like the test's own, straight to the
     engine, so the prefill rate each reports is measured on the same work on an otherwise idle machine instead of by

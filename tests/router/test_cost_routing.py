@@ -14,7 +14,7 @@ from ragserve_cachestore.client import CacheStoreClient
 from tests.helpers.cachestore import LAYOUT, CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.process import frozen
-from tests.router.conftest import measure_prefill
+from tests.router.conftest import case_file, decisions, measure_prefill
 
 pytestmark = pytest.mark.slow  # a router, two model-loading engines and a cachestore
 
@@ -27,11 +27,6 @@ BURST = 4
 # the warm engine's second prompt would wait for the first one's case file, which costs more than fetching the
 # prefix. Both engines first measure their prefill rate on case files (conftest.measure_prefill): start-up
 # calibration alone left rates up to 3x apart, enough to keep the burst on the faster one.
-CASE_ITEMS = 150
-
-
-def case_file(i: int) -> str:
-    return f"Case file {i}: " + " ".join(f"item {i}-{j} weighs {j * 13 % 97} grams." for j in range(CASE_ITEMS))
 
 
 def chat(question: str, **extra) -> dict:
@@ -45,10 +40,6 @@ def engine_metric(url: str, name: str) -> float:
 
 
 TOKEN = "store-token-for-router-tests"
-
-
-def decisions(metrics, url: str) -> float:
-    return sum(v for (name, _), v in metrics.scrape(url).items() if name == "ragserve_router_routing_decisions_total")
 
 
 def stored_blocks(address: str) -> int:

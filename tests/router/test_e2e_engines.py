@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.helpers.process import frozen
-from tests.router.conftest import measure_prefill
+from tests.router.conftest import case_file, decisions, measure_prefill
 
 pytestmark = pytest.mark.slow  # many processes, each loading a model
 
@@ -27,14 +27,6 @@ def rag(doc: int, question: str, **extra) -> dict:
 
 def engines(router) -> int:
     return httpx.get(router.url + "/ready", timeout=5).json()["engines"]
-
-
-def case_file(i: int) -> str:
-    return f"Case file {i}: " + " ".join(f"item {i}-{j} weighs {j * 13 % 97} grams." for j in range(150))
-
-
-def decisions(metrics, url: str) -> float:
-    return sum(v for (name, _), v in metrics.scrape(url).items() if name == "ragserve_router_routing_decisions_total")
 
 
 def test_hot_prefix_spreads_under_load(cluster, metrics, until):
