@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import grpc
 import httpx
@@ -103,13 +104,25 @@ def test_demo_end_to_end_offline(up, tmp_path):
 
 def test_cachestore_takes_only_the_stacks_token(up):
     """up gives the cachestore a fresh token and hands it to the engines and the router: a client without it
-    is refused, while the engines' own Puts (made by the demo above) went through."""
+    is refused, while the engines' own Puts of a request's new blocks go through."""
     with grpc.insecure_channel(up.state["cachestore"]) as channel, pytest.raises(grpc.RpcError) as refused:
         request = pb.LookupRequest(layout=LAYOUT, keys=chain(1))
         pb_grpc.CacheStoreStub(channel).Lookup(request, timeout=10)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    metrics = httpx.get(up.state["cachestore_metrics"] + "/metrics", timeout=10).text
-    assert prom_value(metrics, "ragserve_cachestore_puts_total") > 0, "the engines offloaded with the token"
+
+    def puts() -> float:
+        metrics = httpx.get(up.state["cachestore_metrics"] + "/metrics", timeout=10).text
+        return prom_value(metrics, "ragserve_cachestore_puts_total")
+
+    before = puts()
+    text = " ".join(f"token-check {i} {os.getpid()}" for i in range(60))  # a prompt no other test sends
+    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+    resp = httpx.post(up.state["url"] + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    deadline = time.monotonic() + 30
+    while puts() <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert puts() > before, "the engine offloaded the request's blocks with the token"
 
 
 @pytest.mark.last_in_module
