@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ragserve_engine.layers.packed_linear import PackedLinear
+from ragserve_engine.layers.packed_linear import PackedLinear, can_pack
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_weight_quant import _logits
@@ -15,8 +15,19 @@ from tests.helpers.tiny_models import tiny_model
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_packed_linear_equals_linear_at_any_batch(dtype, tol):
+    """Where this CPU's oneDNN packs the dtype (bf16 needs AVX-512 or AVX-NE-CONVERT), the products equal
+    nn.Linear's; where it does not, can_pack says so and an engine in that dtype keeps plain linears."""
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=True).to(dtype)
+    if not can_pack(torch.device("cpu"), dtype):
+        with pytest.raises(RuntimeError):
+            PackedLinear(linear)
+        llm = LLM(str(tiny_model("llama")), num_gpu_blocks=16, dtype=str(dtype).removeprefix("torch."))
+        model = llm.engine.runner.model
+        assert not [m for m in model.modules() if isinstance(m, PackedLinear)] and isinstance(model.lm_head, nn.Linear)
+        out = llm.generate([[300, 301, 302]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 4
+        return
     packed = PackedLinear(linear)
     assert not hasattr(packed, "weight") and packed.packed.numel() == linear.weight.numel()
     for shape in [(1, 96), (7, 96), (32, 96), (300, 96), (4, 3, 96)]:

@@ -10,6 +10,8 @@ embedding keeps the plain table.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -45,7 +47,18 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in PACK_DTYPES and torch.backends.mkldnn.is_available()
+    return device.type == "cpu" and dtype in PACK_DTYPES and torch.backends.mkldnn.is_available() and _reorders(dtype)
+
+
+@functools.cache
+def _reorders(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN can reorder a weight of `dtype` (bf16 needs AVX-512 or AVX-NE-CONVERT:
+    an AVX2-only host refuses it, and its engines keep the plain nn.Linear)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), BATCH_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 def pack_weights(model: nn.Module) -> nn.Module:
