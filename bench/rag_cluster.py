@@ -14,7 +14,7 @@ Scenarios (--scenario):
 
 Every configuration starts a fresh stack (`ragserve.stack`), warms each engine with an unrelated prompt,
 has it compile its decode graphs for every batch size up to the workload's concurrency (and waits until
-none is compiling), then runs the same workload. Per configuration, from the engines' /metrics
+none is compiling; not with --enforce-eager), then runs the same workload. Per configuration, from the engines' /metrics
 (differences over the run): prompt tokens computed, served from the local prefix cache, and fetched from the cachestore
 (`vllm:external_prefix_cache_hits`; while the engine does not export it, the cachestore's own
 `ragserve_cachestore_hits_total` x block size); from the clients: TTFT mean/p50/p95 and end-to-end
@@ -227,6 +227,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
     engine_flags += ["--block-size", str(args.block_size), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     engine_flags += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
+    engine_flags += ["--enforce-eager"] if args.enforce_eager else []
     cfg = StackConfig(
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
@@ -237,8 +238,9 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
         model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         warm_up(stack, model)
         concurrency = args.users if args.scenario == "chat" else args.clients
-        compile_s = compile_decode_graphs(stack, model, concurrency)
-        print(f"[{name}] decode graphs up to batch {concurrency} compiled in {compile_s:.0f} s")
+        if not args.enforce_eager:
+            compile_s = compile_decode_graphs(stack, model, concurrency)
+            print(f"[{name}] decode graphs up to batch {concurrency} compiled in {compile_s:.0f} s")
         before = engine_totals(stack)
         t0 = time.perf_counter()
         results = run_workload(stack, model, args, docs, trace)
@@ -491,6 +493,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="engine: a long prefill's tokens per step while others wait",
     )
+    p.add_argument("--enforce-eager", action="store_true", help="engines run eager: no decode graphs to compile")
     p.add_argument("--tag", default="", help="suffix of the output file names")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

@@ -22,7 +22,7 @@ CONFIGS = ["round_robin", "kv_aware+cachestore"]
 def test_quick_cluster_benchmark(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
     cmd = [sys.executable, str(ROOT / "bench" / "rag_cluster.py"), "--quick", "--requests", "12", "--clients", "3"]
-    cmd += ["--engines", "2", "--configs", ",".join(CONFIGS)]
+    cmd += ["--engines", "2", "--configs", ",".join(CONFIGS), "--enforce-eager"]  # compiled decode: own tests
     proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     report = json.loads((tmp_path / "rag_cluster-quick.json").read_text())
