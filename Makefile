@@ -14,6 +14,9 @@ CONSTRAINTS ?= constraints.txt
 # file: the suite runs in file order; random: pytest-randomly shuffles it (the seed is printed in the header,
 # rerun one order with TEST_ORDER=random PYTEST_ARGS=--randomly-seed=N).
 TEST_ORDER ?= file
+# pytest-xdist workers (0: one process). Each test module (each of tests/{cachestore,charts,operator,router})
+# runs whole on one worker; many tests wait on servers, so two workers keep a 2-core machine busy.
+TEST_WORKERS ?= 2
 ifeq ($(TEST_ORDER),random)
 ORDER_ARGS :=
 else
@@ -61,7 +64,7 @@ generate: install
 	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
-	$(VENV)/bin/pytest --durations=30 $(ORDER_ARGS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(ORDER_ARGS) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """Shared fixtures. Servers bind to 127.0.0.1 on free ports and are stopped by the test."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,22 @@ def port() -> int:
 def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRITON_INTERPRET=1 for one test of the interpreted Triton kernels (tests.helpers.triton_interpret)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+# Directories whose tests share session fixtures (a Redis, a router fleet, rendered charts) or, for the
+# operator's, whose last test checks what all of them called: one xdist worker runs each whole.
+WHOLE_DIRECTORIES = {"cachestore", "charts", "operator", "router"}
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
+def group_for_workers(items: list[pytest.Item]) -> None:
+    """Under `make test`'s xdist workers (--dist loadgroup) a module is one unit of work, so its module fixtures
+    start once; a directory above is one unit too."""
+    root = Path(__file__).parent
+    for item in items:
+        rel = item.path.relative_to(root)
+        whole = rel.parts[0] in WHOLE_DIRECTORIES
+        item.add_marker(pytest.mark.xdist_group(rel.parts[0] if whole else str(rel.with_suffix(""))))
 
 
 @pytest.hookimpl(trylast=True)

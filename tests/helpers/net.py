@@ -3,6 +3,7 @@
 A port found free is closed again before the server binds it, so the kernel must not hand it to anyone else in
 between: ports come from below the kernel's ephemeral range (which bind(0) and outgoing connections draw from),
 each at most once per test session, starting at an offset derived from the pid so concurrent sessions differ.
+Each xdist worker of one session draws from its own share of the range, so two workers never probe the same port.
 """
 
 import itertools
@@ -20,10 +21,18 @@ def _ephemeral_floor() -> int:
         return 32_768
 
 
-_CEILING = max(_FLOOR + 1_000, _ephemeral_floor())
-_SPAN = _CEILING - _FLOOR
+def _share() -> tuple[int, int]:
+    """(first port, number of ports) of this process's share: the whole range, or one xdist worker's part."""
+    ceiling = max(_FLOOR + 1_000, _ephemeral_floor())
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    span = (ceiling - _FLOOR) // max(workers, 1)
+    return _FLOOR + worker * span, span
+
+
+_BASE, _SPAN = _share()
 _start = (os.getpid() * 7_919) % _SPAN
-_candidates = (_FLOOR + (_start + i) % _SPAN for i in itertools.count())
+_candidates = (_BASE + (_start + i) % _SPAN for i in itertools.count())
 
 
 def _bindable(port: int) -> bool:
