@@ -64,7 +64,7 @@ generate: install
 	$(VENV)/bin/ragserve generate $(RUN_ARGS)
 
 test: install
-	$(VENV)/bin/pytest --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(ORDER_ARGS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=30 -n $(TEST_WORKERS) --dist loadscope $(ORDER_ARGS) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

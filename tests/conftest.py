@@ -1,7 +1,6 @@
 """Shared fixtures. Servers bind to 127.0.0.1 on free ports and are stopped by the test."""
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -32,15 +31,19 @@ def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 WHOLE_DIRECTORIES = {"cachestore", "charts", "operator", "router"}
 
 
-@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
-def group_for_workers(items: list[pytest.Item]) -> None:
-    """Under `make test`'s xdist workers (--dist loadgroup) a module is one unit of work, so its module fixtures
-    start once; a directory above is one unit too."""
-    root = Path(__file__).parent
-    for item in items:
-        rel = item.path.relative_to(root)
-        whole = rel.parts[0] in WHOLE_DIRECTORIES
-        item.add_marker(pytest.mark.xdist_group(rel.parts[0] if whole else str(rel.with_suffix(""))))
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
+    """Under `make test`'s xdist workers a module is one unit of work, so its module fixtures start once, and
+    each of WHOLE_DIRECTORIES is one unit. (A scheduler rather than xdist_group marks: xdist 3.8 puts the group
+    into item._nodeid, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleOrDirectory(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = path.split("/")
+            return parts[1] if len(parts) > 2 and parts[1] in WHOLE_DIRECTORIES else path
+
+    return ModuleOrDirectory(config, log)
 
 
 @pytest.hookimpl(trylast=True)
