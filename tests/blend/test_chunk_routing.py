@@ -3,6 +3,11 @@
 Engines publish the content keys of the chunks they store as KV events; the router keys a chunked chat by its
 chunk set. Chunks are first computed by requests sent to one engine directly, so the router learns where they
 are only from that engine's events, never from its own routing history.
+
+The router runs kv_aware with a large --work-weight: the prefill a chunk hit saves then outweighs, many times
+over, what the engines' measured speeds can differ by (one step slowed by another process on the same cores
+moved a decode estimate enough to send a request away from its chunks at the default weight), so where the
+chunks are decides, which is what these tests are about. Requests generate one token for the same reason.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def chat(docs: list[int], question: str) -> dict:
         parts += [{"type": "text", "text": DOCS[d], "ragserve_chunk": True}, {"type": "text", "text": "\n"}]
     parts.append({"type": "text", "text": f"Question: {question}"})
     messages = [{"role": "system", "content": "Answer from the documents."}, {"role": "user", "content": parts}]
-    return {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0}
+    return {"model": "tiny", "messages": messages, "max_tokens": 1, "temperature": 0}
 
 
 def post(url: str, body: dict) -> httpx.Response:
@@ -57,7 +62,7 @@ def wait_registered(engine) -> None:
 @pytest.fixture(scope="module")
 def stack(module_cluster):
     url = module_cluster.redis()
-    router = module_cluster.router("--redis", url, "--heartbeat-interval-ms", "300")
+    router = module_cluster.router("--redis", url, "--heartbeat-interval-ms", "300", "--work-weight", "50")
     engines = module_cluster.real_engines(router, 3, "--num-gpu-blocks", "512", ids=IDS)
     for engine in engines:
         wait_registered(engine)
