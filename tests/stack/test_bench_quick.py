@@ -3,9 +3,11 @@ well-formed numbers. The ratios are the benchmark's business, not this test's.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,13 +20,30 @@ from tests.helpers.stack import ROOT
 CONFIGS = ["round_robin", "kv_aware+cachestore"]
 
 
+def run_group(argv: list[str], env: dict, timeout: float) -> tuple[int, str]:
+    """Run the benchmark in its own session; past the timeout kill the whole group (its stack's engines, router
+    and cachestore too, which would otherwise hold the test's pipes open and hang it) and fail with its output."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"benchmark still running after {timeout} s, its process group killed:\n{output[-10000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing it started outlives it
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output
+
+
 @pytest.mark.slow
 def test_quick_cluster_benchmark(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
     cmd = [sys.executable, str(ROOT / "bench" / "rag_cluster.py"), "--quick", "--requests", "12", "--clients", "3"]
     cmd += ["--engines", "2", "--configs", ",".join(CONFIGS), "--enforce-eager"]  # compiled decode: own tests
-    proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    returncode, output = run_group([*cmd, "--out", str(tmp_path)], env, timeout=900)
+    assert returncode == 0, output[-10000:]
     report = json.loads((tmp_path / "rag_cluster-quick.json").read_text())
     results = {r["name"]: r for r in report["results"]}
     assert list(results) == CONFIGS
