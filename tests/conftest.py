@@ -1,10 +1,12 @@
 """Shared fixtures. Servers bind to 127.0.0.1 on free ports and are stopped by the test."""
 
 import os
+import sys
 
 import pytest
 
 from tests.helpers.net import free_port
+from tests.helpers.threads import share_cores
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -13,6 +15,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # compiling engine takes ~12 s to be ready instead of ~3 s and keeps a core busy afterwards. The compiled
 # paths have their own tests, which pass --no-enforce-eager (the flag beats this default).
 os.environ.setdefault("RAGSERVE_ENFORCE_EAGER", "1")
+share_cores()
+if "torch" in sys.modules:  # imported before this file (no plugin does today): it read the old setting
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture

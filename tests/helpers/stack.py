@@ -10,16 +10,18 @@ import sys
 from pathlib import Path
 
 from tests.helpers.process import alive, start, until
+from tests.helpers.threads import without_shared_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Up:
-    """One `ragserve up` process; its own session so that signals reach only what the test sends."""
+    """One `ragserve up` process; its own session so that signals reach only what the test sends. It divides
+    the cores among its engines itself (the run's OMP_NUM_THREADS only where the user set it)."""
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.state_file = tmp / "state.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+        env = {k: v for k, v in without_shared_threads(dict(os.environ)).items() if not k.startswith("RAGSERVE_")}
         argv = [sys.executable, "-m", "ragserve.cli", "up", "--port", "0", "--state-file", str(self.state_file)]
         self.process = start("ragserve up", [*argv, *args], tmp / "up.log", env=env, cwd=ROOT, new_session=True)
         self.proc = self.process.popen
@@ -58,7 +60,7 @@ class Up:
 
 def run_up(*args: str) -> subprocess.CompletedProcess:
     """`ragserve up` to completion (for arguments it refuses), without this environment's RAGSERVE_*."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    env = {k: v for k, v in without_shared_threads(dict(os.environ)).items() if not k.startswith("RAGSERVE_")}
     cmd = [sys.executable, "-m", "ragserve.cli", "up", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 

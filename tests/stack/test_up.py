@@ -19,6 +19,7 @@ from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from tests.helpers.cachestore import LAYOUT, chain
 from tests.helpers.process import alive, wait_gone
 from tests.helpers.stack import ROOT, Up, tiny
+from tests.helpers.threads import user_threads
 
 
 def prom_value(text: str, name: str) -> float:
@@ -49,9 +50,7 @@ def test_comes_up_with_every_process(up):
 
 def test_engines_share_the_hosts_cores(up):
     """Two engines on one host: each runs cores / 2 torch threads, not every core each."""
-    threads = max(1, len(os.sched_getaffinity(0)) // 2)
-    if os.environ.get("OMP_NUM_THREADS"):  # set for the whole run: it wins over the split
-        threads = int(os.environ["OMP_NUM_THREADS"])
+    threads = user_threads() or max(1, len(os.sched_getaffinity(0)) // 2)  # the user's setting wins the split
     out = up.output().splitlines()
     for engine in ("engine-0", "engine-1"):
         started = [line for line in out if f"engine {engine}: http" in line]
