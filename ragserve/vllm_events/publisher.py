@@ -8,6 +8,7 @@ at or after that sequence, [identity, b"", sequence, payload], then the end mark
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -51,7 +52,8 @@ class ZmqEventPublisher:
         ctx = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
-        if binds(self.endpoint) if bind is None else bind:
+        self._bound = binds(self.endpoint) if bind is None else bind
+        if self._bound:
             self._pub.bind(self.endpoint)
         else:
             self._pub.connect(self.endpoint)
@@ -105,8 +107,13 @@ class ZmqEventPublisher:
         self._running = False
         self._queue.put(None)
         self._thread.join(timeout=5.0)
+        # Unbind first so a successor (a restarted engine) can bind the same ports at once.
+        if self._bound:
+            _unbind(self._pub, self.endpoint)
         self._pub.close(linger=linger_ms)
         if self._replay is not None:
+            assert self.replay_endpoint is not None
+            _unbind(self._replay, self.replay_endpoint)
             self._replay.close(linger=linger_ms)
 
     def __enter__(self) -> ZmqEventPublisher:
@@ -149,3 +156,9 @@ class ZmqEventPublisher:
             if seq >= start_seq:
                 self._replay.send_multipart((identity, b"", encode_seq(seq), payload))
         self._replay.send_multipart((identity, b"", END_SEQ_BYTES, b""))
+
+
+def _unbind(socket: zmq.Socket, endpoint: str) -> None:
+    # The socket is closed right after: unbinding only makes the port free sooner.
+    with contextlib.suppress(zmq.ZMQError):
+        socket.unbind(socket.last_endpoint.decode() if "*" in endpoint else endpoint)

@@ -78,6 +78,18 @@ async def _receive_through(sub: ZmqEventSubscriber, last_seq: int) -> list:
     return items
 
 
+async def _rebind(harness: Harness) -> ZmqEventPublisher:
+    """A new publisher on the ports of a closed one (libzmq releases a closed listener asynchronously)."""
+    for _ in range(50):
+        try:
+            return harness.publisher()
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("the closed publisher's ports never came free")
+
+
 def _seqs(items: list) -> list[int]:
     assert not [item for item in items if isinstance(item, Cold)], items
     return [item.seq for item in items]
@@ -213,7 +225,7 @@ async def test_publisher_restart_is_cold(harness: Harness) -> None:
     items += await _receive_through(sub, 9)
     assert _seqs(items) == list(range(10))
     first.close()
-    second = harness.publisher()  # same ports, sequence numbers from 0 again
+    second = await _rebind(harness)  # same ports, sequence numbers from 0 again
     items, _ = await _publish_until_seen(second, sub, 100)
     assert isinstance(items[0], Cold) and items[0].reason == "restart"
     assert _seqs(items[1:]) == list(range(len(items) - 1))  # the new publisher's batches from 0 (replayed)
