@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ragserve.vllm_events import KVEventsConfig, offset_endpoint_port
+from ragserve.vllm_events import KVEventsConfig, ZmqEventPublisher, offset_endpoint_port
 
 
 def test_vllm_json_accepted() -> None:
@@ -66,3 +66,8 @@ def test_data_parallel_rank_offsets_ports() -> None:
         offset_endpoint_port("ipc:///tmp/kv", 1)
     config = KVEventsConfig(True, endpoint="tcp://*:5557", replay_endpoint="tcp://*:6557")
     assert config.endpoints_for_rank(2) == ("tcp://*:5559", "tcp://*:6559")
+
+
+def test_publisher_needs_an_enabled_zmq_config() -> None:
+    with pytest.raises(ValueError, match="does not enable the zmq publisher"):
+        ZmqEventPublisher.from_config(KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
