@@ -37,6 +37,7 @@ class AsyncLLM:
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
+        self._held = threading.Event()  # steps_held(): take submissions, run no step
         self._stop = False
         self._event_listeners: list[Callable[[list[KVEvent]], None]] = []
         if (graphs := self.engine.runner.decode_graphs) is not None:
@@ -124,6 +125,19 @@ class AsyncLLM:
         finally:
             await self.call(lambda engine: _forget(engine, detached))
 
+    @contextlib.asynccontextmanager
+    async def steps_held(self) -> AsyncIterator[None]:
+        self._held.set()
+        try:
+            yield
+        finally:
+            self._held.clear()
+            self._wake.set()
+
+    async def num_requests(self) -> int:
+        """Requests the engine holds, once every submission made before this call has been taken."""
+        return await self.call(lambda engine: len(engine.requests))
+
     def shutdown(self) -> None:
         if (graphs := self.engine.runner.decode_graphs) is not None:
             graphs.stop()
@@ -169,7 +183,7 @@ class AsyncLLM:
     def _run(self) -> None:
         while not self._stop:
             self._drain()
-            if not self.engine.has_unfinished_requests():
+            if self._held.is_set() or not self.engine.has_unfinished_requests():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue

@@ -139,4 +139,13 @@ class EngineClient(Protocol):
         reset and the prefix-cache and computed-token counters are zeroed."""
         ...
 
+    def steps_held(self) -> AbstractAsyncContextManager[None]:
+        """`async with`: the engine takes the requests submitted inside but runs no step until the block ends, so
+        they are scheduled together (calibration's decode batch)."""
+        ...
+
+    def num_requests(self) -> Awaitable[int]:
+        """How many requests the engine holds, counting every submission made before the call."""
+        ...
+
     def shutdown(self) -> None: ...

@@ -83,3 +83,24 @@ def test_kv_events_reach_listeners(engine):
     stored = [h for e in seen if e.kind == "stored" for h in e.block_hashes]
     assert stored == block_hashes(prompt, 16, engine.engine.kv_manager.root)[:2]
     assert set(stored) <= set(engine.engine.pool.cached)  # announced blocks are the ones the cache holds
+
+
+def test_requests_submitted_while_steps_are_held_start_together(engine):
+    """steps_held (start-up calibration's batch): requests arriving apart are taken but not stepped until the
+    block ends, then prefilled in one step, so each gets its first token from the same step."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+    async def main():
+        async with engine.steps_held():
+            first = asyncio.create_task(collect(engine, "held-0", list(range(200, 240)), params))
+            await asyncio.sleep(0.3)  # unheld, the step thread would have finished this request by now
+            second = asyncio.create_task(collect(engine, "held-1", list(range(300, 340)), params))
+            while await engine.num_requests() < 2:
+                await asyncio.sleep(0.01)
+            assert not first.done() and engine.stats().num_running == 0
+        return await asyncio.gather(first, second)
+
+    results = asyncio.run(main())
+    assert all(outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3 for outs in results)
+    firsts = [outs[0].metrics.first_token_time for outs in results]
+    assert firsts[0] == firsts[1]

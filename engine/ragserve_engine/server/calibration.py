@@ -95,14 +95,18 @@ async def _calibrate(llm: EngineClient) -> None:
     async with llm.calibrating():
         try:
             await _generate(llm, synthetic_prompt(llm, n, 0), 1)  # compiles the fused ops: not a speed sample
-            # prefilled together, then DECODE_STEPS steps decoding all of them and DECODE_STEPS decoding one
-            await asyncio.gather(
-                _generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS),
-                *(
-                    _generate(llm, synthetic_prompt(llm, n, s), 1 + DECODE_STEPS)
+            # prefilled together, then DECODE_STEPS steps decoding all of them and DECODE_STEPS decoding one;
+            # admitted as one batch: on a busy machine the step thread could start the first before the others
+            # arrived, and the staggered prompts then left too few steps at the full batch to fit a slope
+            async with llm.steps_held():
+                batch = [asyncio.create_task(_generate(llm, synthetic_prompt(llm, n, 1), 1 + 2 * DECODE_STEPS))]
+                batch += [
+                    asyncio.create_task(_generate(llm, synthetic_prompt(llm, n, s), 1 + DECODE_STEPS))
                     for s in range(2, CALIBRATION_BATCH + 1)
-                ),
-            )
+                ]
+                while await llm.num_requests() < len(batch) and not any(t.done() for t in batch):
+                    await asyncio.sleep(0.01)
+            await asyncio.gather(*batch)
         except Exception:  # noqa: BLE001 - serving matters more than the measurement
             log.exception("start-up calibration failed; the router uses its defaults until requests are measured")
     stats = llm.stats()
