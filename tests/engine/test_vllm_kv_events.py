@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
+from ragserve.engine_args import ServerConfig
 from ragserve.keys import KVLayout, block_hashes, root_hash
-from ragserve.vllm_events import encode_batch
+from ragserve.vllm_events import KVEventsConfig, encode_batch
 from ragserve.vllm_events import wire as ours
 from ragserve_engine.block_pool import BlockPool, KVEvent
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Sequence
 from ragserve_engine.server.vllm_kv_events import PublishStats, VllmKVEventPublisher, to_vllm_events
+from tests.helpers.net import free_ports
 from tests.interop import vllm_reference as ref
 
 BS = 4
@@ -123,3 +126,21 @@ def test_the_listener_publishes_one_batch_per_step_and_counts():
     listener.on_events([KVEvent("removed", [bytes(32)]), KVEvent("cleared")])
     assert [len(b.events) for b in fake.batches] == [1, 2]
     assert listener.stats == PublishStats(2, {"BlockStored": 1, "BlockRemoved": 1, "AllBlocksCleared": 1})
+
+
+@pytest.mark.parametrize(
+    "text", ['{"enable_kv_cache_events": false}', '{"enable_kv_cache_events": true, "publisher": "null"}', "{}"]
+)
+def test_events_off_or_the_null_publisher_open_no_socket(text):
+    config = ServerConfig(kv_events_config=text).kv_events()
+    assert config is not None and VllmKVEventPublisher.start(config) is None
+    assert ServerConfig().kv_events() is None
+
+
+def test_a_concrete_endpoint_connects_as_vllm_does_unless_told_to_bind():
+    (port,) = free_ports(1)
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}")
+    for bind in (False, True):
+        listener = VllmKVEventPublisher.start(config, bind=bind)
+        assert listener is not None and listener.publisher.bound is bind
+        listener.close()
