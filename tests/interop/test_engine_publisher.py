@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+import zmq
 
 from ragserve.vllm_events import BlockRemoved, BlockStored, Received, ZmqEventSubscriber
 from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
@@ -142,3 +143,14 @@ def test_bad_kv_events_config_exits_2_with_a_message(config, message):
         env={**os.environ, "RAGSERVE_MODEL": "/nonexistent/model"},  # nothing loads even if the check were missing
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_taken_port_fails_the_start(tmp_path):
+    (port,) = free_ports(1)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    with zmq.Context.instance().socket(zmq.PUB) as taken:
+        taken.bind(endpoint)
+        config = json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint})
+        engine = start_engine(tmp_path, "--kv-events-config", config, "--kv-events-bind")
+        assert engine.popen.wait(120) == 1
+    assert "cannot open the KV-event sockets" in engine.output()
