@@ -4,6 +4,7 @@ and a bad config stops the start with a message."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from ragserve.vllm_events import BlockRemoved, BlockStored, Received, ZmqEventSu
 from tests.helpers.engine_server import MODEL_NAME, metric, scrape, start_engine
 from tests.helpers.net import free_ports
 from tests.helpers.process import until_async
+from tests.helpers.registration import serve_recorder
 
 pytestmark = pytest.mark.timeout(300)
 BS = 16  # the engine's default block size
@@ -123,6 +125,31 @@ async def test_engine_publishes_vllm_kv_events(tmp_path):
                 events.sub.close()
         assert engine.stop() == 0, engine.output()[-3000:]  # SIGTERM drains, then the publisher closes
     assert f"vLLM KV events: PUB bound {pub}, replay {replay}" in engine.output()
+
+
+@pytest.mark.asyncio
+async def test_the_router_stream_and_the_vllm_stream_carry_the_same_blocks(tmp_path):
+    pub_port, grpc_port = free_ports(2)
+    pub = f"tcp://127.0.0.1:{pub_port}"
+    registry, recorder = serve_recorder(grpc_port)
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": pub})  # no replay endpoint: PUB only
+    args = ["--kv-events-config", config, "--kv-events-bind", "--router", f"127.0.0.1:{grpc_port}"]
+    engine = start_engine(tmp_path, *args, "--engine-id", "e-both", "--num-gpu-blocks", "64")
+    sub = None
+    try:
+        engine.wait_ready()
+        await until_async(lambda: "e-both" in recorder.known, timeout=60)
+        sub = Events(ZmqEventSubscriber(pub, start_seq=None))
+        await asyncio.sleep(0.5)  # no replay here: let the subscription reach the publisher first
+        async with httpx.AsyncClient(base_url=engine.url) as client:
+            await complete(client, PROMPT)
+        stored = next(ev for ev in await sub.until(stored_with(PROMPT[:48])) if isinstance(ev, BlockStored))
+        await until_async(lambda: recorder.index.get("e-both") == set(stored.block_hashes), timeout=30)
+    finally:
+        if sub is not None:
+            sub.sub.close()
+        assert engine.stop() == 0, engine.output()[-3000:]
+        registry.stop(0)
 
 
 @pytest.mark.parametrize(
