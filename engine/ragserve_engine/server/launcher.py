@@ -100,6 +100,7 @@ async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
         start_kv_publisher(server)
     except zmq.ZMQError as exc:
         log.error("--kv-events-config: cannot open the KV-event sockets: %s", exc)
+        tracing.shutdown()
         return 1
     config = uvicorn.Config(
         create_app(server),
