@@ -10,10 +10,14 @@ import os
 import socket
 import time
 from dataclasses import Field, dataclass
+from typing import TYPE_CHECKING
 
 from ragserve.flags import FromArgs, add_options, fraction, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from ragserve.vllm_events.config import KVEventsConfig
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -111,6 +115,13 @@ class ServerConfig(FromArgs):
     router_tls_cert: str | None = option(None, "client certificate for mutual TLS with the router", "cluster")
     router_tls_key: str | None = option(None, "client key for mutual TLS with the router", "cluster")
     registry_token_file: str | None = option(None, "file holding the router registry's shared token", "cluster")
+    kv_events_config: str | None = option(
+        None, "vLLM's --kv-events-config JSON: publish vLLM's KV events over ZMQ (beside --router's)", "cluster"
+    )
+    kv_events_bind: bool = option(
+        False, "bind the KV-event PUB endpoint where vLLM's rule connects (e.g. tcp://127.0.0.1:5557)", "cluster",
+        negatable=False,
+    )  # fmt: skip
     log_level: str = option("info", "log level", "server", choices=LOG_LEVELS)
     otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "server")
 
@@ -134,6 +145,15 @@ class ServerConfig(FromArgs):
         for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key, self.registry_token_file):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"file {path} does not exist")
+        self.kv_events()  # a bad --kv-events-config fails at start (ValueError naming the problem)
+
+    def kv_events(self) -> KVEventsConfig | None:
+        """The parsed --kv-events-config (None when unset)."""
+        if not self.kv_events_config:
+            return None
+        from ragserve.vllm_events.config import KVEventsConfig  # zmq and msgspec only when asked for
+
+        return KVEventsConfig.from_json(self.kv_events_config)
 
     @property
     def url(self) -> str:

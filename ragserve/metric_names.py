@@ -49,6 +49,11 @@ CACHESTORE_FETCHES_ABANDONED = "ragserve:cachestore_fetches_abandoned"
 CACHESTORE_BLOCKS_NOT_IMPORTED = "ragserve:cachestore_blocks_not_imported"
 # Newly computed blocks never offloaded to the cachestore: the bounded offload queue was full.
 CACHESTORE_OFFLOAD_DROPPED = "ragserve:cachestore_offload_dropped_blocks"
+# vLLM-format KV events an engine published (--kv-events-config): batches (one per step with events), and
+# events by type (label KV_EVENT_TYPE_LABEL: BlockStored, BlockRemoved, AllBlocksCleared).
+KV_EVENT_BATCHES_PUBLISHED = "ragserve:kv_event_batches_published"
+KV_EVENTS_PUBLISHED = "ragserve:kv_events_published"
+KV_EVENT_TYPE_LABEL = "type"
 
 # Engine histograms and info.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"

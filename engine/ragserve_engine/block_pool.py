@@ -68,6 +68,9 @@ class KVEvent:
     kind: str  # "stored" | "removed" | "cleared"
     block_hashes: list[bytes] = field(default_factory=list)
     parent_hash: bytes | None = None
+    token_ids: list[int] = field(default_factory=list)  # stored: the blocks' tokens, block_size each
+    cache_salt: str | None = None  # stored: the salt in the first block's hash (a chain's block 0 only)
+    chunk: bool = False  # a blend chunk key held outside the pool, not a prefix block
 
 
 class BlockPool:
@@ -131,14 +134,23 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_full_block(self, block: KVCacheBlock, block_hash: bytes, parent_hash: bytes | None) -> None:
+    def cache_full_block(
+        self,
+        block: KVCacheBlock,
+        block_hash: bytes,
+        parent_hash: bytes | None,
+        token_ids: list[int] = (),
+        cache_salt: str | None = None,
+    ) -> None:
+        """`token_ids`: the block's tokens; `cache_salt`: the request's (only block 0's hash includes it)."""
         if not self.enable_caching or block.block_hash is not None:
             return
         if block_hash in self.cached:  # computed twice concurrently: keep the first copy
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
-        self._event(KVEvent("stored", [block_hash], parent_hash))
+        salt = cache_salt if parent_hash is None else None
+        self._event(KVEvent("stored", [block_hash], parent_hash, list(token_ids), salt or None))
 
     def reset_prefix_cache(self) -> bool:
         """Forget all hashes; only allowed when no block is in use."""
@@ -149,7 +161,7 @@ class BlockPool:
         self.cached.clear()
         self._event(KVEvent("cleared"))
         for key in self.external_keys():  # still held: the router must not forget them
-            self._event(KVEvent("stored", [key]))
+            self._event(KVEvent("stored", [key], chunk=True))
         return True
 
     def _event(self, event: KVEvent) -> None:

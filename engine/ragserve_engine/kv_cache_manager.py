@@ -103,10 +103,12 @@ class KVCacheManager:
         hashes = self.update_hashes(seq, cache_salt)
         num_full = min(seq.num_computed_tokens // self.block_size, len(hashes), len(seq.blocks))
         new = []
+        bs = self.block_size
         for i in range(num_full):
             block = seq.blocks[i]
             if block.block_hash is None:
-                self.pool.cache_full_block(block, hashes[i], hashes[i - 1] if i else None)
+                tokens = seq.token_ids[i * bs : (i + 1) * bs]
+                self.pool.cache_full_block(block, hashes[i], hashes[i - 1] if i else None, tokens, cache_salt)
                 if block.block_hash is not None:
                     new.append((block, hashes[i]))
         return new
@@ -117,15 +119,24 @@ class KVCacheManager:
         kept = sum(1 for block in self._cached_prefix(keep or []) if block.ref_cnt == 0)
         return max(0, self.pool.num_free_blocks - 1 - kept)
 
-    def import_blocks(self, hashes: list[bytes], parent: bytes | None, write: Callable[[int, int], None]) -> None:
+    def import_blocks(
+        self,
+        hashes: list[bytes],
+        parent: bytes | None,
+        write: Callable[[int, int], None],
+        token_ids: list[int] = (),
+        cache_salt: str | None = None,
+    ) -> None:
         """Cache blocks computed elsewhere: write(i, block_id) fills the block cached under hashes[i].
 
         `hashes` continue the chain after `parent`; the blocks end free but cached, so admission hits them.
+        `token_ids`: the imported blocks' tokens (block_size each, for the KV events), `cache_salt` the request's.
         """
         blocks = self.pool.get_new_blocks(len(hashes))
+        bs = self.block_size
         for i, (block, block_hash) in enumerate(zip(blocks, hashes, strict=True)):
             write(i, block.block_id)
-            self.pool.cache_full_block(block, block_hash, parent)
+            self.pool.cache_full_block(block, block_hash, parent, token_ids[i * bs : (i + 1) * bs], cache_salt)
             parent = block_hash
         self.pool.free_blocks(list(reversed(blocks)))
 

@@ -65,6 +65,8 @@ class PendingFetch:
     stop: threading.Event = field(default_factory=threading.Event)  # the step thread is done waiting
     blocks: list | None = None  # what the fetch delivered, once settled
     seconds: float = 0.0  # how long the download took, once settled
+    token_ids: list[int] = field(default_factory=list)  # the request's tokens over `hashes` (for KV events)
+    cache_salt: str | None = None
 
     def done(self) -> bool:
         return self.future.done()
@@ -116,8 +118,16 @@ class CacheStoreConnector:
         return cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s)
 
     # ---- fetch ------------------------------------------------------------------------------------
-    def start_fetch(self, hashes: list[bytes], num_local_hits: int, request_id: str = "") -> PendingFetch | None:
-        """Download blocks hashes[num_local_hits:] in the background; None when there is nothing to ask."""
+    def start_fetch(
+        self,
+        hashes: list[bytes],
+        num_local_hits: int,
+        request_id: str = "",
+        token_ids: list[int] = (),
+        cache_salt: str | None = None,
+    ) -> PendingFetch | None:
+        """Download blocks hashes[num_local_hits:] in the background; None when there is nothing to ask.
+        `token_ids`/`cache_salt`: the request's, which the imported blocks' KV events carry."""
         missing = hashes[num_local_hits:]
         self._fetching = {f for f in self._fetching if not f.done()}
         if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
@@ -128,7 +138,10 @@ class CacheStoreConnector:
         self._fetching.add(future)
         now = time.monotonic()
         deadline = now + self.deadline_s(len(missing))
-        return PendingFetch(hashes, num_local_hits, future, deadline, request_id, now, arrived, stop)
+        return PendingFetch(
+            hashes, num_local_hits, future, deadline, request_id, now, arrived, stop,
+            token_ids=list(token_ids), cache_salt=cache_salt,
+        )  # fmt: skip
 
     def deadline_s(self, num_blocks: int) -> float:
         """How long a fetch of num_blocks may take: the floor, a margin over the measured fetch cost, or the
@@ -197,7 +210,11 @@ class CacheStoreConnector:
         parent = hashes[num_local - 1] if num_local else None
         pinned = self.kv_manager.pin(hashes[:num_local])  # the import must not evict the prefix it extends
         try:
-            self.kv_manager.import_blocks(fetched, parent, lambda i, b: self.kv_cache.write_block(b, blocks[i].data))
+            bs = self.kv_manager.block_size
+            tokens = pending.token_ids[num_local * bs : (num_local + len(fetched)) * bs]
+            self.kv_manager.import_blocks(
+                fetched, parent, lambda i, b: self.kv_cache.write_block(b, blocks[i].data), tokens, pending.cache_salt
+            )
         finally:
             self.kv_manager.unpin(pinned)
         for h in fetched:

@@ -265,7 +265,8 @@ class Scheduler:
             return 0
         seq = req.live_seqs[0]
         hashes = seq.block_hashes[: cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)]
-        pending = self.connector.start_fetch(hashes, num_local, req.request_id)
+        tokens = seq.token_ids[: len(hashes) * self.kv_manager.block_size]
+        pending = self.connector.start_fetch(hashes, num_local, req.request_id, tokens, req.cache_salt)
         if pending is None:
             return 0
         if self.connector.wait(pending, INLINE_FETCH_WAIT_S) and self._room_for(pending):

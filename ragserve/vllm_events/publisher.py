@@ -65,6 +65,11 @@ class ZmqEventPublisher:
         self._thread = threading.Thread(target=self._run, name="kv-events-publisher", daemon=True)
         self._thread.start()
 
+    @property
+    def bound(self) -> bool:
+        """Whether the PUB socket bound its endpoint (else it connected to it)."""
+        return self._bound
+
     @classmethod
     def from_config(
         cls, config: KVEventsConfig, data_parallel_rank: int = 0, bind: bool | None = None

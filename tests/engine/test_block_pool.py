@@ -41,6 +41,30 @@ def test_full_blocks_cached_under_the_shared_key_chain():
     assert events[1].parent_hash == expected[0]
 
 
+def test_stored_events_carry_the_blocks_tokens_and_block_0s_salt():
+    kv = manager()
+    kv.pool.record_events = True
+    tokens = list(range(100, 111))  # 2 full blocks + 3 tokens
+    admit(kv, tokens, salt="tenant-a")
+    first, second = kv.pool.take_events()
+    assert (first.token_ids, first.cache_salt, first.parent_hash) == (tokens[:4], "tenant-a", None)
+    assert (second.token_ids, second.cache_salt) == (tokens[4:8], None)  # the salt is in block 0's hash only
+    assert not first.chunk and not second.chunk
+
+
+def test_imported_blocks_carry_their_tokens():
+    kv = manager()
+    kv.pool.record_events = True
+    tokens = list(range(12))
+    hashes = block_hashes(tokens, BS, ROOT, "s")
+    kv.import_blocks(hashes[1:], hashes[0], lambda i, block_id: None, tokens[4:], "s")
+    events = kv.pool.take_events()
+    assert [e.token_ids for e in events] == [tokens[4:8], tokens[8:12]]
+    assert [e.cache_salt for e in events] == [None, None]  # block 0 was not imported
+    kv.import_blocks(hashes[:1], None, lambda i, block_id: None, tokens[:4], "s")
+    assert kv.pool.take_events()[0].cache_salt == "s"
+
+
 def test_prefix_hit_leaves_last_token_to_compute_and_counts_tokens():
     kv = manager()
     a = admit(kv, list(range(8)))

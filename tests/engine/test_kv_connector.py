@@ -56,6 +56,20 @@ def test_peer_fetch_replaces_prefill_and_output_matches_cold_run(cachestore):
     assert again.outputs[0].token_ids == cold.outputs[0].token_ids
 
 
+def test_fetched_blocks_are_stored_with_their_tokens(cachestore):
+    """The KV events of imported blocks carry the request's tokens, as computed ones do (vLLM's BlockStored)."""
+    address, _ = cachestore
+    a = engine(address)
+    a.generate([CONTEXT + [11, 12, 13]], GREEDY)
+    a.engine.connector.flush()
+    b = engine(address, loaded_model=a.engine.runner.model)
+    b.engine.pool.record_events = True
+    assert b.generate([CONTEXT + [21, 22]], GREEDY)[0].num_cached_tokens == 20 * 16  # all fetched
+    stored = {e.block_hashes[0]: e for e in b.engine.pool.take_events() if e.kind == "stored"}
+    hashes = b.engine.kv_manager.hash_blocks(CONTEXT, None)
+    assert [stored[h].token_ids for h in hashes] == [CONTEXT[i * 16 : (i + 1) * 16] for i in range(20)]
+
+
 def test_other_layout_never_served(cachestore):
     address, _ = cachestore
     a = engine(address)

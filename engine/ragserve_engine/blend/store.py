@@ -51,11 +51,11 @@ class ChunkStore:
             old_key, old = self.entries.popitem(last=False)
             self.used -= _nbytes(old)
             self.stats.evictions += 1
-            self._tell(KVEvent("removed", [old_key]))
+            self._tell(KVEvent("removed", [old_key], chunk=True))
         self.entries[key] = kv
         self.used += size
         if not known:
-            self._tell(KVEvent("stored", [key]))
+            self._tell(KVEvent("stored", [key], chunk=True))
         return True
 
     def _tell(self, event: KVEvent) -> None:

@@ -15,6 +15,7 @@ from ragserve_engine.server.warmup import WarmupManager
 
 if TYPE_CHECKING:
     from ragserve_engine.server.registration import RegistrationClient
+    from ragserve_engine.server.vllm_kv_events import VllmKVEventPublisher
 
 LOADING, READY, DRAINING, FAILED = "loading", "ready", "draining", "failed"
 
@@ -29,6 +30,7 @@ class EngineServer:
     status: str = LOADING
     inflight: int = 0  # engine requests the HTTP side is waiting on
     registration: RegistrationClient | None = None  # with --router
+    kv_publisher: VllmKVEventPublisher | None = None  # with --kv-events-config that publishes
 
     def __post_init__(self) -> None:
         self.metrics = self.metrics or EngineMetrics(self.model_name)
@@ -41,6 +43,9 @@ class EngineServer:
         self.llm = llm
         info = llm.info
         self.metrics.attach_engine(self.stats, info.layout.block_size, info.num_blocks)
+        if self.kv_publisher is not None:
+            self.kv_publisher.attach(llm)
+            self.metrics.attach_kv_publisher(self.kv_publisher.stats)
         self.status = READY
 
     def stats(self) -> EngineStats | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 import uvicorn
+import zmq
 
 from ragserve import tracing
 from ragserve.engine_args import EngineConfig, ServerConfig
@@ -84,8 +85,23 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         server.registration.start()
 
 
+def start_kv_publisher(server: EngineServer) -> None:
+    """Bind the vLLM KV-event sockets before the model loads (a taken port fails the start at once)."""
+    config = server.config.kv_events()
+    if config is not None:
+        from ragserve_engine.server.vllm_kv_events import VllmKVEventPublisher
+
+        server.kv_publisher = VllmKVEventPublisher.start(config, bind=server.config.kv_events_bind)
+
+
 async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
     cfg = server.config
+    try:
+        start_kv_publisher(server)
+    except zmq.ZMQError as exc:
+        log.error("--kv-events-config: cannot open the KV-event sockets: %s", exc)
+        tracing.shutdown()
+        return 1
     config = uvicorn.Config(
         create_app(server),
         host=cfg.host,
@@ -106,6 +122,8 @@ async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
             await server.registration.stop("shutdown")
         if server.llm is not None:
             server.llm.shutdown()
+        if server.kv_publisher is not None:  # after the engine's last step
+            server.kv_publisher.close()
         tracing.shutdown()
     return uv.exit_code if uv.started else 1
 

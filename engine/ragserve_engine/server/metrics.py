@@ -20,6 +20,7 @@ from ragserve.http.outcomes import Outcome
 
 if TYPE_CHECKING:
     from ragserve_engine.engine_client import EngineStats
+    from ragserve_engine.server.vllm_kv_events import PublishStats
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -103,6 +104,28 @@ class EngineStateCollector:
             yield family
 
 
+class KVPublishCollector:
+    """Counters of the vLLM-format KV events published (--kv-events-config)."""
+
+    EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+    def __init__(self, model_name: str, stats: PublishStats) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self):
+        batches = CounterMetricFamily(
+            m.KV_EVENT_BATCHES_PUBLISHED, "vLLM KV-event batches published", labels=[m.MODEL_NAME_LABEL]
+        )
+        batches.add_metric([self.model_name], self.stats.batches)
+        yield batches
+        labels = [m.MODEL_NAME_LABEL, m.KV_EVENT_TYPE_LABEL]
+        events = CounterMetricFamily(m.KV_EVENTS_PUBLISHED, "vLLM KV events published, by type", labels=labels)
+        for kind in self.EVENT_TYPES:
+            events.add_metric([self.model_name, kind], self.stats.events[kind])
+        yield events
+
+
 class EngineMetrics:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -141,6 +164,9 @@ class EngineMetrics:
     def attach_engine(self, stats: Callable[[], EngineStats | None], block_size: int, num_blocks: int) -> None:
         self.registry.register(EngineStateCollector(self.model_name, stats))
         self.cache_config.labels(str(block_size), str(num_blocks)).set(1)
+
+    def attach_kv_publisher(self, stats: PublishStats) -> None:
+        self.registry.register(KVPublishCollector(self.model_name, stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
