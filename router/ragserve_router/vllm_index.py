@@ -110,7 +110,8 @@ class VllmIndexer:
     def _keys_of(self, event: BlockStored) -> list[bytes] | None:
         """ragserve's chained keys of the event's blocks, or None when the parent is unknown."""
         if event.parent_block_hash is None:
-            namespace = LORA_NAMESPACE + event.lora_name if event.lora_name else ""
+            lora = lora_of(event)
+            namespace = f"{LORA_NAMESPACE}{lora}" if lora is not None else ""
             parent = root_hash(self.model_id, namespace)
             first = True
         else:
@@ -182,10 +183,16 @@ def block_extra(event: BlockStored, i: int, chain_start: bool) -> bytes:
     """ragserve's extra hash input for block i: the cache salt on a chain's first block, as ragserve keys
     a salted prompt; any other extra input (multimodal hashes) keys the block apart from every prompt key."""
     extras = list(event.extra_keys[i] or ()) if event.extra_keys and i < len(event.extra_keys) else []
-    if event.lora_name and extras and extras[0] == event.lora_name:
-        extras.pop(0)  # vLLM puts the LoRA name first; the chain's root already carries it
+    lora = lora_of(event)
+    if lora is not None and extras and extras[0] == lora:
+        extras.pop(0)  # vLLM puts the LoRA first; the chain's root already carries it
     if not extras:
         return b""
     if chain_start and len(extras) == 1 and isinstance(extras[0], str):
         return extras[0].encode()  # vLLM's cache_salt, block 0's only extra
     return OTHER_EXTRA + repr(extras).encode()
+
+
+def lora_of(event: BlockStored) -> str | int | None:
+    """The adapter the blocks were computed with: its name, or its int id (what older vLLMs hash)."""
+    return event.lora_name if event.lora_name else event.lora_id

@@ -325,3 +325,12 @@ def test_spec_parse() -> None:
     assert spec == ExternalEngineSpec("http://vllm:8000", "tcp://vllm:5557", "tcp://vllm:5558", 2)
     assert spec.endpoints()[1] == (1, "tcp://vllm:5558", "tcp://vllm:5559")
     assert spec.index_ids("e") == ["e/dp0", "e/dp1"]
+
+
+def test_older_vllm_lora_int_id_keys_blocks_apart(prompts: Prompts) -> None:
+    tokens = prompts.tokens("int-lora")
+    plain = VllmIndexer(ENGINE, MODEL, BLOCK).events([stored(tokens, [1])])
+    event = BlockStored([1], None, tokens[:BLOCK], BLOCK, 7, "GPU", None, extra_keys=[(7,)])
+    lora = VllmIndexer(ENGINE, MODEL, BLOCK).events([event])
+    assert plain[ENGINE][0].hashes == prompts.hashes("int-lora")[:1]
+    assert lora[ENGINE][0].hashes != plain[ENGINE][0].hashes
