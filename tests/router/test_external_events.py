@@ -165,12 +165,12 @@ async def test_cleared_and_restarted_engine_is_forgotten(harness: Harness, promp
     pub.publish_events([AllBlocksCleared()])
     await harness.until_match(a, 0)
     pub.publish_events([stored(prompts.tokens("alpha"), engine_hashes(len(a), 0))])
-    for _ in range(20):  # sequence numbers well past where the new publisher is first seen
+    for _ in range(60):  # sequence numbers well past where the new publisher is first seen
         pub.publish_events([BlockRemoved([123_456], "GPU")])
     await harness.until_match(a, len(a))
     pub.close()
     pub = await harness.rebind()
-    for _ in range(20):  # a new process from sequence 0: until the subscriber sees it, a batch at a time
+    for _ in range(50):  # a new process from sequence 0: until the subscriber sees it, a batch at a time
         pub.publish_events([stored(prompts.tokens("beta"), engine_hashes(len(b), 500))])
         await asyncio.sleep(0.1)
         if follower.colds:
