@@ -13,10 +13,12 @@ import pytest
 import pytest_asyncio
 import zmq
 
+from ragserve.router_args import RouterConfig
 from ragserve.vllm_events import AllBlocksCleared, BlockRemoved, BlockStored, ZmqEventPublisher, ZmqEventSubscriber
-from ragserve_router.engines import ModelSpec
-from ragserve_router.external import ExternalEngineSpec, RankFollower, followers
+from ragserve_router.engines import EngineRecord, ModelSpec
+from ragserve_router.external import ExternalEngineSpec, RankFollower, apply_ops, followers
 from ragserve_router.memory_state import MemoryState
+from ragserve_router.policies import Decider, RouteRequest
 from ragserve_router.prompt import prompt_tokens, token_key
 from ragserve_router.redis_state import RedisState
 from ragserve_router.state import RouterState, leading
@@ -334,3 +336,24 @@ def test_older_vllm_lora_int_id_keys_blocks_apart(prompts: Prompts) -> None:
     lora = VllmIndexer(ENGINE, MODEL, BLOCK).events([event])
     assert plain[ENGINE][0].hashes == prompts.hashes("int-lora")[:1]
     assert lora[ENGINE][0].hashes != plain[ENGINE][0].hashes
+
+
+@pytest.mark.asyncio
+async def test_kv_aware_routes_to_the_engine_whose_events_hold_the_prompt(prompts: Prompts) -> None:
+    """The real policy over the real state: an engine indexed from vLLM events is a prefix hit, like a
+    registered one (the record stands in for the pool's, which does not list external engines yet)."""
+    state = MemoryState()
+    records = [
+        EngineRecord(e, f"http://127.0.0.1:1/{e}", ["m"], model_id=MODEL, block_size=BLOCK) for e in ("e0", ENGINE)
+    ]
+    decider = Decider(RouterConfig(), state, lambda r: 0.0, lambda r: 0.0)
+    tokens, body = prompts.tokens("route"), prompts.body("route")
+    indexer = VllmIndexer(ENGINE, MODEL, BLOCK)
+    await apply_ops(state, indexer.events([stored(tokens, engine_hashes(len(tokens) // BLOCK, 0))]), 1)
+    key = token_key(prompts.tok, prompts.spec, body, True, None)
+    assert key is not None
+    decision = await decider.decide("kv_aware", RouteRequest("m", body, True, {}, key), records)
+    assert decision.order[0].engine_id == ENGINE and decision.reason == "prefix_hit"
+    await apply_ops(state, indexer.events([AllBlocksCleared()]), 2)
+    decision = await decider.decide("kv_aware", RouteRequest("m", body, True, {}, key), records)
+    assert decision.reason != "prefix_hit"
