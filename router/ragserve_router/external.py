@@ -88,8 +88,10 @@ class RankFollower:
     batches: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set once the catch-up replay is done
 
+    stale: bool = False  # an apply failed (state unreachable): the engine is cleared before the next batch
+
     async def run(self) -> None:
-        await apply_ops(self.state, self.indexer.cold(), 0)  # whatever the state held came from another process
+        await self._apply(self.indexer.cold(), 0)  # whatever the state held came from another process
         try:
             for item in await self.subscriber.catch_up():
                 await self.handle(item)
@@ -99,19 +101,35 @@ class RankFollower:
         except BlockSizeMismatch as exc:
             self.refused = str(exc)
             log.error("external engine refused: %s", exc)
-            await apply_ops(self.state, self.indexer.cold(), 0)
+            await self._apply(self.indexer.cold(), 0)
         finally:
             self.ready.set()
             self.subscriber.close()
 
     async def handle(self, item: Received | Cold) -> None:
+        if self.stale and not await self._apply(self.indexer.cold(), 0):
+            return  # still unreachable: this batch is lost too, and the engine stays to be cleared
         if isinstance(item, Cold):
             self.colds += 1
             log.warning("external engine %s is cold (%s): %s", self.indexer.index_id, item.reason, item.detail)
-            await apply_ops(self.state, self.indexer.cold(), 0)
+            await self._apply(self.indexer.cold(), 0)
             return
         self.batches += 1
-        await apply_ops(self.state, self.indexer.events(item.batch.events), item.seq + 1)
+        await self._apply(self.indexer.events(item.batch.events), item.seq + 1)
+
+    async def _apply(self, plan: dict[str, list[KVOp]], seq: int) -> bool:
+        """Apply ops; on a state failure the ops are lost, so the engine is marked stale (cleared later)."""
+        try:
+            await apply_ops(self.state, plan, seq)
+        except Exception as exc:
+            if not self.stale:
+                log.warning(
+                    "external engine %s: router state unavailable, will clear it: %s", self.indexer.index_id, exc
+                )
+            self.stale = True
+            return False
+        self.stale = False
+        return True
 
 
 def followers(

@@ -14,7 +14,15 @@ import pytest_asyncio
 import zmq
 
 from ragserve.router_args import RouterConfig
-from ragserve.vllm_events import AllBlocksCleared, BlockRemoved, BlockStored, ZmqEventPublisher, ZmqEventSubscriber
+from ragserve.vllm_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Received,
+    ZmqEventPublisher,
+    ZmqEventSubscriber,
+)
+from ragserve.vllm_events.wire import KVEventBatch
 from ragserve_router.engines import EngineRecord, ModelSpec
 from ragserve_router.external import ExternalEngineSpec, RankFollower, apply_ops, followers
 from ragserve_router.memory_state import MemoryState
@@ -357,3 +365,39 @@ async def test_kv_aware_routes_to_the_engine_whose_events_hold_the_prompt(prompt
     await apply_ops(state, indexer.events([AllBlocksCleared()]), 2)
     decision = await decider.decide("kv_aware", RouteRequest("m", body, True, {}, key), records)
     assert decision.reason != "prefix_hit"
+
+
+class FlakyState(MemoryState):
+    """A state whose apply fails while `down` (Redis unreachable)."""
+
+    down = False
+
+    async def apply(self, engine_id: str, ops: list, new_seq: int) -> None:
+        if self.down:
+            raise ConnectionError("state unreachable")
+        await super().apply(engine_id, ops, new_seq)
+
+
+@pytest.mark.asyncio
+async def test_ops_lost_to_an_unreachable_state_clear_the_engine(prompts: Prompts) -> None:
+    state = FlakyState()
+    sub = ZmqEventSubscriber(f"tcp://127.0.0.1:{free_ports(1)[0]}")
+    follower = RankFollower(VllmIndexer(ENGINE, MODEL, BLOCK), sub, state)
+    try:
+        a, b = prompts.hashes("flaky-a"), prompts.hashes("flaky-b")
+        ours = engine_hashes(len(a), 0)
+        await follower.handle(Received(0, KVEventBatch(0.0, [stored(prompts.tokens("flaky-a"), ours)])))
+        assert (await state.match_exact([ENGINE], a))[ENGINE] == len(a)
+        state.down = True
+        await follower.handle(Received(1, KVEventBatch(0.0, [BlockRemoved(ours, "GPU")])))  # lost
+        assert follower.stale
+        state.down = False
+        await follower.handle(
+            Received(2, KVEventBatch(0.0, [stored(prompts.tokens("flaky-b"), engine_hashes(len(b), 50))]))
+        )
+        assert not follower.stale
+        assert (await state.match_exact([ENGINE], b))[ENGINE] == len(b)
+        shared = leading(x == y for x, y in zip(a, b, strict=False))
+        assert (await state.match_exact([ENGINE], a))[ENGINE] == shared < len(a)  # not the evicted blocks
+    finally:
+        sub.close()
