@@ -9,10 +9,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 import pytest
 import pytest_asyncio
 import zmq
 
+from ragserve.keys import block_hashes, root_hash
 from ragserve.router_args import RouterConfig
 from ragserve.vllm_events import (
     AllBlocksCleared,
@@ -22,16 +24,17 @@ from ragserve.vllm_events import (
     ZmqEventPublisher,
     ZmqEventSubscriber,
 )
-from ragserve.vllm_events.wire import KVEventBatch
+from ragserve.vllm_events.wire import KVEventBatch, decode_batch
 from ragserve_router.engines import EngineRecord, ModelSpec
 from ragserve_router.external import ExternalEngineSpec, RankFollower, apply_ops, followers
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.policies import Decider, RouteRequest
 from ragserve_router.prompt import prompt_tokens, token_key
 from ragserve_router.redis_state import RedisState
-from ragserve_router.state import RouterState, leading
+from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
 from ragserve_router.vllm_index import BlockSizeMismatch, VllmIndexer
 from tests.helpers.net import free_ports
+from tests.interop import vllm_reference as ref
 
 pytestmark = pytest.mark.timeout(60)
 BLOCK = 16
@@ -401,3 +404,22 @@ async def test_ops_lost_to_an_unreachable_state_clear_the_engine(prompts: Prompt
         assert (await state.match_exact([ENGINE], a))[ENGINE] == shared < len(a)  # not the evicted blocks
     finally:
         sub.close()
+
+
+def test_vllm_encoded_batches_decode_to_the_expected_index_ops() -> None:
+    """Golden bytes: each event type as vLLM's own structs encode it (bytes hashes, vLLM's default), decoded by
+    the router, becomes the ops ragserve's key scheme predicts."""
+    tokens = list(range(100, 100 + 3 * BLOCK))
+    keys = block_hashes(tokens, BLOCK, root_hash(MODEL), cache_salt="s")
+    ours = [bytes([i]) * 32 for i in range(3)]
+    events = [
+        ref.BlockStored(
+            ours[:2], None, tokens[: 2 * BLOCK], BLOCK, None, "GPU", None, [("s",), None], 0, "full_attention"
+        ),
+        ref.BlockStored(ours[2:], ours[1], tokens[2 * BLOCK :], BLOCK, None, None, None),
+        ref.BlockRemoved([ours[0]], "GPU"),
+        ref.AllBlocksCleared(),
+    ]
+    payload = msgspec.msgpack.encode(ref.EventBatch(ts=1.0, events=events, data_parallel_rank=0))
+    ops = VllmIndexer(ENGINE, MODEL, BLOCK).events(decode_batch(payload).events)
+    assert ops == {ENGINE: [KVOp(STORED, keys[:2]), KVOp(STORED, keys[2:]), KVOp(REMOVED, keys[:1]), KVOp(CLEARED, [])]}
