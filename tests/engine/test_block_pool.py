@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from ragserve.keys import KVLayout, block_hashes, root_hash
+from ragserve.keys import block_hashes, root_hash
 from ragserve_engine.block_pool import BlockPool
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.sequence import Sequence
+from tests.helpers.kv_pool import BS, LAYOUT, admit
 
-BS = 4
-LAYOUT = KVLayout("unit-test-model", "auto:float32", BS, 1, 1, 8)
 ROOT = root_hash("unit-test-model")
 
 
 def manager(num_blocks: int = 8, caching: bool = True) -> KVCacheManager:
     return KVCacheManager(BlockPool(num_blocks, caching), LAYOUT, num_swap_blocks=4)
-
-
-def admit(kv: KVCacheManager, tokens: list[int], salt: str | None = None) -> Sequence:
-    seq = Sequence(list(tokens), len(tokens))
-    hits = kv.get_computed_blocks(seq, salt)
-    assert kv.allocate_slots(seq, len(tokens) - len(hits) * BS, hits)
-    seq.num_computed_tokens = len(tokens)
-    kv.cache_blocks(seq, salt)
-    return seq
 
 
 def test_full_blocks_cached_under_the_shared_key_chain():

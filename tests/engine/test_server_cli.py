@@ -55,6 +55,16 @@ def test_building_the_parser_does_not_import_torch():
         ([], "unknown model '/nonexistent/model'"),
         (["--block-size", "7"], "block_size must be"),
         (["--quantization", "int4", "--device", "cuda"], "quantization int4 runs on CPU only"),
+        (["--kv-events-config", "{not json"], "kv-events-config is not valid JSON"),
+        (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "unknown publisher 'kafka'"),
+        (
+            ["--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://nohost"}'],
+            "must be tcp://HOST:PORT",
+        ),
+        (
+            ["--kv-events-config", '{"enable_kv_cache_events": true, "buffer_step": 5}'],
+            "unknown field(s) ['buffer_step']",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(args, message):

@@ -6,18 +6,16 @@ import msgspec
 import pytest
 
 from ragserve.engine_args import ServerConfig
-from ragserve.keys import KVLayout, block_hashes, root_hash
+from ragserve.keys import block_hashes, root_hash
 from ragserve.vllm_events import KVEventsConfig, encode_batch
 from ragserve.vllm_events import wire as ours
 from ragserve_engine.block_pool import BlockPool, KVEvent
 from ragserve_engine.kv_cache_manager import KVCacheManager
-from ragserve_engine.sequence import Sequence
 from ragserve_engine.server.vllm_kv_events import PublishStats, VllmKVEventPublisher, to_vllm_events
+from tests.helpers.kv_pool import BS, LAYOUT, admit
 from tests.helpers.net import free_ports
 from tests.interop import vllm_reference as ref
 
-BS = 4
-LAYOUT = KVLayout("unit-test-model", "auto:float32", BS, 1, 1, 8)
 ROOT = root_hash("unit-test-model")
 TS = 1764700000.5
 
@@ -26,15 +24,6 @@ def manager(num_blocks: int = 8) -> KVCacheManager:
     kv = KVCacheManager(BlockPool(num_blocks), LAYOUT)
     kv.pool.record_events = True
     return kv
-
-
-def admit(kv: KVCacheManager, tokens: list[int], salt: str | None = None) -> Sequence:
-    seq = Sequence(list(tokens), len(tokens))
-    hits = kv.get_computed_blocks(seq, salt)
-    assert kv.allocate_slots(seq, len(tokens) - len(hits) * BS, hits)
-    seq.num_computed_tokens = len(tokens)
-    kv.cache_blocks(seq, salt)
-    return seq
 
 
 def stored(hashes, parent, tokens, extra) -> ref.BlockStored:
