@@ -23,7 +23,7 @@ from ragserve.vllm_events import (
     ZmqEventPublisher,
 )
 from ragserve.vllm_events.wire import MEDIUM_GPU
-from ragserve_engine.block_pool import KVEvent
+from ragserve_engine.engine_client import KVEvent
 
 if TYPE_CHECKING:
     from ragserve.vllm_events import KVEvent as VllmEvent
