@@ -58,7 +58,9 @@ def env_name(flag: str) -> str:
 def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs) -> argparse.Action:
     """parser.add_argument whose default can come from RAGSERVE_<FLAG> in the environment."""
     env = os.environ.get(env_name(flag))
-    if env is not None:
+    if env is not None and kwargs.get("action") == "append":  # a repeatable flag: ';'-separated values
+        kwargs["default"] = [kwargs.get("type", str)(v.strip()) for v in env.split(";") if v.strip()]
+    elif env is not None:
         if kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction):
             kwargs["default"] = _env_bool(flag, env)
         else:
@@ -101,13 +103,16 @@ def option(
     spec: bool = False,
     schema: dict[str, Any] | None = None,
     negatable: bool = True,
+    repeat: bool = False,
 ) -> Any:
     """A dataclass field that is also the flag --<field-name> in argument group `group` (a bool field gets
     --no-<flag> too, unless not `negatable`: then a plain switch). A list default is copied for each instance.
     `spec`: also a camelCase setting of the RAGServe CRD and the chart's values, with `schema`'s JSON-schema
-    keywords added to what the type and choices say (e.g. an enum checked after parsing)."""
+    keywords added to what the type and choices say (e.g. an enum checked after parsing). `repeat`: the flag
+    may be given several times (a list default, one `type` value each; its variable holds ';'-separated values)."""
     metadata = {"help": help, "group": group, "type": type, "choices": choices, "spec": spec, "schema": schema or {}}
     metadata["negatable"] = negatable
+    metadata["repeat"] = repeat
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -140,6 +145,8 @@ def add_options(parser: argparse.ArgumentParser, classes: tuple[type, ...], grou
 
 def _argparse_kwargs(f: dataclasses.Field) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"default": default_of(f), "help": f.metadata["help"]}
+    if f.metadata.get("repeat"):
+        kwargs["action"] = "append"  # argparse appends to a copy of the default
     if isinstance(f.default, bool):
         kwargs["action"] = argparse.BooleanOptionalAction if f.metadata["negatable"] else "store_true"
     for key in ("type", "choices"):

@@ -12,6 +12,8 @@ import socket
 from dataclasses import Field, dataclass
 
 from ragserve.engine_args import DEFAULT_MAX_BODY_BYTES, ENGINE_PORT
+from ragserve.external_engine import FORMAT as EXTERNAL_FORMAT
+from ragserve.external_engine import ExternalEngineSpec, external_engine
 from ragserve.flags import (
     GRPC_MAX_MESSAGE,
     PORT_SCHEMA,
@@ -53,6 +55,13 @@ class RouterConfig(FromArgs):
     drain_timeout: float = option(30.0, "seconds to finish in-flight requests", "serving", type=float)
     otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "serving")
     static_engines: list[str] = option([], "comma-separated OpenAI base URLs", "engines", type=url_list)
+    external_engine: list[ExternalEngineSpec] = option(
+        [], f"an unmodified vLLM engine routed from its KV events, {EXTERNAL_FORMAT} (repeatable)", "engines",
+        type=external_engine, repeat=True,
+    )  # fmt: skip
+    tokenizer: str | None = option(None, "external engines' tokenizer: a local model dir or .gguf", "engines")
+    external_block_size: int = option(16, "external engines' KV block size (vLLM --block-size)", "engines",
+                                      type=positive_int)  # fmt: skip
     k8s_selector: str | None = option(None, "discover ready pods by label selector", "engines")
     k8s_namespace: str | None = option(None, "namespace to watch (default: the pod's own)", "engines")
     k8s_port: int = option(ENGINE_PORT, "engine port unless annotated ragserve.io/port", "engines", type=int)
@@ -113,12 +122,16 @@ class RouterConfig(FromArgs):
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
             (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
             (self.work_weight >= 0, "--work-weight must be >= 0"),
+            (not self.external_engine or bool(self.tokenizer), "--external-engine needs --tokenizer"),
+            (self.external_block_size > 0, "--external-block-size must be positive"),
             (not self.redis or self.redis.startswith(("redis://", "rediss://", "unix://")), "--redis must be a URL"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         paths = (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file)
+        if self.tokenizer and not os.path.exists(self.tokenizer):
+            raise FileNotFoundError(f"--tokenizer: no such file or directory: {self.tokenizer}")
         for path in (*paths, self.registry_token_file):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"no such file: {path}")

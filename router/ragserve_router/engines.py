@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-GRPC, STATIC, K8S = "grpc", "static", "k8s"  # where the router learned of an engine
+GRPC, STATIC, K8S, EXTERNAL = "grpc", "static", "k8s", "external"  # where the router learned of an engine
+SOURCES = (GRPC, STATIC, K8S, EXTERNAL)
 CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"  # how an engine failed a request
 
 
@@ -55,8 +56,14 @@ class EngineRecord:
 
     @property
     def has_events(self) -> bool:
-        """Engines that registered over gRPC stream KV events: the exact index covers them."""
+        """A ragserve engine that registered over gRPC: it streams KV events and speaks ragserve's extensions."""
         return self.source == GRPC
+
+    @property
+    def has_exact_index(self) -> bool:
+        """The exact KV index covers it: a registered engine, or an external one followed from its vLLM events
+        (the pool's exact_index also checks that its follower did not refuse it)."""
+        return self.source in (GRPC, EXTERNAL)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

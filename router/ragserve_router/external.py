@@ -10,65 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ragserve.vllm_events import Cold, Received, ZmqEventSubscriber, offset_endpoint_port
+from ragserve.external_engine import ExternalEngineSpec  # parsed there: router_args imports no router code
+from ragserve.model_source import load_tokenizer as load_model_tokenizer
+from ragserve.model_source import resolve_model
+from ragserve.tokenizer import PromptTokenizer
+from ragserve.vllm_events import Cold, Received, ZmqEventSubscriber
+from ragserve_router.engines import EXTERNAL, EngineRecord, ModelSpec
 from ragserve_router.state import KVOp, RouterState
 from ragserve_router.vllm_index import BlockSizeMismatch, VllmIndexer
 
 log = logging.getLogger(__name__)
-FORMAT = "URL,events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,dp=N]"
-
-
-@dataclass(frozen=True)
-class ExternalEngineSpec:
-    url: str
-    events: str
-    replay: str | None = None
-    dp: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> ExternalEngineSpec:
-        url, *options = [part.strip() for part in text.split(",")]
-        if not url.startswith(("http://", "https://")) or "=" in url:
-            raise ValueError(f"--external-engine {text!r}: must start with the engine's http(s) URL ({FORMAT})")
-        values: dict[str, str] = {}
-        for option in options:
-            name, sep, value = option.partition("=")
-            if not sep or not value:
-                raise ValueError(f"--external-engine {text!r}: {option!r} is not NAME=VALUE ({FORMAT})")
-            if name not in ("events", "replay", "dp"):
-                raise ValueError(f"--external-engine {text!r}: unknown option {name!r} (events, replay, dp)")
-            if name in values:
-                raise ValueError(f"--external-engine {text!r}: {name} given twice")
-            values[name] = value
-        if "events" not in values:
-            raise ValueError(f"--external-engine {text!r}: events=tcp://HOST:PORT is required ({FORMAT})")
-        for name in ("events", "replay"):
-            if name in values:
-                _check_tcp(text, name, values[name])
-        dp = values.get("dp", "1")
-        if not dp.isdigit() or int(dp) < 1:
-            raise ValueError(f"--external-engine {text!r}: dp must be a positive integer, got {dp!r}")
-        return cls(url.rstrip("/"), values["events"], values.get("replay"), int(dp))
-
-    def endpoints(self) -> list[tuple[int, str, str | None]]:
-        """(rank, PUB endpoint, replay endpoint) per data-parallel rank, by vLLM's port + rank rule."""
-        out = []
-        for rank in range(self.dp):
-            events = offset_endpoint_port(self.events, rank)
-            assert events is not None
-            out.append((rank, events, offset_endpoint_port(self.replay, rank)))
-        return out
-
-    def index_ids(self, engine_id: str) -> list[str]:
-        """State engine ids of its ranks' GPU blocks: the engine id itself without data parallelism."""
-        return [engine_id] if self.dp == 1 else [f"{engine_id}/dp{rank}" for rank in range(self.dp)]
-
-
-def _check_tcp(text: str, name: str, endpoint: str) -> None:
-    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
-    if not endpoint.startswith("tcp://") or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--external-engine {text!r}: {name}={endpoint!r} must be tcp://HOST:PORT")
 
 
 async def apply_ops(state: RouterState, plan: dict[str, list[KVOp]], seq: int) -> None:
@@ -100,7 +53,7 @@ class RankFollower:
                 await self.handle(item)
         except BlockSizeMismatch as exc:
             self.refused = str(exc)
-            log.error("external engine refused: %s", exc)
+            log.error("external engine refused, routed on load (and routing history) only: %s", exc)
             await self._apply(self.indexer.cold(), 0)
         finally:
             self.ready.set()
@@ -141,3 +94,53 @@ def followers(
         indexer = VllmIndexer(index_id, model_id, block_size)
         out.append(RankFollower(indexer, ZmqEventSubscriber(events, replay), state))
     return out
+
+
+def load_tokenizer(path: str) -> PromptTokenizer:
+    """--tokenizer: a directory with tokenizer.json (a Hugging Face model directory) or a .gguf file."""
+    if (Path(path) / "tokenizer.json").is_file():
+        return PromptTokenizer.from_dir(path)
+    try:
+        return load_model_tokenizer(resolve_model(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise FileNotFoundError(f"--tokenizer {path}: not a directory with tokenizer.json or a .gguf file") from exc
+
+
+class ExternalEngines:
+    """This router's --external-engine engines: their pool records, the spec the router hashes their prompts
+    with, and the followers of their KV events (one task per data-parallel rank)."""
+
+    def __init__(self, specs: list[ExternalEngineSpec], tokenizer: PromptTokenizer, block_size: int) -> None:
+        fingerprint = tokenizer.fingerprint()
+        # the key root: the router keys both the events and the prompts, so it only has to be the same for both
+        self.spec = ModelSpec(f"external:{fingerprint}", block_size, fingerprint)
+        self.tokenizer = tokenizer
+        self.engines = {f"external-{i}": spec for i, spec in enumerate(specs)}
+        self.followers: dict[str, list[RankFollower]] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def records(self) -> list[EngineRecord]:
+        """Pool records (models and load come from their /v1/models and /metrics, as for static engines)."""
+        s = self.spec
+        return [
+            EngineRecord(e, spec.url, [], EXTERNAL, s.model_id, s.block_size, s.tokenizer_fingerprint)
+            for e, spec in self.engines.items()
+        ]
+
+    def exact_index(self, engine_id: str) -> bool:
+        """Its blocks are in the exact index under its own id: followed, one rank, not refused."""
+        ranks = self.followers.get(engine_id)
+        return bool(ranks) and len(ranks) == 1 and ranks[0].refused is None
+
+    def start(self, state: RouterState) -> None:
+        for engine_id, spec in self.engines.items():
+            ranks = followers(spec, engine_id, self.spec.model_id, self.spec.block_size, state)
+            self.followers[engine_id] = ranks
+            self._tasks += [asyncio.create_task(f.run(), name=f"follow-{f.indexer.index_id}") for f in ranks]
+            log.info("following external engine %s (%s) on %s", engine_id, spec.url, spec.events)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()

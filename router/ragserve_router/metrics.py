@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from ragserve.http.outcomes import Outcome
 from ragserve.metric_names import LATENCY_BUCKETS
-from ragserve_router.engines import CONNECT, GRPC, K8S, SERVER_ERROR, STATIC, TIMEOUT
+from ragserve_router.engines import CONNECT, SERVER_ERROR, SOURCES, TIMEOUT
 from ragserve_router.state import CLEARED, REMOVED, STORED
 
 REGISTRATION_REFUSALS = ("invalid", "tokenizer", "key_scheme", "tokenizer_fingerprint", "block_size")
@@ -98,7 +98,7 @@ class RouterMetrics:
             (self.registrations_refused, REGISTRATION_REFUSALS),
             (self.engines_dropped, DROP_REASONS),
             (self.kv_events, (STORED, REMOVED, CLEARED)),
-            (self.engines_registered, (GRPC, STATIC, K8S)),
+            (self.engines_registered, SOURCES),
             (self.migrations, ("resumed", "resent", "no_engine", "limit")),
         ):
             for value in values:

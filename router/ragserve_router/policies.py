@@ -66,6 +66,11 @@ def reported_queued_prompts(r: EngineRecord) -> int:
     return max(1, r.load.num_waiting)
 
 
+def indexed(r: EngineRecord) -> bool:
+    """Whether the exact KV index covers the engine (the pool also knows of refused external engines)."""
+    return r.has_exact_index
+
+
 def nothing_routed(r: EngineRecord, hashes: Sequence[bytes]) -> int:
     """No blocks known to be on their way to the engine (a router that does not track what it sent)."""
     return 0
@@ -86,6 +91,8 @@ class Context:
     queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts
     # leading blocks of a prompt that requests this replica sent the engine will leave there (no KV event yet)
     routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed
+    # whether the exact KV index covers the engine (registered engines, followed external ones)
+    exact_index: Callable[[EngineRecord], bool] = indexed
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -219,9 +226,10 @@ class KVAware(RoutingPolicy):
 
     async def _lookup(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, int]:
         state, cfg = self.ctx.state, self.cfg
-        with_events = [r.engine_id for r in cands if r.has_events] if key.exact else []
+        indexed = {r.engine_id: self.ctx.exact_index(r) for r in cands}
+        with_events = [e for e, yes in indexed.items() if yes] if key.exact else []
         exact = await state.match_exact(with_events, key.hashes) if with_events else {}
-        ttl = {r.engine_id: cfg.approx_pending_ttl if r.has_events else cfg.approx_ttl for r in cands}
+        ttl = {e: cfg.approx_pending_ttl if yes else cfg.approx_ttl for e, yes in indexed.items()}
         approx = await state.match_approx(ttl, key.hashes)
         return {r.engine_id: max(exact.get(r.engine_id, 0), approx.get(r.engine_id, 0)) for r in cands}
 
@@ -283,9 +291,10 @@ class Decider:
         queued: Callable[[EngineRecord], int] = reported_queued,
         routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed,
         queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts,
+        exact_index: Callable[[EngineRecord], bool] = indexed,
     ) -> None:
         self.store = StoreIndex(cfg)
-        ctx = Context(cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks)
+        ctx = Context(cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index)
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -19,7 +19,8 @@ import httpx
 
 from ragserve.prom_text import engine_load
 from ragserve.router_args import RouterConfig
-from ragserve_router.engines import CONNECT, GRPC, K8S, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
+from ragserve_router.engines import CONNECT, EXTERNAL, GRPC, SOURCES, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
+from ragserve_router.external import ExternalEngines
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.state import RouterState
 
@@ -106,8 +107,11 @@ class Slot:
 
 
 class EnginePool:
-    def __init__(self, cfg: RouterConfig, state: RouterState, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, cfg: RouterConfig, state: RouterState, metrics: RouterMetrics, external: ExternalEngines | None = None
+    ) -> None:
         self.cfg = cfg
+        self.external = external
         self.state = state
         self.metrics = metrics
         self.registered: dict[str, EngineRecord] = {}
@@ -120,6 +124,9 @@ class EnginePool:
         for i, url in enumerate(cfg.static_engines):
             self.discovered[f"static-{i}"] = EngineRecord(f"static-{i}", url, [], source=STATIC)
             self.health[f"static-{i}"] = Health(healthy=False)  # until the first probe answers
+        for record in external.records() if external else []:  # probed like static engines
+            self.discovered[record.engine_id] = record
+            self.health[record.engine_id] = Health(healthy=False)
 
     def all(self) -> list[EngineRecord]:
         urls = {r.url for r in self.registered.values()}
@@ -171,10 +178,19 @@ class EnginePool:
         return best
 
     def spec(self, model: str) -> ModelSpec | None:
+        """How the router hashes the model's prompts: as its registered engines do, else as for external ones."""
         for record in self.registered.values():
             if model in record.models:
                 return ModelSpec.of(record)
+        if self.external and any(r.source == EXTERNAL and model in r.models for r in self.discovered.values()):
+            return self.external.spec
         return None
+
+    def exact_index(self, record: EngineRecord) -> bool:
+        """The exact KV index covers the engine: registered, or external and followed (not refused)."""
+        if record.source == EXTERNAL:
+            return self.external is not None and self.external.exact_index(record.engine_id)
+        return record.has_exact_index
 
     def load(self, record: EngineRecord) -> float:
         """The engine's reported queue less our requests that finished since that report (a report taken while
@@ -206,7 +222,7 @@ class EnginePool:
     async def refresh(self) -> None:
         """Re-read registered engines from the shared state."""
         self.registered = {r.engine_id: r for r in await self.state.engines()}
-        for source in (GRPC, STATIC, K8S):
+        for source in SOURCES:
             count = sum(1 for r in self.all() if r.source == source)
             self.metrics.engines_registered.labels(source).set(count)
         self.metrics.engines_healthy.set(len(self.healthy()))

@@ -18,6 +18,7 @@ from ragserve.logs import setup_logging
 from ragserve.router_args import RouterConfig
 from ragserve_router.app import Gateway, create_app
 from ragserve_router.auth import RateLimiter, parse_keys_file
+from ragserve_router.external import ExternalEngines, load_tokenizer
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decider
@@ -45,6 +46,16 @@ async def make_state(cfg: RouterConfig) -> RouterState:
         await state.close()
         raise ValueError(f"cannot reach Redis at {redacted(cfg.redis)}")
     return state
+
+
+def external_engines(cfg: RouterConfig) -> ExternalEngines | None:
+    """The --external-engine engines, hashed with the --tokenizer (loaded now: a bad path fails the start)."""
+    if not cfg.external_engine:
+        return None
+    assert cfg.tokenizer is not None  # RouterConfig requires it with --external-engine
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    _ = tokenizer.tokenizer  # parse tokenizer.json now, not on the first request
+    return ExternalEngines(cfg.external_engine, tokenizer, cfg.external_block_size)
 
 
 class RouterServer(DrainingServer):
@@ -77,17 +88,27 @@ async def serve(cfg: RouterConfig) -> int:
         from ragserve_router.k8s import PodWatcher, parse_selector
 
         parse_selector(cfg.k8s_selector)  # a bad selector stops start-up with a clear error
+    external = external_engines(cfg)  # a bad --tokenizer stops start-up
     state = await make_state(cfg)
     metrics = RouterMetrics()
-    pool = EnginePool(cfg, state, metrics)
+    pool = EnginePool(cfg, state, metrics, external)
     tokenizers = Tokenizers(state)
+    if external:
+        tokenizers.add(external.spec.tokenizer_fingerprint, external.tokenizer)
     gateway = Gateway(
         cfg=cfg,
         state=state,
         pool=pool,
         tokenizers=tokenizers,
         decider=Decider(
-            cfg, state, pool.load, pool.kv_usage, pool.queued_prefill, pool.routed_blocks, pool.queued_prompts
+            cfg,
+            state,
+            pool.load,
+            pool.kv_usage,
+            pool.queued_prefill,
+            pool.routed_blocks,
+            pool.queued_prompts,
+            pool.exact_index,
         ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),
@@ -102,6 +123,8 @@ async def serve(cfg: RouterConfig) -> int:
     await pool.refresh()
     await pool.probe_due()
     tasks = [asyncio.create_task(pool.run())]
+    if external:
+        external.start(state)
     if cfg.k8s_selector:
         tasks.append(asyncio.create_task(PodWatcher(cfg, pool).run()))
 
@@ -135,6 +158,8 @@ async def serve(cfg: RouterConfig) -> int:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if external:
+            await external.stop()
         await grpc_server.stop(grace=1.0)
         for closer in (gateway.proxy.close, pool.close, state.close):
             with contextlib.suppress(Exception):

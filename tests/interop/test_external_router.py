@@ -1,0 +1,140 @@
+"""A real `ragserve router` routes unmodified-vLLM-like engines from their KV events (--external-engine):
+two `ragserve engine` processes with no --router publish vLLM's ZMQ events, the router follows them, and a
+RAG prompt an engine already prefilled (sent to it directly, so the router's own routing history knows
+nothing of it) goes back to that engine with reason prefix_hit and exactly the cached tokens it predicted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ragserve.vllm_events import BlockStored, ZmqEventSubscriber
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, EngineProc, start_engine
+from tests.helpers.net import free_port, free_ports
+from tests.helpers.process import Proc, start, until, wait_http
+from tests.helpers.tiny_models import tiny_model
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parents[2]
+BS = 16
+
+
+def rag_messages(doc: str) -> list[dict]:
+    return [
+        {"role": "system", "content": "Answer from the retrieved passages only."},
+        {"role": "user", "content": f"Passages ({doc}):\n{LONG_CONTEXT}\nQuestion: what does {doc} say?"},
+    ]
+
+
+def router_metrics(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def publishing_engine(tmp: Path) -> tuple[EngineProc, str, str]:
+    """A ragserve engine with no --router that publishes vLLM KV events on concrete loopback ports."""
+    pub_port, replay_port = free_ports(2)
+    pub, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    engine = start_engine(tmp, "--kv-events-config", json.dumps(config), "--kv-events-bind", "--device", "cpu")
+    return engine, pub, replay
+
+
+def start_router(tmp: Path, *flags: str) -> tuple[Proc, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--grpc-port", str(free_port()), "--registry-allow-unauthenticated", "--probe-interval", "0.5"]
+    argv += ["--approx-pending-ttl", "0", *flags]  # only the KV events can tell where a prompt is cached
+    path = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))
+    proc = start("router", argv, tmp / f"router-{port}.log", env={**os.environ, "PYTHONPATH": path})
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def published(pub: str, replay: str) -> int:
+    """BlockStored events the engine has published so far (replayed from its first batch)."""
+    sub = ZmqEventSubscriber(pub, replay)
+    try:
+        return sum(isinstance(ev, BlockStored) for item in await sub.catch_up() for ev in item.batch.events)
+    finally:
+        sub.close()
+
+
+def test_router_routes_external_engines_from_their_kv_events(tmp_path):
+    started = [publishing_engine(tmp_path) for _ in range(2)]
+    engines = [e for e, _, _ in started]
+    router = None
+    try:
+        for engine in engines:
+            engine.wait_ready(timeout=300)
+        flags = [f for e, pub, rep in started for f in ("--external-engine", f"{e.url},events={pub},replay={rep}")]
+        router, url = start_router(tmp_path, *flags, "--tokenizer", str(tiny_model("llama")))
+        wait_http(url + "/health", proc=router, timeout=60)
+        until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 2, timeout=60, what="engines healthy")
+
+        docs = ["doc-a", "doc-b"]
+        for doc, engine in zip(docs, engines, strict=True):  # each prompt prefilled on one engine, directly
+            body = {"model": MODEL_NAME, "messages": rag_messages(doc), "max_tokens": 1, "temperature": 0}
+            assert httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
+        for _, pub, rep in started:  # the engines have sent the prompts' blocks...
+            until(lambda: asyncio.run(published(pub, rep)) >= 1, timeout=30, what="BlockStored published")  # noqa: B023
+        time.sleep(2.0)  # ...and the router's followers apply them (loopback ZMQ, in-memory state): ms, not s
+
+        for doc, expected in zip(docs, ("external-0", "external-1"), strict=True):
+            before = router_metrics(url)
+            body = {"model": MODEL_NAME, "messages": rag_messages(doc), "max_tokens": 1, "temperature": 0}
+            resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-ragserve-engine"] == expected
+            cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            after = router_metrics(url)
+            hits = "ragserve_router_routing_decisions_total"
+            assert value(after, hits, policy="kv_aware", reason="prefix_hit") == 1 + value(
+                before, hits, policy="kv_aware", reason="prefix_hit"
+            )
+            predicted = "ragserve_router_predicted_cached_tokens_total"
+            delta = value(after, predicted, engine=expected) - value(before, predicted, engine=expected)
+            assert cached > 10 * BS and delta == cached, (delta, cached)
+    finally:
+        if router is not None:
+            router.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def test_wrong_block_size_is_refused_and_routed_on_load(tmp_path):
+    engine, pub, rep = publishing_engine(tmp_path)
+    router = None
+    try:
+        engine.wait_ready(timeout=300)
+        flags = ["--external-engine", f"{engine.url},events={pub},replay={rep}", "--external-block-size", "32"]
+        router, url = start_router(tmp_path, *flags, "--tokenizer", str(tiny_model("llama")))
+        wait_http(url + "/health", proc=router, timeout=60)
+        until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, timeout=60, what="engine healthy")
+        body = {"model": MODEL_NAME, "messages": rag_messages("doc-c"), "max_tokens": 1, "temperature": 0}
+        refusal = "publishes blocks of 16 tokens but the pool hashes 32-token blocks"
+        for _ in range(2):  # the first one's BlockStored makes the follower refuse the engine; it is still routed
+            resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+            assert resp.status_code == 200 and resp.headers["x-ragserve-engine"] == "external-0", resp.text
+            until(lambda: refusal in router.log.read_text(), timeout=30, what="the refusal logged")
+        assert "routed on load (and routing history) only" in router.log.read_text()
+        assert "run vLLM with --block-size 32" in router.log.read_text()
+    finally:
+        if router is not None:
+            router.stop()
+        engine.stop()
