@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class RankFollower:
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set once the catch-up replay is done
 
     stale: bool = False  # an apply failed (state unreachable): the engine is cleared before the next batch
+    applied: Callable[[list[KVOp]], None] = lambda ops: None  # ops in the state (the router's kv_events counter)
 
     async def run(self) -> None:
         await self._apply(self.indexer.cold(), 0)  # whatever the state held came from another process
@@ -74,6 +76,8 @@ class RankFollower:
         """Apply ops; on a state failure the ops are lost, so the engine is marked stale (cleared later)."""
         try:
             await apply_ops(self.state, plan, seq)
+            for ops in plan.values():
+                self.applied(ops)
         except Exception as exc:
             if not self.stale:
                 log.warning(
@@ -86,13 +90,21 @@ class RankFollower:
 
 
 def followers(
-    spec: ExternalEngineSpec, engine_id: str, model_id: str, block_size: int, state: RouterState
+    spec: ExternalEngineSpec,
+    engine_id: str,
+    model_id: str,
+    block_size: int,
+    state: RouterState,
+    applied: Callable[[list[KVOp]], None] | None = None,
 ) -> list[RankFollower]:
     """One follower per data-parallel rank of an external engine (start each one's run() as a task)."""
     out = []
     for (_, events, replay), index_id in zip(spec.endpoints(), spec.index_ids(engine_id), strict=True):
         indexer = VllmIndexer(index_id, model_id, block_size)
-        out.append(RankFollower(indexer, ZmqEventSubscriber(events, replay), state))
+        follower = RankFollower(indexer, ZmqEventSubscriber(events, replay), state)
+        if applied is not None:
+            follower.applied = applied
+        out.append(follower)
     return out
 
 
@@ -132,9 +144,10 @@ class ExternalEngines:
         ranks = self.followers.get(engine_id)
         return bool(ranks) and len(ranks) == 1 and ranks[0].refused is None
 
-    def start(self, state: RouterState) -> None:
+    def start(self, state: RouterState, applied: Callable[[list[KVOp]], None] | None = None) -> None:
+        """Follow every engine; applied(ops) after each batch of ops reaches the state."""
         for engine_id, spec in self.engines.items():
-            ranks = followers(spec, engine_id, self.spec.model_id, self.spec.block_size, state)
+            ranks = followers(spec, engine_id, self.spec.model_id, self.spec.block_size, state, applied)
             self.followers[engine_id] = ranks
             self._tasks += [asyncio.create_task(f.run(), name=f"follow-{f.indexer.index_id}") for f in ranks]
             log.info("following external engine %s (%s) on %s", engine_id, spec.url, spec.events)

@@ -114,6 +114,11 @@ class RouterMetrics:
         ):
             self.predicted_tokens.labels(engine_id, source).inc(tokens)
 
+    def count_kv_ops(self, ops: Iterable) -> None:
+        """KV-index ops applied (a registered engine's events, or an external engine's vLLM events)."""
+        for op in ops:
+            self.kv_events.labels(op.kind).inc()
+
     def count(self, outcome: Outcome) -> None:
         """One answer (ragserve.http.outcomes.CountResponses)."""
         model, engine, policy = (outcome.state.get(k, "") for k in ("model", "engine", "policy"))

@@ -119,8 +119,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             ops, new_seq = plan_events(last, batch.events)
             if new_seq != last:
                 await self.state.apply(engine_id, ops, new_seq)
-                for op in ops:
-                    self.metrics.kv_events.labels(op.kind).inc()
+                self.metrics.count_kv_ops(ops)
             yield registry_pb2.KVEventAck(acked_seq=new_seq)
 
     @state_errors_unavailable

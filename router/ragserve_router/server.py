@@ -124,7 +124,7 @@ async def serve(cfg: RouterConfig) -> int:
     await pool.probe_due()
     tasks = [asyncio.create_task(pool.run())]
     if external:
-        external.start(state)
+        external.start(state, metrics.count_kv_ops)
     if cfg.k8s_selector:
         tasks.append(asyncio.create_task(PodWatcher(cfg, pool).run()))
 

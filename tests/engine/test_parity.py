@@ -14,8 +14,11 @@ MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool, preemption):
-    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference.
+def _regimes(
+    path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool, preemption, chunked_swap: bool
+):
+    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference. chunked_swap: the
+    chunked-prefill regime also runs in the pool too small for all, preempting by swap.
 
     They run eager: the base LLM already checks the compiled path against the reference, and compiled ==
     eager has its own tests (tests/engine/test_decode_graphs.py); here what varies is the scheduling.
@@ -28,10 +31,14 @@ def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_pref
     shared = dict(loaded_model=base.engine.runner.model, enforce_eager=True)
     if no_prefix_caching:
         yield "no-prefix-caching", LLM(path, enable_prefix_caching=False, num_gpu_blocks=512, **shared)
-    yield f"chunked-prefill-{chunk}", LLM(path, max_num_batched_tokens=chunk, num_gpu_blocks=512, **shared)
     # without prefix caching: chat prompts share the template's first blocks, and a prompt waits for a running
     # prefill of a block it shares (in-batch prefix sharing), so with it the pool would not run out
     tight = dict(num_gpu_blocks=tiny_pool, enable_prefix_caching=False, **shared)
+    if chunked_swap:
+        chunked = LLM(path, max_num_batched_tokens=chunk, preemption_mode="swap", swap_space=0.5, **tight)
+        yield f"chunked-prefill-{chunk}-preempt-swap", chunked
+    else:
+        yield f"chunked-prefill-{chunk}", LLM(path, max_num_batched_tokens=chunk, num_gpu_blocks=512, **shared)
     for mode in preemption:
         yield f"preempt-{mode}", LLM(path, preemption_mode=mode, swap_space=0.5, **tight)
 
@@ -44,6 +51,7 @@ def run_parity(
     no_prefix_caching: bool = True,
     loaded_model=None,
     preemption: tuple[str, ...] = ("recompute", "swap"),
+    chunked_swap: bool = False,
 ) -> None:
     """`chunk`: the chunked-prefill regime's step budget; the longest prompts need several chunks.
     `no_prefix_caching=False` drops that regime where the cold pass, asserted hit-free, already ran it.
@@ -62,13 +70,13 @@ def run_parity(
         assert o.outputs[0].token_ids == first.outputs[0].token_ids
         assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
     assert base.engine.kv_manager.stats.hits > 0
-    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching, preemption):
+    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching, preemption, chunked_swap):
         outs = llm.generate(prompts, GREEDY)
         for o, first in zip(outs, again, strict=True):
             assert o.outputs[0].token_ids == first.outputs[0].token_ids, label
-        if label.startswith("preempt"):
+        if "preempt" in label:
             assert llm.engine.scheduler.num_preemptions > 0, label
-        if label == "preempt-swap":  # every preemption swapped out and back in, none recomputed
+        if label.endswith("preempt-swap"):  # every preemption swapped out and back in, none recomputed
             swap = llm.engine.kv_manager.swap
             assert swap.num_swap_outs == swap.num_swap_ins == llm.engine.scheduler.num_preemptions, label
         assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks, label
@@ -129,10 +137,11 @@ def test_smollm2_gguf_parity_at_rag_length(smollm2):
     assert all(1900 <= len(p) <= 2600 for p in prompts), [len(p) for p in prompts]
     # 512-token chunks: still 4-5 chunks a prompt, each attending to the KV cache of the ones before. The two
     # prompts share no block, so the cold pass computed what no-prefix-caching would (that regime runs above)
-    # Preemption by swap only: by recompute, two such prompts in a pool one block short thrash (6 preemptions,
-    # each recomputing ~2,000 tokens: 54 s), and recompute runs the prefill path the chunked regime just checked
-    # (the short prompts' regimes check recompute preemption itself)
-    regimes = dict(chunk=512, no_prefix_caching=False, preemption=("swap",))
+    # Preemption by swap only, in the chunked regime's own run (one prefill of both prompts fewer): by
+    # recompute, two such prompts in a pool one block short thrash (6 preemptions, each recomputing ~2,000
+    # tokens: 54 s), and recompute runs the prefill path the chunked regime checks (the short prompts' regimes
+    # check recompute preemption itself)
+    regimes = dict(chunk=512, no_prefix_caching=False, preemption=(), chunked_swap=True)
     run_parity("smollm2-135m", hf, prompts, loaded_model=model, **regimes)
 
 

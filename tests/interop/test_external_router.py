@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -93,7 +92,12 @@ def test_router_routes_external_engines_from_their_kv_events(tmp_path):
             assert httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
         for _, pub, rep in started:  # the engines have sent the prompts' blocks...
             until(lambda: asyncio.run(published(pub, rep)) >= 1, timeout=30, what="BlockStored published")  # noqa: B023
-        time.sleep(2.0)  # ...and the router's followers apply them (loopback ZMQ, in-memory state): ms, not s
+        stored = sum(asyncio.run(published(pub, rep)) for _, pub, rep in started)
+
+        def applied() -> bool:  # ...and the router's followers applied every one (one stored op each)
+            return value(router_metrics(url), "ragserve_router_kv_events_total", kind="stored") >= stored
+
+        until(applied, timeout=30, what="the router applied the engines' BlockStored events")
 
         for doc, expected in zip(docs, ("external-0", "external-1"), strict=True):
             before = router_metrics(url)
