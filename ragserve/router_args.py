@@ -63,6 +63,9 @@ class RouterConfig(FromArgs):
     external_block_size: int = option(16, "external engines' KV block size (vLLM --block-size)", "engines",
                                       type=positive_int)  # fmt: skip
     k8s_selector: str | None = option(None, "discover ready pods by label selector", "engines")
+    external_k8s_selector: str | None = option(
+        None, "discover ready external (vLLM) engine pods by label selector, routed from their KV events", "engines"
+    )
     k8s_namespace: str | None = option(None, "namespace to watch (default: the pod's own)", "engines")
     k8s_port: int = option(ENGINE_PORT, "engine port unless annotated ragserve.io/port", "engines", type=int)
     engine_api_key: str | None = option(None, "API key the router sends to engines", "engines")
@@ -123,6 +126,7 @@ class RouterConfig(FromArgs):
             (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
             (self.work_weight >= 0, "--work-weight must be >= 0"),
             (not self.external_engine or bool(self.tokenizer), "--external-engine needs --tokenizer"),
+            (not self.external_k8s_selector or bool(self.tokenizer), "--external-k8s-selector needs --tokenizer"),
             (self.external_block_size > 0, "--external-block-size must be positive"),
             (not self.redis or self.redis.startswith(("redis://", "rediss://", "unix://")), "--redis must be a URL"),
         ]

@@ -72,6 +72,10 @@ class RankFollower:
         self.batches += 1
         await self._apply(self.indexer.events(item.batch.events), item.seq + 1)
 
+    async def clear(self) -> bool:
+        """Forget the engine's blocks (it is gone); False if the state could not be written."""
+        return await self._apply(self.indexer.cold(), 0)
+
     async def _apply(self, plan: dict[str, list[KVOp]], seq: int) -> bool:
         """Apply ops; on a state failure the ops are lost, so the engine is marked stale (cleared later)."""
         try:
@@ -119,8 +123,9 @@ def load_tokenizer(path: str) -> PromptTokenizer:
 
 
 class ExternalEngines:
-    """This router's --external-engine engines: their pool records, the spec the router hashes their prompts
-    with, and the followers of their KV events (one task per data-parallel rank)."""
+    """This router's external engines (--external-engine, and pods found by --external-k8s-selector): their
+    pool records, the spec the router hashes their prompts with, and the followers of their KV events (one
+    task per data-parallel rank)."""
 
     def __init__(self, specs: list[ExternalEngineSpec], tokenizer: PromptTokenizer, block_size: int) -> None:
         fingerprint = tokenizer.fingerprint()
@@ -129,15 +134,20 @@ class ExternalEngines:
         self.tokenizer = tokenizer
         self.engines = {f"external-{i}": spec for i, spec in enumerate(specs)}
         self.followers: dict[str, list[RankFollower]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[str, list[asyncio.Task]] = {}
+        self._clearing: dict[str, asyncio.Task] = {}  # a removed engine's index being cleared
+        self._state: RouterState | None = None
+        self._applied: Callable[[list[KVOp]], None] | None = None
+
+    def record(self, engine_id: str) -> EngineRecord:
+        """Its pool record (models and load come from its /v1/models and /metrics, as for static engines)."""
+        s = self.spec
+        return EngineRecord(
+            engine_id, self.engines[engine_id].url, [], EXTERNAL, s.model_id, s.block_size, s.tokenizer_fingerprint
+        )
 
     def records(self) -> list[EngineRecord]:
-        """Pool records (models and load come from their /v1/models and /metrics, as for static engines)."""
-        s = self.spec
-        return [
-            EngineRecord(e, spec.url, [], EXTERNAL, s.model_id, s.block_size, s.tokenizer_fingerprint)
-            for e, spec in self.engines.items()
-        ]
+        return [self.record(e) for e in self.engines]
 
     def exact_index(self, engine_id: str) -> bool:
         """Its blocks are in the exact index under its own id: followed, one rank, not refused."""
@@ -146,14 +156,65 @@ class ExternalEngines:
 
     def start(self, state: RouterState, applied: Callable[[list[KVOp]], None] | None = None) -> None:
         """Follow every engine; applied(ops) after each batch of ops reaches the state."""
-        for engine_id, spec in self.engines.items():
-            ranks = followers(spec, engine_id, self.spec.model_id, self.spec.block_size, state, applied)
-            self.followers[engine_id] = ranks
-            self._tasks += [asyncio.create_task(f.run(), name=f"follow-{f.indexer.index_id}") for f in ranks]
-            log.info("following external engine %s (%s) on %s", engine_id, spec.url, spec.events)
+        self._state, self._applied = state, applied
+        for engine_id in self.engines:
+            self._follow(engine_id)
+
+    def _follow(self, engine_id: str) -> None:
+        assert self._state is not None
+        spec = self.engines[engine_id]
+        ranks = followers(spec, engine_id, self.spec.model_id, self.spec.block_size, self._state, self._applied)
+        self.followers[engine_id] = ranks
+        clearing = self._clearing.get(engine_id)
+        self._tasks[engine_id] = [
+            asyncio.create_task(_after(clearing, f), name=f"follow-{f.indexer.index_id}") for f in ranks
+        ]
+        log.info("following external engine %s (%s) on %s", engine_id, spec.url, spec.events)
+
+    def add(self, engine_id: str, spec: ExternalEngineSpec) -> EngineRecord:
+        """A new engine (a discovered pod), followed from now on if start() was called; its pool record."""
+        if engine_id in self.engines:
+            self.remove(engine_id)
+        self.engines[engine_id] = spec
+        if self._state is not None:
+            self._follow(engine_id)
+        return self.record(engine_id)
+
+    def remove(self, engine_id: str) -> asyncio.Task | None:
+        """Stop following the engine and clear its blocks from the index (a task; a re-add waits for it)."""
+        self.engines.pop(engine_id, None)
+        ranks = self.followers.pop(engine_id, [])
+        tasks = self._tasks.pop(engine_id, [])
+        for task in tasks:
+            task.cancel()
+        if not ranks:
+            return None
+        previous = self._clearing.get(engine_id)
+
+        async def clear() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for rank in ranks:
+                rank.subscriber.close()  # its run() closes it, unless cancelled before it started
+                await rank.clear()
+            log.info("external engine %s removed, its KV index cleared", engine_id)
+
+        task = asyncio.create_task(clear(), name=f"clear-{engine_id}")
+        self._clearing[engine_id] = task
+        task.add_done_callback(lambda t: self._clearing.get(engine_id) is t and self._clearing.pop(engine_id))
+        return task
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [t for ts in self._tasks.values() for t in ts]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._clearing.values(), return_exceptions=True)
         self._tasks.clear()
+
+
+async def _after(previous: asyncio.Task | None, follower: RankFollower) -> None:
+    """Run a follower once the previous follower of the same engine id has cleared its index."""
+    if previous is not None:
+        await asyncio.gather(previous, return_exceptions=True)
+    await follower.run()

@@ -49,10 +49,11 @@ async def make_state(cfg: RouterConfig) -> RouterState:
 
 
 def external_engines(cfg: RouterConfig) -> ExternalEngines | None:
-    """The --external-engine engines, hashed with the --tokenizer (loaded now: a bad path fails the start)."""
-    if not cfg.external_engine:
+    """The --external-engine engines (and those --external-k8s-selector finds later), hashed with the
+    --tokenizer (loaded now: a bad path fails the start)."""
+    if not cfg.external_engine and not cfg.external_k8s_selector:
         return None
-    assert cfg.tokenizer is not None  # RouterConfig requires it with --external-engine
+    assert cfg.tokenizer is not None  # RouterConfig requires it with --external-engine or --external-k8s-selector
     tokenizer = load_tokenizer(cfg.tokenizer)
     _ = tokenizer.tokenizer  # parse tokenizer.json now, not on the first request
     return ExternalEngines(cfg.external_engine, tokenizer, cfg.external_block_size)
@@ -84,10 +85,11 @@ async def serve(cfg: RouterConfig) -> int:
     tracing.setup(cfg.otlp_traces_endpoint, "ragserve-router")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
     keys = parse_keys_file(cfg.api_keys_file) if cfg.api_keys_file else None
-    if cfg.k8s_selector:
-        from ragserve_router.k8s import PodWatcher, parse_selector
+    if cfg.k8s_selector or cfg.external_k8s_selector:
+        from ragserve_router.k8s import ExternalPodWatcher, PodWatcher, parse_selector
 
-        parse_selector(cfg.k8s_selector)  # a bad selector stops start-up with a clear error
+        for selector in filter(None, (cfg.k8s_selector, cfg.external_k8s_selector)):
+            parse_selector(selector)  # a bad selector stops start-up with a clear error
     external = external_engines(cfg)  # a bad --tokenizer stops start-up
     state = await make_state(cfg)
     metrics = RouterMetrics()
@@ -127,6 +129,9 @@ async def serve(cfg: RouterConfig) -> int:
         external.start(state, metrics.count_kv_ops)
     if cfg.k8s_selector:
         tasks.append(asyncio.create_task(PodWatcher(cfg, pool).run()))
+    if cfg.external_k8s_selector:
+        assert external is not None
+        tasks.append(asyncio.create_task(ExternalPodWatcher(cfg, pool, external).run()))
 
     def on_drain() -> None:
         asyncio.ensure_future(grpc_health.enter_graceful_shutdown())
