@@ -22,6 +22,9 @@ class RouterLaunch:
     log_level: str | None = None
     redis: str | None = None  # redis:// URL of the shared state
     static_engines: tuple[str, ...] = ()  # engine base URLs
+    external_engines: tuple[str, ...] = ()  # --external-engine values (URL,events=tcp://...), one per vLLM pod
+    tokenizer: str | None = None  # the external engines' tokenizer (a dir with tokenizer.json, or a .gguf)
+    external_block_size: int | None = None  # their KV block size (vLLM --block-size)
     k8s_selector: str | None = None  # discover engine pods by label selector ...
     k8s_namespace: str | None = None  # ... in this namespace
     max_body_bytes: int | str | None = None
@@ -43,6 +46,8 @@ def router_command(launch: RouterLaunch) -> list[str]:
     args = ["router", *arg("host", r.host), *arg("port", r.port), *arg("grpc_port", r.grpc_port)]
     args += arg("policy", r.policy) + arg("log_level", r.log_level) + arg("redis", r.redis)
     args += arg("static_engines", ",".join(r.static_engines))
+    args += [a for spec in r.external_engines for a in arg("external_engine", spec)]
+    args += arg("tokenizer", r.tokenizer) + arg("external_block_size", r.external_block_size)
     args += arg("k8s_selector", r.k8s_selector) + arg("k8s_namespace", r.k8s_namespace)
     args += arg("max_body_bytes", r.max_body_bytes) + arg("drain_delay", r.drain_delay)
     args += arg("drain_timeout", r.drain_timeout) + serving_tls_flags(r.tls)

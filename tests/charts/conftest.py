@@ -149,6 +149,26 @@ SCENARIOS: dict[str, dict] = {
             "grafanaDashboard": {"enabled": True},
         },
     },
+    "vllm-mixed": {
+        "router": {"tokenizer": {"path": "/tokenizer/llama", "pvc": {"claimName": "models", "subPath": "llama"}}},
+        "engines": [
+            {"name": "small", "model": "smollm2-135m"},
+            {
+                "name": "llama",
+                "runtime": "vllm",
+                "model": "/models/llama-3.1-8b-instruct",
+                "servedModelName": "llama-3.1-8b",
+                "replicas": 2,
+                "gpus": 2,
+                "modelSource": {"type": "pvc", "pvc": {"claimName": "models", "subPath": "llama"}},
+                "vllm": {"blockSize": 32, "extraArgs": ["--max-model-len", "8192"]},
+                "resources": {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"memory": "64Gi"}},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "pdb": {"enabled": True},
+            },
+        ],
+        "monitoring": {"monitors": {"enabled": True}},
+    },
     "operator": {"operator": {"enabled": True}},
     "operator-only": {
         "operator": {"enabled": True, "watchNamespace": "teams"},

@@ -9,6 +9,7 @@ from ragserve.command_line import TLSFiles
 from ragserve.router_command import RouterLaunch, router_command
 from tests.charts.conftest import NAMESPACE, RELEASE
 from tests.charts.test_engine_command import DEFAULTS, FULLNAME, merged, redis_url, rendered_args, serving_tls, tls
+from tests.charts.test_vllm_pool import vllm_block_size, vllm_external_engines
 
 EXTRA = {
     "everything": {
@@ -55,6 +56,9 @@ def expected(values: dict) -> list[str]:
         log_level=values["logLevel"],
         redis=redis_url(values, 0),
         static_engines=tuple(r["staticEngines"]),
+        external_engines=tuple(vllm_external_engines(values)),
+        tokenizer=r["tokenizer"]["path"] if vllm_external_engines(values) else None,
+        external_block_size=vllm_block_size(values),
         k8s_selector=f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=engine" if discover else None,
         k8s_namespace=NAMESPACE if discover else None,
         max_body_bytes=r["maxBodyBytes"],

@@ -88,6 +88,70 @@
 {{- end -}}
 {{- $_ := set $names $p.name true -}}
 {{- end -}}
+{{- include "ragserve.validateVllm" . -}}
+{{- end }}
+
+{{/* runtime: vllm pools: the runtime is known, each has GPUs and a fixed replica count, the router has their
+tokenizer, and they share one block size (the router's one --external-block-size). */}}
+{{- define "ragserve.validateVllm" -}}
+{{- $sizes := dict -}}
+{{- range $p := (include "ragserve.pools" . | fromYaml).pools -}}
+{{- if not (has $p.runtime (list "ragserve" "vllm")) -}}
+{{- fail (printf "engines[%s].runtime must be ragserve or vllm, got %q" $p.name (toString $p.runtime)) -}}
+{{- end -}}
+{{- if eq $p.runtime "vllm" -}}
+{{- if lt (int $p.gpus) 1 -}}
+{{- fail (printf "engines[%s]: runtime vllm needs gpus >= 1 (the vllm/vllm-openai image is CUDA)" $p.name) -}}
+{{- end -}}
+{{- if ne $p.autoscaling.mode "none" -}}
+{{- fail (printf "engines[%s]: runtime vllm pools cannot autoscale (the router names every replica): set autoscaling.mode=none and scale with replicas" $p.name) -}}
+{{- end -}}
+{{- if eq $p.modelSource.type "image" -}}
+{{- fail (printf "engines[%s]: runtime vllm takes modelSource none, pvc or hostPath, not image" $p.name) -}}
+{{- end -}}
+{{- if and $.Values.router.enabled (not $.Values.router.tokenizer.path) -}}
+{{- fail (printf "engines[%s]: runtime vllm needs router.tokenizer.path (the model's tokenizer.json dir or .gguf, for the router's --tokenizer)" $p.name) -}}
+{{- end -}}
+{{- $_ := set $sizes (toString (int $p.vllm.blockSize)) $p.name -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (len $sizes) 1 -}}
+{{- fail (printf "engines: runtime vllm pools need one vllm.blockSize (the router has one --external-block-size), got %s" (keys $sizes | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- end }}
+
+{{/* "true" when some pool has runtime ragserve (the engine NetworkPolicy and PodMonitor select those pods). */}}
+{{- define "ragserve.hasRagservePool" -}}
+{{- range (include "ragserve.pools" . | fromYaml).pools }}{{ if ne .runtime "vllm" }}true{{ end }}{{ end }}
+{{- end }}
+
+{{- define "ragserve.vllmName" -}}
+{{- include "ragserve.component" (list (index . 0) (printf "vllm-%s" (index . 1).name)) }}
+{{- end }}
+
+{{- define "ragserve.vllmSelectorLabels" -}}
+{{ include "ragserve.selectorLabels" (list (index . 0) "vllm") }}
+ragserve.dev/pool: {{ (index . 1).name }}
+{{- end }}
+
+{{/* ragserve.externalEngines: `--external-engine` values, one per replica of every runtime: vllm pool, by the
+StatefulSet pods' DNS names (URL,events=tcp://HOST:PORT,replay=tcp://HOST:PORT), as a YAML list under "engines";
+"blockSize" is the pools' vllm.blockSize (null when there is none). */}}
+{{- define "ragserve.externalEngines" -}}
+{{- $out := list -}}
+{{- $block := "" -}}
+{{- range $p := (include "ragserve.pools" . | fromYaml).pools -}}
+{{- if eq $p.runtime "vllm" -}}
+{{- $name := include "ragserve.vllmName" (list $ $p) -}}
+{{- $svc := include "ragserve.svcHost" (list $ $name) -}}
+{{- $block = int $p.vllm.blockSize -}}
+{{- range $i := until (int $p.replicas) -}}
+{{- $host := printf "%s-%d.%s" $name $i $svc -}}
+{{- $out = append $out (printf "http://%s:%d,events=tcp://%s:%d,replay=tcp://%s:%d" $host (int $p.vllm.port) $host (int $p.vllm.eventsPort) $host (int $p.vllm.replayPort)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "engines" $out "blockSize" $block) }}
 {{- end }}
 
 {{/* ragserve.pools: the engine pools with engineDefaults merged in, as a YAML list. */}}

@@ -11,6 +11,14 @@
 {{- include "ragserve.arg" (list "--log-level" .Values.logLevel) }}
 {{- include "ragserve.redisArgs" (list . 0) }}
 {{- include "ragserve.arg" (list "--static-engines" (join "," $r.staticEngines)) }}
+{{- $ext := include "ragserve.externalEngines" . | fromYaml }}
+{{- range $ext.engines }}
+{{- include "ragserve.arg" (list "--external-engine" .) }}
+{{- end }}
+{{- if $ext.engines }}
+{{- include "ragserve.arg" (list "--tokenizer" $r.tokenizer.path) }}
+{{- include "ragserve.arg" (list "--external-block-size" $ext.blockSize) }}
+{{- end }}
 {{- if $r.kubernetesDiscovery.enabled }}
 {{- include "ragserve.arg" (list "--k8s-selector" (printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=engine" .Release.Name)) }}
 {{- include "ragserve.arg" (list "--k8s-namespace" .Release.Namespace) }}
