@@ -4,7 +4,8 @@ For a prompt of P tokens and a candidate engine:
 
     local    = tokens its own prefix cache holds (exact KV index, else routing history), or will
                hold once a prompt this router sent it moments ago is prefilled
-    fetched  = further tokens the cachestore holds, if the engine uses that store
+    fetched  = further tokens the cachestore holds, if the engine uses that store, or that the
+               engine itself offloaded to CPU or disk (external engines' KV events), whichever is more
     computed = P - local - fetched                  (the last token is always computed)
     queued   = prefill tokens already waiting on it (its heartbeat, plus what this router
                sent it since that heartbeat: pool.queued_prefill), in `prompts` prompts
@@ -21,7 +22,8 @@ tokens: ahead = min(queued, steps x that).
 
 prefill_rate, step_time (at the engine's decode batch when it reported), seq_time (what each
 further decoding sequence adds to a step) and fetch_time (per block) are measured by each engine
-and arrive with its heartbeat; what an engine has not measured yet comes from the fleet's median,
+and arrive with its heartbeat (offloaded blocks load at MEDIUM_LOAD_FRACTION of a block's prefill
+instead of fetch_time); what an engine has not measured yet comes from the fleet's median,
 else a default. "decoding now" is the router's view of the requests active on it.
 
 Decode figures are compared like with like: the heartbeat says which steps they were timed on
@@ -40,7 +42,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ragserve.keys import cacheable_blocks
 from ragserve.v1 import registry_pb2
@@ -52,6 +54,9 @@ DEFAULT_SEQ_S = 0.006
 DEFAULT_OUTPUT_TOKENS = 128  # requests without max_tokens
 DEFAULT_STEP_TOKEN_BUDGET = 2048
 DEFAULT_FETCH_FRACTION = 0.5  # a block's fetch cost relative to prefilling it, until an engine measured one
+# Loading a block an engine offloaded (vLLM's KV events say which medium holds it) relative to prefilling it:
+# dearer than a GPU-resident block (0), cheaper than recomputing (1); media not listed cost DEFAULT_FETCH_FRACTION.
+MEDIUM_LOAD_FRACTION = {"CPU": 0.1, "DISK": 0.3}
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,12 @@ def prefill_ahead(computed: int, queued: int, prompts: int, speed: Speed) -> tup
     steps = max(1, math.ceil(computed / cap))
     per_step = min(max(1, prompts) * cap, budget - min(cap, computed))
     return min(queued, steps * per_step), steps
+
+
+def offload_speed(speed: Speed, medium: str, block_size: int) -> Speed:
+    """The engine's speed with its fetch figure replaced by loading one block from `medium`."""
+    fraction = MEDIUM_LOAD_FRACTION.get(medium.upper(), DEFAULT_FETCH_FRACTION)
+    return replace(speed, fetch_s_per_block=fraction * max(block_size, 1) / speed.prefill_tokens_per_s)
 
 
 def output_tokens(body: dict) -> int:

@@ -154,6 +154,12 @@ class ExternalEngines:
         ranks = self.followers.get(engine_id)
         return bool(ranks) and len(ranks) == 1 and ranks[0].refused is None
 
+    def offload_tiers(self, engine_id: str) -> list[tuple[str, str]]:
+        """(state id, medium) of each non-GPU medium its events have put blocks in (exact-index engines)."""
+        if not self.exact_index(engine_id):
+            return []
+        return self.followers[engine_id][0].indexer.offload_tiers()
+
     def start(self, state: RouterState, applied: Callable[[list[KVOp]], None] | None = None) -> None:
         """Follow every engine; applied(ops) after each batch of ops reaches the state."""
         self._state, self._applied = state, applied

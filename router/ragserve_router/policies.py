@@ -17,7 +17,7 @@ from typing import ClassVar
 from ragserve.chunks import chunk_record_keys
 from ragserve.keys import cacheable_blocks
 from ragserve.router_args import POLICIES, RouterConfig
-from ragserve_router.cost_model import Prediction, calibrate, output_tokens, predict
+from ragserve_router.cost_model import Prediction, calibrate, offload_speed, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
@@ -71,6 +71,11 @@ def indexed(r: EngineRecord) -> bool:
     return r.has_exact_index
 
 
+def no_offload(r: EngineRecord) -> list[tuple[str, str]]:
+    """No blocks offloaded off the engine's GPU that the index tracks (registered engines)."""
+    return []
+
+
 def nothing_routed(r: EngineRecord, hashes: Sequence[bytes]) -> int:
     """No blocks known to be on their way to the engine (a router that does not track what it sent)."""
     return 0
@@ -93,6 +98,8 @@ class Context:
     routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed
     # whether the exact KV index covers the engine (registered engines, followed external ones)
     exact_index: Callable[[EngineRecord], bool] = indexed
+    # (state id, medium) of each tier an engine offloads blocks to (an external engine's CPU / disk blocks)
+    offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -181,6 +188,7 @@ class KVAware(RoutingPolicy):
             cached, stored = await self._chunk_blocks(key, cands)
         else:
             cached, stored = await self._cached_blocks(key, cands), await self._stored_blocks(key, cands)
+        offloaded = await self._offloaded_blocks(key, cands) if not key.chunk_tokens else {}
         bs = key.block_tokens or TEXT_CHUNK_TOKENS
         prompt = key.num_prompt_tokens if key.num_prompt_tokens is not None else (len(key.hashes) + 1) * bs
         fleet, out = [r.load for r in cands], output_tokens(req.body)
@@ -190,6 +198,9 @@ class KVAware(RoutingPolicy):
             if not key.chunk_tokens:  # a prompt sent there moments ago: its blocks are there by our turn
                 local = max(local, self.ctx.routed_blocks(r, key.hashes))
             speed = calibrate(r.load, fleet, bs)
+            blocks, medium = offloaded.get(r.engine_id, (0, ""))
+            if blocks > stored_blocks:  # the engine loads them from its own CPU / disk tier instead
+                stored_blocks, speed = blocks, offload_speed(speed, medium, bs)
             queued, decoding = self.ctx.queued(r), self.ctx.load(r)
             prompts, weight = self.ctx.queued_prompts(r), self.cfg.work_weight
             return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts)
@@ -244,6 +255,19 @@ class KVAware(RoutingPolicy):
                 found[(address, layout)] = await self.ctx.store.leading(address, layout, key.hashes)
         return {r.engine_id: found.get((r.cachestore, r.layout_fingerprint), 0) for r in cands}
 
+    async def _offloaded_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> dict[str, tuple[int, str]]:
+        """Per engine with offload tiers: the most leading blocks one tier holds, and that tier's medium."""
+        tiers = {r.engine_id: self.ctx.offload_tiers(r) for r in cands} if key.exact and key.hashes else {}
+        ids = [tier for ts in tiers.values() for tier, _ in ts]
+        if not ids:
+            return {}
+        try:
+            found = await self.ctx.state.match_exact(ids, key.hashes)
+        except Exception as exc:  # as for the GPU index: route without it rather than fail
+            log.warning("KV index lookup of offloaded blocks failed: %s", exc)
+            return {}
+        return {e: max(((found.get(t, 0), m) for t, m in ts), default=(0, "")) for e, ts in tiers.items()}
+
     async def _chunk_blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> tuple[dict, dict]:
         """A chunk set (docs/blend.md): per engine, the blocks' worth of its chunks it holds (KV events, else
         routing history), and of those it holds or can fetch from its cachestore. Any order counts."""
@@ -292,9 +316,12 @@ class Decider:
         routed_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_routed,
         queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts,
         exact_index: Callable[[EngineRecord], bool] = indexed,
+        offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload,
     ) -> None:
         self.store = StoreIndex(cfg)
-        ctx = Context(cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index)
+        ctx = Context(
+            cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index, offload_tiers
+        )
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -192,6 +192,12 @@ class EnginePool:
             return self.external is not None and self.external.exact_index(record.engine_id)
         return record.has_exact_index
 
+    def offload_tiers(self, record: EngineRecord) -> list[tuple[str, str]]:
+        """(state id, medium) of the CPU / disk tiers an external engine's events put blocks in."""
+        if record.source != EXTERNAL or self.external is None:
+            return []
+        return self.external.offload_tiers(record.engine_id)
+
     def load(self, record: EngineRecord) -> float:
         """The engine's reported queue less our requests that finished since that report (a report taken while
         they ran is stale after), or our own in-flight count if higher."""

@@ -111,6 +111,7 @@ async def serve(cfg: RouterConfig) -> int:
             pool.routed_blocks,
             pool.queued_prompts,
             pool.exact_index,
+            pool.offload_tiers,
         ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),

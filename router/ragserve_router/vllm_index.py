@@ -55,8 +55,9 @@ class VllmIndexer:
         medium = medium or MEDIUM_GPU
         return self.index_id if medium == MEDIUM_GPU else f"{self.index_id}@{medium}"
 
-    def tier_ids(self) -> list[str]:
-        return [self.tier_id(m) for m in self._copies]
+    def offload_tiers(self) -> list[tuple[str, str]]:
+        """(state id, medium) of the media other than the GPU that blocks were stored on."""
+        return [(self.tier_id(m), m) for m in self._copies if m != MEDIUM_GPU]
 
     def events(self, events: list[KVEvent]) -> dict[str, list[KVOp]]:
         """Index ops per state engine id, in order, for one batch."""

@@ -370,6 +370,41 @@ async def test_kv_aware_routes_to_the_engine_whose_events_hold_the_prompt(prompt
     assert decision.reason != "prefix_hit"
 
 
+@pytest.mark.asyncio
+async def test_offloaded_blocks_cost_between_a_gpu_hit_and_a_recompute(prompts: Prompts) -> None:
+    """Blocks an engine's events put on CPU or disk are priced as a load (CPU cheaper than disk): the GPU
+    holder first, then CPU, then disk, then the engine holding nothing, by predicted TTFT too."""
+    state = MemoryState()
+    tokens, body = prompts.tokens("offload"), prompts.body("offload")
+    media = {"gpu": "GPU", "cpu": "CPU", "disk": "DISK"}
+    indexers = {e: VllmIndexer(e, MODEL, BLOCK) for e in (*media, "cold")}
+    for e, medium in media.items():
+        event = stored(tokens, engine_hashes(len(tokens) // BLOCK, 0), medium=medium)
+        await apply_ops(state, indexers[e].events([event]), 1)
+    records = [EngineRecord(e, f"http://127.0.0.1:1/{e}", ["m"], model_id=MODEL, block_size=BLOCK) for e in indexers]
+    decider = Decider(
+        RouterConfig(),
+        state,
+        lambda r: 0.0,
+        lambda r: 0.0,
+        offload_tiers=lambda r: indexers[r.engine_id].offload_tiers(),
+    )
+    key = token_key(prompts.tok, prompts.spec, body, True, None)
+    assert key is not None
+    decision = await decider.decide("kv_aware", RouteRequest("m", body, True, {}, key), records)
+    assert [r.engine_id for r in decision.order] == ["gpu", "cpu", "disk", "cold"]
+    p = decision.predictions
+    held = len(tokens) // BLOCK * BLOCK
+    assert p["gpu"].local_tokens == held and p["gpu"].fetched_tokens == 0
+    assert p["cpu"].fetched_tokens == p["disk"].fetched_tokens == held and p["cpu"].local_tokens == 0
+    assert p["cold"].computed_tokens == len(tokens)
+    assert p["gpu"].ttft_s < p["cpu"].ttft_s < p["disk"].ttft_s < p["cold"].ttft_s
+    assert decision.predicted_cached_tokens("cpu", key) == held
+    await apply_ops(state, indexers["cpu"].events([BlockRemoved(engine_hashes(len(tokens) // BLOCK, 0), "CPU")]), 2)
+    decision = await decider.decide("kv_aware", RouteRequest("m", body, True, {}, key), records)
+    assert decision.predictions["cpu"].fetched_tokens == 0
+
+
 class FlakyState(MemoryState):
     """A state whose apply fails while `down` (Redis unreachable)."""
 
