@@ -55,10 +55,16 @@ def publishing_engine(tmp: Path) -> tuple[EngineProc, str, str]:
     return engine, pub, replay
 
 
-def start_router(tmp: Path, *flags: str) -> tuple[Proc, str]:
+def start_router(tmp: Path, *flags: str, grpc_port: int | None = None) -> tuple[Proc, str]:
     port = free_port()
     argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--grpc-port", str(free_port()), "--registry-allow-unauthenticated", "--probe-interval", "0.5"]
+    argv += [
+        "--grpc-port",
+        str(grpc_port or free_port()),
+        "--registry-allow-unauthenticated",
+        "--probe-interval",
+        "0.5",
+    ]
     argv += ["--approx-pending-ttl", "0", *flags]  # only the KV events can tell where a prompt is cached
     path = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT))))
     proc = start("router", argv, tmp / f"router-{port}.log", env={**os.environ, "PYTHONPATH": path})
@@ -142,3 +148,58 @@ def test_wrong_block_size_is_refused_and_routed_on_load(tmp_path):
         if router is not None:
             router.stop()
         engine.stop()
+
+
+def routed_hit(url: str, model: str, doc: str) -> tuple[httpx.Response, float, float]:
+    """One request through the router: its response, and the kv_aware prefix_hit and predicted-cached deltas."""
+    hits, predicted = "ragserve_router_routing_decisions_total", "ragserve_router_predicted_cached_tokens_total"
+    before = router_metrics(url)
+    body = {"model": model, "messages": rag_messages(doc), "max_tokens": 1, "temperature": 0}
+    resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    after, engine = router_metrics(url), resp.headers["x-ragserve-engine"]
+    hit = value(after, hits, policy="kv_aware", reason="prefix_hit") - value(
+        before, hits, policy="kv_aware", reason="prefix_hit"
+    )
+    return resp, hit, value(after, predicted, engine=engine) - value(before, predicted, engine=engine)
+
+
+def test_registered_and_external_engines_behind_one_router(tmp_path):
+    """A registered ragserve engine (its own gRPC events, model tiny-llama-reg) and an external one (vLLM
+    events, model tiny-llama) behind one router: each serves its model, and a document it prefilled comes
+    back as a prefix hit from the exact index (no routing history: --approx-pending-ttl 0) with exactly the
+    cached tokens the router predicted."""
+    grpc_port = free_port()
+    external, pub, rep = publishing_engine(tmp_path)
+    registered = start_engine(
+        tmp_path, "--router", f"127.0.0.1:{grpc_port}", "--served-model-name", "tiny-llama-reg", "--engine-id", "reg-0"
+    )
+    router = None
+    try:
+        for engine in (external, registered):
+            engine.wait_ready(timeout=300)
+        flags = ["--external-engine", f"{external.url},events={pub},replay={rep}"]
+        router, url = start_router(tmp_path, *flags, "--tokenizer", str(tiny_model("llama")), grpc_port=grpc_port)
+        wait_http(url + "/health", proc=router, timeout=60)
+        until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 2, timeout=60, what="engines healthy")
+        models = {m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]}
+        assert {MODEL_NAME, "tiny-llama-reg"} <= models
+
+        for model, engine_id, doc in ((MODEL_NAME, "external-0", "doc-x"), ("tiny-llama-reg", "reg-0", "doc-r")):
+            resp, _, _ = routed_hit(url, model, doc)  # prefills the document there (the model's only engine)
+            assert resp.headers["x-ragserve-engine"] == engine_id
+            # once its KV events reached the index (only that engine serves the model: repeats are harmless)
+            resp, _, predicted = until(
+                lambda m=model, d=doc: (r := routed_hit(url, m, d))[1] == 1 and r,
+                timeout=60,
+                interval=0.5,
+                what=f"a prefix hit on {engine_id}",
+            )
+            assert resp.headers["x-ragserve-engine"] == engine_id
+            cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached > 10 * BS and predicted == cached, (engine_id, predicted, cached)
+    finally:
+        if router is not None:
+            router.stop()
+        for engine in (external, registered):
+            engine.stop()
