@@ -10,6 +10,7 @@ from ragserve_operator.redis import redis_configmap, redis_deployment, redis_ser
 from ragserve_operator.router import registry_service, router_deployment, router_service
 from ragserve_operator.scaling.hpa_keda import engine_hpa, engine_scaledobject
 from ragserve_operator.spec import POOL_KIND, RAGServeSpec
+from ragserve_operator.vllm import vllm_service, vllm_statefulset
 
 # kinds the operator creates, and so may prune
 OWNED_KINDS = (
@@ -52,6 +53,8 @@ def desired_children(owner: Owner, spec: RAGServeSpec, replicas: dict[str, int])
             out.append(engine_hpa(owner, spec, pool))
         elif spec.autoscaling["mode"] == "keda":
             out.append(engine_scaledobject(owner, spec, pool))
+    for vllm in spec.vllm_pools:  # a fixed replica count (the router names every pod): no pool object, no HPA
+        out += [vllm_statefulset(owner, spec, vllm), vllm_service(owner, vllm)]
     if spec.cachestore["enabled"]:
         out += [cachestore_statefulset(owner, spec), cachestore_service(owner, spec)]
     if spec.redis["mode"] == "inCluster":

@@ -7,6 +7,7 @@ from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, 
 from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, http_probe, pod_template, redis_url, redis_url_env, secret_env
 from ragserve_operator.spec import RAGServeSpec
+from ragserve_operator.vllm import external_block_size, router_external_engines
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
 
@@ -24,11 +25,15 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         mounts.secret("api-keys", secret["name"], API_KEYS_DIR)
         api_keys = f"{API_KEYS_DIR}/{secret['key']}"
     mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
+    external = router_external_engines(owner, spec)
     launch = RouterLaunch(
         port=r["port"],
         grpc_port=r["grpcPort"],
         policy=r["policy"],
         redis=redis_url(owner, spec, db=0),
+        external_engines=tuple(external),
+        tokenizer=r["tokenizer"].get("path") if external else None,
+        external_block_size=external_block_size(spec) if external else None,
         max_body_bytes=r.get("maxBodyBytes") or None,
         tls=tls,
         registry_token_file=token,
@@ -38,7 +43,17 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         cachestore_token_file=store_token,
         api_keys_file=api_keys,
     )
-    return launch, mounts
+    return launch, mounts.add(tokenizer_mount(r["tokenizer"]))
+
+
+def tokenizer_mount(tokenizer: dict) -> Mounts:
+    """The vllm pools' tokenizer PVC, read-only at tokenizer.mountPath (the chart's router.tokenizer.pvc)."""
+    pvc = tokenizer.get("pvc")
+    if not pvc:
+        return Mounts()
+    mount = {"name": "tokenizer", "mountPath": tokenizer["mountPath"], "readOnly": True}
+    volume = {"name": "tokenizer", "persistentVolumeClaim": {"claimName": pvc["claimName"], "readOnly": True}}
+    return Mounts([volume], [{**mount, "subPath": pvc["subPath"]} if pvc.get("subPath") else mount])
 
 
 def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:

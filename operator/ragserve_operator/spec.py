@@ -50,13 +50,31 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         lambda s: not s["cachestore"]["tls"]["clientAuth"] or bool(s["cachestore"]["tls"].get("engineClientSecret")),
     ),
     (
+        "runtime vllm pools need router.tokenizer.path (the model's tokenizer.json dir or .gguf, for the router's "
+        "--tokenizer)",
+        lambda s: not _vllm(s) or bool(s["router"]["tokenizer"].get("path")),
+    ),
+    (
+        "runtime vllm pools need one vllm.blockSize (the router has one --external-block-size)",
+        lambda s: len({p["vllm"]["blockSize"] for p in _vllm(s)}) <= 1,
+    ),
+    (
         "redis.mode external needs redis.url or redis.urlSecret",
         lambda s: s["redis"]["mode"] != "external" or "url" in s["redis"] or "urlSecret" in s["redis"],
     ),
 ]
 POOL_RULES: list[tuple[str, Any]] = [
     ("minReplicas must be <= maxReplicas", lambda p: p["minReplicas"] <= p["maxReplicas"]),
+    (
+        "runtime vllm needs gpus >= 1 (the vllm/vllm-openai image is CUDA)",
+        lambda p: p["runtime"] != "vllm" or p["gpus"] >= 1,
+    ),
 ]
+MAX_STATEFULSET_NAME = 52  # its pods get a controller-revision-hash label <name>-<10 chars> (<= 63)
+
+
+def _vllm(spec: dict) -> list[dict]:
+    return [p for p in spec["engines"] if p["runtime"] == "vllm"]
 
 
 class SpecError(ValueError):
@@ -158,23 +176,43 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class VllmPool:
+    """A runtime: vllm pool: a StatefulSet of `replicas` vLLM pods (no RAGServeEnginePool: not autoscaled)."""
+
+    name: str
+    model: str
+    image: Image
+    replicas: int
+    raw: dict = field(repr=False)
+
+    @property
+    def vllm(self) -> dict:
+        return self.raw["vllm"]
+
+
+@dataclass(frozen=True)
 class RAGServeSpec:
     image: Image
-    pools: list[Pool]
+    pools: list[Pool]  # runtime: ragserve pools (each with its RAGServeEnginePool)
     router: dict
     cachestore: dict
     redis: dict
     autoscaling: dict
     image_pull_secrets: list[dict]
     engine_api_key: dict | None = None  # {name, key} of a Secret
+    vllm_pools: list[VllmPool] = field(default_factory=list)
 
 
 def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
     if name is not None:
         check_name(name)
     spec = validated(raw)
+    if name is not None:
+        _check_vllm_names(name, spec)
     engine_image = _image(spec["engineImage"])
-    pools = [Pool(p["name"], p["model"], _image(p.get("image", {}), engine_image), p) for p in spec["engines"]]
+    ragserve = [p for p in spec["engines"] if p["runtime"] == "ragserve"]
+    pools = [Pool(p["name"], p["model"], _image(p.get("image", {}), engine_image), p) for p in ragserve]
+    vllm = [VllmPool(p["name"], p["model"], _image(p["vllm"]["image"]), p["replicas"], p) for p in _vllm(spec)]
     return RAGServeSpec(
         image=_image(spec["image"]),
         pools=pools,
@@ -184,4 +222,14 @@ def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
         autoscaling=spec["autoscaling"],
         image_pull_secrets=spec.get("imagePullSecrets", []),
         engine_api_key=spec.get("engineApiKeySecret"),
+        vllm_pools=vllm,
     )
+
+
+def _check_vllm_names(name: str, spec: dict) -> None:
+    long = [p["name"] for p in _vllm(spec) if len(f"{name}-vllm-{p['name']}") > MAX_STATEFULSET_NAME]
+    if long:
+        raise SpecError(
+            f"spec.engines: runtime vllm pools {', '.join(long)}: StatefulSet {name}-vllm-<pool> must be at most "
+            f"{MAX_STATEFULSET_NAME} characters (shorten the pool or the RAGServe name)"
+        )

@@ -67,7 +67,7 @@ def healthy_status(
     ones stay in status (a merge patch without the key keeps it) until a pass has new ones."""
     waiting = [c for c in components if not c.done]
     unready = [c for c in components if c.ready < c.desired]
-    engines = [c for c in components if c.component == "engine"]
+    engines = [c for c in components if c.component in ("engine", "vllm")]
     ready_msg = "all components ready" if not unready else "not ready: " + "; ".join(c.summary() for c in unready)
     progress_msg = "up to date" if not waiting else "rolling out: " + "; ".join(c.summary() for c in waiting)
     old = previous.get("conditions") or []

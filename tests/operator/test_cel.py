@@ -136,6 +136,43 @@ CASES: list[tuple[str, dict, str, set[str]]] = [
     ),
     ("pool min = max", {"engines": [{**POOL, "minReplicas": 2, "maxReplicas": 2}]}, "demo", set()),
 ]
+VLLM = {"name": "v", "model": "/models/llama", "runtime": "vllm", "gpus": 1}
+TOKENIZER = {"tokenizer": {"path": "/tokenizer"}}
+NO_TOKENIZER = (
+    "runtime vllm pools need router.tokenizer.path (the model's tokenizer.json dir or .gguf, for the router's "
+    "--tokenizer)"
+)
+ONE_BLOCK = "runtime vllm pools need one vllm.blockSize (the router has one --external-block-size)"
+CASES += [
+    ("vllm pool", {"engines": [POOL, VLLM], "router": TOKENIZER}, "demo", set()),
+    ("vllm pool, no tokenizer", {"engines": [VLLM]}, "demo", {NO_TOKENIZER}),
+    ("vllm pool, empty tokenizer", {"engines": [VLLM], "router": {"tokenizer": {"path": ""}}}, "demo", {NO_TOKENIZER}),
+    (
+        "vllm pool, no gpu",
+        {"engines": [{**VLLM, "gpus": 0}], "router": TOKENIZER},
+        "demo",
+        {"runtime vllm needs gpus >= 1 (the vllm/vllm-openai image is CUDA)"},
+    ),
+    ("ragserve pool, no gpu, no tokenizer", {"engines": [{**POOL, "gpus": 0}]}, "demo", set()),
+    (
+        "vllm pools, one block size",
+        {"engines": [VLLM, {**VLLM, "name": "w", "vllm": {"blockSize": 16}}], "router": TOKENIZER},
+        "demo",
+        set(),
+    ),
+    (
+        "vllm pools, two block sizes",
+        {"engines": [VLLM, {**VLLM, "name": "w", "vllm": {"blockSize": 32}}], "router": TOKENIZER},
+        "demo",
+        {ONE_BLOCK},
+    ),
+    (
+        "two block sizes, one of a ragserve pool",
+        {"engines": [VLLM, {**POOL, "vllm": {"blockSize": 32}}], "router": TOKENIZER},
+        "demo",
+        set(),
+    ),
+]
 for part in ("router", "cachestore"):
     CASES += [
         (

@@ -15,6 +15,7 @@ from ragserve_operator.crd import pool_crd
 from ragserve_operator.names import Owner
 from ragserve_operator.pools import DECLARED, scale_to
 from ragserve_operator.spec import POOL_KIND, parse_spec
+from tests.operator.test_vllm_pools import SPEC as VLLM_MIXED
 
 OWNER = Owner("demo", "ns1", "4b1c2a0e-0000-4000-8000-000000000001")
 FULL = {
@@ -30,6 +31,7 @@ FULL = {
 }
 SPECS = {
     "minimal": {"engines": [{"name": "a", "model": "smollm2-135m"}]},
+    "vllm-mixed": VLLM_MIXED,  # a ragserve and a runtime: vllm pool (tests/operator/test_vllm_pools.py)
     "full": FULL,
     "external-redis-secret": {
         "engines": [{"name": "a", "model": "m"}],
