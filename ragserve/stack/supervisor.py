@@ -196,8 +196,9 @@ def grpc_credentials(cfg: StackConfig):
 
 
 def child_env() -> dict[str, str]:
-    """Our environment without RAGSERVE_* (they configure `ragserve up`, which passes flags explicitly)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    """Our environment without RAGSERVE_* flags (they configure `ragserve up`, which passes flags explicitly);
+    RAGSERVE_CACHE_DIR, a place and no flag, stays, so children build and find their caches where we would."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") or k == "RAGSERVE_CACHE_DIR"}
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env

@@ -15,13 +15,24 @@ from tests.helpers.threads import without_shared_threads
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# What the test run sets that `ragserve up` and its children keep: the run's caches, and eager engines
+# (conftest.py; up reads it as its own --enforce-eager default and passes the flag to its engines).
+KEPT = ("RAGSERVE_CACHE_DIR", "RAGSERVE_ENFORCE_EAGER")
+
+
+def stack_env() -> dict[str, str]:
+    """This environment for a `ragserve` stack command, as a user's: no RAGSERVE_* but KEPT, all the cores."""
+    env = without_shared_threads(dict(os.environ))
+    return {k: v for k, v in env.items() if not k.startswith("RAGSERVE_") or k in KEPT}
+
+
 class Up:
     """One `ragserve up` process; its own session so that signals reach only what the test sends. It divides
     the cores among its engines itself (the run's OMP_NUM_THREADS only where the user set it)."""
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.state_file = tmp / "state.json"
-        env = {k: v for k, v in without_shared_threads(dict(os.environ)).items() if not k.startswith("RAGSERVE_")}
+        env = stack_env()
         argv = [sys.executable, "-m", "ragserve.cli", "up", "--port", "0", "--state-file", str(self.state_file)]
         self.process = start("ragserve up", [*argv, *args], tmp / "up.log", env=env, cwd=ROOT, new_session=True)
         self.proc = self.process.popen
@@ -59,8 +70,8 @@ class Up:
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess:
-    """`ragserve up` to completion (for arguments it refuses), without this environment's RAGSERVE_*."""
-    env = {k: v for k, v in without_shared_threads(dict(os.environ)).items() if not k.startswith("RAGSERVE_")}
+    """`ragserve up` to completion (for arguments it refuses), in stack_env()."""
+    env = stack_env()
     cmd = [sys.executable, "-m", "ragserve.cli", "up", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 

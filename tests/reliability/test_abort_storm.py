@@ -20,7 +20,7 @@ def gauges(url: str) -> dict[str, float]:
 
 
 def test_forty_aborted_streams_leave_no_request_and_no_block_behind(cluster, metrics, until):
-    router = cluster.router("--heartbeat-interval-ms", "300")
+    router = cluster.router()
     (engine,) = start_engines(cluster, router, ["storm"], "--max-model-len", "512", "--num-gpu-blocks", "256")
     until(lambda: ready(router)["healthy_engines"] == 1, timeout=60, message="engine registered")
 

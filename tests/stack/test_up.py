@@ -18,7 +18,7 @@ from ragserve.v1 import cachestore_pb2 as pb
 from ragserve.v1 import cachestore_pb2_grpc as pb_grpc
 from tests.helpers.cachestore import LAYOUT, chain
 from tests.helpers.process import alive, wait_gone
-from tests.helpers.stack import ROOT, Up, tiny
+from tests.helpers.stack import ROOT, Up, stack_env, tiny
 from tests.helpers.threads import user_threads
 
 
@@ -85,7 +85,7 @@ def test_health_probe_command(up):
 
 def test_demo_end_to_end_offline(up, tmp_path):
     out = tmp_path / "demo.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_")}
+    env = stack_env()
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = [sys.executable, "-m", "ragserve.cli", "demo", "--url", up.state["url"], "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)

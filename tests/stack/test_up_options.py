@@ -12,6 +12,7 @@ from ragserve.cli import build_parser
 from ragserve.stack.config import StackConfig
 from ragserve.stack.passthrough import parser_for
 from ragserve.stack.spec import Ports, cachestore_spec, engine_spec, router_spec
+from ragserve.stack.supervisor import child_env
 from tests.helpers.engine_server import LONG_CONTEXT
 from tests.helpers.otlp import Receiver
 from tests.helpers.process import until
@@ -43,6 +44,16 @@ def test_shared_options_are_given_once_and_reach_every_child(monkeypatch):
         parsed = parser_for(component).parse_args(argv[1:])  # the component accepts its whole command line
         assert parsed.otlp_traces_endpoint == "collector:4317" and parsed.log_level == "debug"
     assert parser_for("cachestore").parse_args(argvs["cachestore"][1:]).workers == 3
+
+
+def test_children_keep_the_cache_dir_and_no_flag_from_the_environment(monkeypatch, tmp_path):
+    """RAGSERVE_CACHE_DIR is where children build the C++ ops and keep inductor's cache: without it a stack
+    started with a cache dir set builds everything again in ~/.cache; RAGSERVE_<FLAG> values reach children
+    only as the flags up passes."""
+    monkeypatch.setenv("RAGSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAGSERVE_POLICY", "round_robin")
+    env = child_env()
+    assert env["RAGSERVE_CACHE_DIR"] == str(tmp_path) and "RAGSERVE_POLICY" not in env
 
 
 @pytest.mark.parametrize(
