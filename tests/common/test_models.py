@@ -24,6 +24,19 @@ def test_paths_resolve_and_bad_paths_fail(tmp_path):
         resolve_model(str(tmp_path / "missing"))
 
 
+@pytest.mark.parametrize(
+    "arch", [a for a, c in sorted(CONFIGS.items()) if any(isinstance(v, dict) for v in c.values())]
+)
+def test_a_tiny_model_created_in_this_process_is_the_one_later_calls_return(arch, tmp_path, monkeypatch):
+    """Creating a model must not change the config its tag is computed from (transformers edits nested
+    dicts such as rope_scaling in place): a second call found another directory, so another model id and KV
+    keys, and an engine that fetched a peer's blocks found none (test_kv_connector on a cold cache)."""
+    monkeypatch.setenv("RAGSERVE_CACHE_DIR", str(tmp_path))
+    first = tiny_model(arch)
+    assert tiny_model(arch) == first
+    assert [p.name for p in (tmp_path / "tiny-models").iterdir()] == [first.name]
+
+
 def test_fingerprint_tells_weights_apart_not_names():
     a = resolve_model(str(tiny_model("llama", seed=0)), served_name="same")
     b = resolve_model(str(tiny_model("llama", seed=1)), served_name="same")

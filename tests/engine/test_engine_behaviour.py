@@ -11,13 +11,16 @@ from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
 
 
+# Eager: what these tests check is scheduling and block accounting; offline, a compiled engine compiles each
+# decode batch size inline the first time it runs (the random workload below meets most of them: ~70 s of a cold
+# run). The compiled path has its own tests (test_decode_graphs, test_tiny_model_parity's base pass).
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(str(tiny_model("llama")), num_gpu_blocks=256)
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=256, enforce_eager=True)
 
 
 def fresh(llm: LLM, **kwargs) -> LLM:
-    return LLM(str(tiny_model("llama")), loaded_model=llm.engine.runner.model, **kwargs)
+    return LLM(str(tiny_model("llama")), loaded_model=llm.engine.runner.model, enforce_eager=True, **kwargs)
 
 
 def assert_pool_consistent(engine) -> None:

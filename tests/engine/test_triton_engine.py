@@ -72,7 +72,7 @@ def _greedy(llm: LLM, prompts) -> list[list[int]]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # head_dim 16 (GQA 2) and 32 (q/k norm)
 def test_greedy_output_equals_reference_backend(arch):
     path = str(tiny_model(arch))
-    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch")
+    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch", enforce_eager=True)
     prompts = [ref.tokenizer.encode(t) for t in PROMPTS]
     expected = _greedy(ref, prompts)
     llm = LLM(path, num_gpu_blocks=128, attention_backend="triton", loaded_model=ref.engine.runner.model)
@@ -87,7 +87,7 @@ def test_greedy_output_equals_reference_backend(arch):
 def test_chunked_prefill_mixed_steps_equal_reference():
     """A 7-token budget: steps mix decodes with prefill chunks over the already written part of a prompt."""
     path = str(tiny_model("llama"))
-    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch", max_num_batched_tokens=7)
+    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch", enforce_eager=True, max_num_batched_tokens=7)
     prompts = [ref.tokenizer.encode(t) for t in PROMPTS[:3]]
     expected = _greedy(ref, prompts)
     model = ref.engine.runner.model
@@ -98,7 +98,7 @@ def test_chunked_prefill_mixed_steps_equal_reference():
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
 def test_quantized_cache_triton_equals_reference(kv_dtype):
     path = str(tiny_model("llama"))
-    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch", kv_cache_dtype=kv_dtype)
+    ref = LLM(path, num_gpu_blocks=128, attention_backend="torch", enforce_eager=True, kv_cache_dtype=kv_dtype)
     prompts = [ref.tokenizer.encode(t) for t in PROMPTS]
     model = ref.engine.runner.model
     llm = LLM(path, num_gpu_blocks=128, attention_backend="triton", kv_cache_dtype=kv_dtype, loaded_model=model)

@@ -7,6 +7,7 @@ Needs the engine extra (torch, transformers).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -76,7 +77,9 @@ def tiny_model(arch: str = "llama", seed: int = 0, sharded: bool = False, **over
     """Path to a cached tiny HF model directory, creating it on first use; overrides change its config."""
     if arch not in CONFIGS:
         raise ValueError(f"unknown tiny model {arch!r}; choose from {sorted(CONFIGS)}")
-    config = {**CONFIGS[arch], **overrides}
+    # a deep copy: transformers' config classes edit nested dicts in place (rope_scaling), which gave a
+    # model's second call in a process another tag, directory and model id than its first
+    config = copy.deepcopy({**CONFIGS[arch], **overrides})
     tag = hashlib.sha256(json.dumps([config, seed, sharded], sort_keys=True).encode()).hexdigest()[:10]
     out = cache_dir() / "tiny-models" / f"{arch}-s{seed}{'-sharded' if sharded else ''}-{tag}"
     if not (out / "config.json").is_file():
