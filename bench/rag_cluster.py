@@ -4,6 +4,14 @@
     prefix                  consistent hashing on X-Context-Hash, no cachestore
     kv_aware                the cost model (cached, queued and decode work per engine), no cachestore
     kv_aware+cachestore     the same, store-aware: engines fetch blocks peers computed from the cachestore
+    kv_aware+external       kv_aware with the engines external, as unmodified vLLM pods look to the router: no
+                            registration, vLLM KV events over ZMQ, followed with --external-engine (StackConfig's
+                            external_engines); no cachestore
+    kv_aware+cachestore+external  the same, the engines sharing a cachestore the router does not know of (a vLLM
+                            pod with an LMCache-like store of its own)
+
+The default runs the first four. A config `X+external` is also compared with `X` (its registered twin) when both
+run: external / registered for TTFT, cached-token share and the router's prefix-hit share.
 
 Scenarios (--scenario):
     rag    the demo corpus (11 documents of 1.3-2.8k tokens), document popularity Zipf(s), several
@@ -25,6 +33,8 @@ requests and prompt tokens; and ratios to round_robin in the same run.
     .venv/bin/python bench/rag_cluster.py [--scenario rag|chat] [--engines N] [--quick] [--out bench/results]
 
 --quick: tiny random model, short workload (the test suite runs it). Default: SmolLM2-135M.
+--repeats R runs every configuration R times, interleaved (ABBA: the order reversed every other round), and
+reports each figure's median over the repeats (the per-repeat values of the headline figures alongside).
 Writes rag_cluster[-chat][-quick][-TAG].md / .json and PNG plots (matplotlib) into --out.
 """
 
@@ -35,9 +45,10 @@ import asyncio
 import json
 import math
 import random
+import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import httpx
@@ -53,13 +64,37 @@ from ragserve.stack.supervisor import Stack
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi_round_chat import bench_client, make_users, routed_chat, run_chat, system_prompt  # noqa: E402  (bench/ is not a package)
 
-CONFIGS = {  # name: (router policy, cachestore)
-    "round_robin": ("round_robin", False),
-    "prefix": ("prefix", False),
-    "kv_aware": ("kv_aware", False),
-    "kv_aware+cachestore": ("kv_aware", True),
+
+@dataclass(frozen=True)
+class Config:
+    policy: str  # the router's
+    cachestore: bool = False
+    external: bool = False  # engines pose as vLLM pods (StackConfig.external_engines)
+
+    @property
+    def engines_label(self) -> str:
+        return "external (vLLM KV events)" if self.external else "registered"
+
+    @property
+    def cachestore_label(self) -> str:
+        if not self.cachestore:
+            return "none"
+        return "engines' only (router unaware)" if self.external else "registered (store-aware routing)"
+
+
+CONFIGS = {
+    "round_robin": Config("round_robin"),
+    "prefix": Config("prefix"),
+    "kv_aware": Config("kv_aware"),
+    "kv_aware+cachestore": Config("kv_aware", cachestore=True),
+    "kv_aware+external": Config("kv_aware", external=True),
+    "kv_aware+cachestore+external": Config("kv_aware", cachestore=True, external=True),
 }
-BASELINE = "round_robin"
+DEFAULT_CONFIGS = ["round_robin", "prefix", "kv_aware", "kv_aware+cachestore"]
+BASELINE = "round_robin"  # ratios are against it; without it in --configs, against the first config
+EXTERNAL = "+external"
+HEADLINE = ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "latency_mean_s", "cached_share_after_first",
+            "prefix_hit_share")  # fmt: skip
 
 
 @dataclass
@@ -75,6 +110,8 @@ class TraceRequest:
 @dataclass
 class ConfigResult:
     name: str
+    engines: str  # registered | external (Config.engines_label)
+    cachestore: str  # none | registered | engines' only (Config.cachestore_label)
     requests: int
     errors: int
     prompt_tokens: int  # engine metrics
@@ -105,6 +142,14 @@ class ConfigResult:
     offload_dropped: int = 0  # blocks the engines never offloaded (offload queue full): peers cannot fetch them
     first_sight: int = 0  # requests whose document (user history) no engine had seen: cold under every policy
     prediction_error_p50_s: float | None = None  # kv_aware: median |predicted - actual TTFT| (actual via router)
+    cached_share: float = 0.0  # usage: cached / prompt tokens over every request
+    prefix_hit_share: float = 0.0  # requests the router sent with reason prefix_hit (kv_aware)
+    router_predicted_cached: int = 0  # the router's predicted cached tokens, over the run (its metrics) ...
+    router_actual_cached: int = 0  # ... and what the engines then reported
+    router_kv_stored: int = 0  # BlockStored ops the router's index applied over the run
+    repeats: int = 1
+    repeat_values: dict = field(default_factory=dict)  # HEADLINE figure -> its value per repeat (run order)
+    vs_registered: dict = field(default_factory=dict)  # X+external: external / registered twin X
     per_request: list = field(default_factory=list)  # one record per request, in send order (see request_rows)
 
 
@@ -138,7 +183,8 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def engine_totals(stack: Stack) -> dict[str, float]:
-    totals: dict[str, float] = {}
+    """The engines' metrics summed, the cachestore's hits and the router's accuracy counters ("router:...")."""
+    totals: dict[str, float] = {"router:" + k: v for k, v in router_totals(stack).items()}
     for url in stack.engine_urls:
         for k, v in scrape(url + "/metrics").items():
             totals[k] = totals.get(k, 0.0) + v
@@ -222,8 +268,26 @@ def run_workload(stack: Stack, model: str, args, docs, trace):
     return asyncio.run(run_trace(stack, model, trace, docs, args.clients, args.max_tokens))
 
 
+def router_totals(stack: Stack) -> dict[str, float]:
+    """The router's routing-accuracy counters: predicted vs reported cached tokens, KV-index ops applied."""
+    m = scrape(stack.url + "/metrics")
+    names = ("predicted_cached_tokens_total", "actual_cached_tokens_total")
+    out = {n: m.get("ragserve_router_" + n, 0.0) for n in names}
+    out["kv_stored"] = kv_events_stored(stack.url)
+    return out
+
+
+def kv_events_stored(url: str) -> float:
+    """ragserve_router_kv_events_total{kind="stored"} (scrape() sums over the kinds)."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("ragserve_router_kv_events_total{") and 'kind="stored"' in line:
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
 def run_config(name: str, args, docs, trace) -> ConfigResult:
-    policy, cachestore = CONFIGS[name]
+    conf = CONFIGS[name]
+    policy, cachestore = conf.policy, conf.cachestore
     engine_flags = ["--max-model-len", str(args.max_model_len), "--num-gpu-blocks", str(args.num_gpu_blocks)]
     engine_flags += ["--block-size", str(args.block_size), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     engine_flags += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
@@ -231,9 +295,10 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     cfg = StackConfig(
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
-        log_level="warning", engine_threads=args.engine_threads,
+        log_level="warning", engine_threads=args.engine_threads, external_engines=conf.external,
     )  # fmt: skip
-    print(f"[{name}] starting {args.engines} engines ({args.model}), policy {policy}, cachestore {cachestore}")
+    print(f"[{name}] starting {args.engines} {conf.engines_label} engines ({args.model}), policy {policy}, "
+          f"cachestore {conf.cachestore_label}")  # fmt: skip
     with Stack(cfg, LogSink(show=args.verbose)) as stack:
         model = httpx.get(stack.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         warm_up(stack, model)
@@ -247,8 +312,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
         wall = time.perf_counter() - t0
         time.sleep(0.5)  # let offload counters settle
         after = engine_totals(stack)
-    engine_ids = [f"engine-{i}" for i in range(args.engines)]  # ragserve.stack.spec.engine_spec's ids
-    result = summarize(name, results, before, after, wall, args.block_size, engine_ids)
+    result = summarize(name, conf, results, before, after, wall, args.block_size, engine_ids(conf, args.engines))
     print(
         f"[{name}] {result.requests} requests in {wall:.0f}s, {result.errors} errors; "
         f"{100 * result.cached_share_after_first:.0f}% of prompt tokens from cache after 1st sight; "
@@ -258,7 +322,13 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
     return result
 
 
-def summarize(name, results, before, after, wall, block_size, engines: list[str]) -> ConfigResult:
+def engine_ids(conf: Config, n: int) -> list[str]:
+    """What the router calls the engines: their registered ids (ragserve.stack.spec.engine_spec's), or
+    external-0.. in --external-engine order."""
+    return [f"{'external' if conf.external else 'engine'}-{i}" for i in range(n)]
+
+
+def summarize(name, conf: Config, results, before, after, wall, block_size, engines: list[str]) -> ConfigResult:
     def delta(metric: str) -> int:
         return int(after.get(metric, 0) - before.get(metric, 0))
 
@@ -277,7 +347,8 @@ def summarize(name, results, before, after, wall, block_size, engines: list[str]
     latencies = [res.latency_s for _, res in ok]
     shares = engine_shares([res for _, res in ok], engines)
     result = ConfigResult(
-        name=name, requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt,
+        name=name, engines=conf.engines_label, cachestore=conf.cachestore_label, requests=len(results),
+        errors=len(results) - len(ok), prompt_tokens=prompt,
         local=local, fetched=fetched, computed=prompt - local - fetched, fetched_source=source if fetched else "",
         usage_prompt_tokens=sum(res.prompt_tokens for _, res in ok), usage_cached_tokens=usage_cached,
         cached_share_after_first=sum(res.cached_tokens for res in later) / later_prompt if later_prompt else 0.0,
@@ -294,6 +365,10 @@ def summarize(name, results, before, after, wall, block_size, engines: list[str]
         blocks_not_imported=delta("ragserve:cachestore_blocks_not_imported_total"),
         offload_dropped=delta("ragserve:cachestore_offload_dropped_blocks_total"),
         first_sight=sum(1 for r, _ in results if r.first), prediction_error_p50_s=prediction_error(ok),
+        cached_share=usage_cached / max(1, sum(res.prompt_tokens for _, res in ok)),
+        prefix_hit_share=sum(r.route.get("reason") == "prefix_hit" for r, _ in ok) / max(1, len(ok)),
+        router_predicted_cached=delta("router:predicted_cached_tokens_total"),
+        router_actual_cached=delta("router:actual_cached_tokens_total"), router_kv_stored=delta("router:kv_stored"),
     )  # fmt: skip
     return result
 
@@ -330,8 +405,36 @@ def engine_shares(results: list[ChatResult], engines: list[str]) -> dict[str, di
     return {e: {"requests": requests[e] / n, "prompt_tokens": tokens[e] / t} for e in requests}
 
 
+def median_result(runs: list[ConfigResult]) -> ConfigResult:
+    """One configuration's repeats as one result: each number the median over them (ints rounded), engine shares
+    likewise, the headline figures per repeat in repeat_values, every repeat's per-request rows (with "repeat")."""
+    if len(runs) == 1:
+        return runs[0]
+    values = {}
+    for f in fields(ConfigResult):
+        got = [getattr(r, f.name) for r in runs]
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in got)
+        if numbers and f.name != "repeats":
+            m = statistics.median(got)
+            values[f.name] = round(m) if isinstance(got[0], int) else m
+    shares = {e: {k: statistics.median(r.engine_shares.get(e, {}).get(k, 0.0) for r in runs) for k in v}
+              for e, v in runs[0].engine_shares.items()}  # fmt: skip
+    rows = [{"repeat": i, **row} for i, r in enumerate(runs) for row in r.per_request]
+    headline = {k: [getattr(r, k) for r in runs] for k in HEADLINE}
+    return replace(runs[0], **values, engine_shares=shares, repeats=len(runs), repeat_values=headline, per_request=rows)
+
+
+def run_order(configs: list[str], repeats: int) -> list[str]:
+    """Interleaved repeats, ABBA: every other round in reverse, so drift over the run hits each config alike."""
+    return [name for i in range(repeats) for name in (configs if i % 2 == 0 else configs[::-1])]
+
+
+def baseline(names: list[str]) -> str:
+    return BASELINE if BASELINE in names else names[0]
+
+
 def add_ratios(results: list[ConfigResult]) -> None:
-    base = next(r for r in results if r.name == BASELINE)
+    base = next(r for r in results if r.name == baseline([r.name for r in results]))
     for r in results:
         r.ratios = {
             "ttft_mean_speedup": base.ttft_mean_s / r.ttft_mean_s,
@@ -343,6 +446,21 @@ def add_ratios(results: list[ConfigResult]) -> None:
             "throughput": r.requests_per_s / base.requests_per_s,
             "computed_tokens": r.computed / base.computed if base.computed else float("nan"),
         }
+    add_twin_ratios(results)
+
+
+def add_twin_ratios(results: list[ConfigResult]) -> None:
+    """X+external against X in the same run: external / registered (TTFT: above 1 is slower; shares: below 1 is
+    less cached)."""
+    by_name = {r.name: r for r in results}
+    for r in results:
+        if not r.name.endswith(EXTERNAL) or (twin := by_name.get(r.name.removesuffix(EXTERNAL))) is None:
+            continue
+        ratios = {"twin": twin.name}
+        for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "latency_mean_s", "cached_share",
+                  "cached_share_after_first", "prefix_hit_share"):  # fmt: skip
+            ratios[k] = getattr(r, k) / getattr(twin, k) if getattr(twin, k) else float("nan")
+        r.vs_registered = ratios
 
 
 def markdown(results: list[ConfigResult], args) -> str:
@@ -365,8 +483,10 @@ def markdown(results: list[ConfigResult], args) -> str:
             if args.long_prefill_token_threshold
             else ""
         )
-        + f"; {workload}; seed {args.seed}.\n"
-        f"Ratios are against `{BASELINE}` in the same run (baseline / config: higher is better).\n\n"
+        + f"; {workload}; seed {args.seed}"
+        + (f"; every config {args.repeats} times, interleaved (ABBA), medians" if args.repeats > 1 else "")
+        + ".\n"
+        f"Ratios are against `{baseline(args.configs)}` in the same run (baseline / config: higher is better).\n\n"
         "| config | TTFT mean | TTFT p50 | TTFT p95 | latency mean | latency p95 | req/s | output tok/s "
         "| prompt tok | local | fetched | computed | cached after 1st | min engine share |\n"
         "|---|" + "---:|" * 14 + "\n"
@@ -389,6 +509,11 @@ def markdown(results: list[ConfigResult], args) -> str:
         f"{r.ratios['throughput']:.2f} |"
         for r in results
     ]
+    routing = (
+        "\n| config | engines | cachestore | prefix_hit routes | cached share | cached after 1st "
+        "| router predicted / reported cached | KV stored ops applied |\n|---|---|---|" + "---:|" * 5 + "\n"
+        + "\n".join(routing_row(r) for r in results) + "\n"
+    )  # fmt: skip
     share_rows = [
         f"- {r.name}: "
         + ", ".join(
@@ -418,11 +543,50 @@ def markdown(results: list[ConfigResult], args) -> str:
         + "\n"
         + ratio_head
         + "\n".join(ratio_rows)
-        + "\n\nEngine shares:\n\n"
+        + "\n"
+        + routing
+        + twin_table(results)
+        + repeat_lines(results)
+        + "\nEngine shares:\n\n"
         + "\n".join(share_rows)
         + "\n"
         + foot
     )
+
+
+def routing_row(r: ConfigResult) -> str:
+    accuracy = f"{r.router_predicted_cached / r.router_actual_cached:.3f}" if r.router_actual_cached else "-"
+    return (
+        f"| {r.name} | {r.engines} | {r.cachestore} | {100 * r.prefix_hit_share:.0f}% | {100 * r.cached_share:.1f}% "
+        f"| {100 * r.cached_share_after_first:.1f}% | {accuracy} | {r.router_kv_stored} |"
+    )
+
+
+def twin_table(results: list[ConfigResult]) -> str:
+    """External / registered, for each X+external whose twin X ran too."""
+    twins = [r for r in results if r.vs_registered]
+    if not twins:
+        return ""
+    keys = ("ttft_mean_s", "ttft_p50_s", "ttft_p95_s", "latency_mean_s", "cached_share", "cached_share_after_first",
+            "prefix_hit_share")  # fmt: skip
+    out = "\nExternal / registered (same run; TTFT and latency above 1: slower, shares below 1: less cached):\n\n"
+    out += "| config | vs | " + " | ".join(keys) + " |\n|---|---|" + "---:|" * len(keys) + "\n"
+    for r in twins:
+        v = r.vs_registered
+        out += f"| {r.name} | {v['twin']} | " + " | ".join(f"{v[k]:.3f}" for k in keys) + " |\n"
+    return out
+
+
+def repeat_lines(results: list[ConfigResult]) -> str:
+    """Each headline figure per repeat (run order), so the medians' spread shows."""
+    runs = [r for r in results if r.repeats > 1]
+    if not runs:
+        return ""
+    out = "\nPer repeat (run order): TTFT mean (s) / cached share after 1st:\n\n"
+    for r in runs:
+        pairs = zip(r.repeat_values["ttft_mean_s"], r.repeat_values["cached_share_after_first"], strict=True)
+        out += f"- {r.name}: " + ", ".join(f"{t:.2f} / {100 * c:.1f}%" for t, c in pairs) + "\n"
+    return out
 
 
 def _save(fig, ax, ylabel: str, title: str, path: Path) -> Path:
@@ -495,7 +659,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--enforce-eager", action="store_true", help="engines run eager: no decode graphs to compile")
     p.add_argument("--tag", default="", help="suffix of the output file names")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated, of " + ", ".join(CONFIGS))
+    p.add_argument("--repeats", type=int, default=1, help="runs of every config, interleaved; medians reported")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--verbose", action="store_true", help="stream the stack's logs")
     args = p.parse_args(argv)
@@ -512,8 +677,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.num_gpu_blocks = args.num_gpu_blocks or (256 if quick else 400)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = set(args.configs) - set(CONFIGS)
-    if unknown or BASELINE not in args.configs:
-        p.error(f"--configs must include {BASELINE} and only {', '.join(CONFIGS)}; unknown: {sorted(unknown)}")
+    if unknown or not args.configs or len(set(args.configs)) < len(args.configs):
+        p.error(f"--configs: distinct names of {', '.join(CONFIGS)}; unknown: {sorted(unknown)}")
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     return args
 
 
@@ -525,7 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         trace = (system_prompt(docs, args.system_tokens, args.seed), users)
     else:
         trace = make_trace(docs, args.requests, args.zipf, args.questions_per_doc, args.seed)
-    results = [run_config(name, args, docs, trace) for name in args.configs]
+    runs: dict[str, list[ConfigResult]] = {name: [] for name in args.configs}
+    for name in run_order(args.configs, args.repeats):
+        runs[name].append(run_config(name, args, docs, trace))
+    results = [median_result(runs[name]) for name in args.configs]
     add_ratios(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

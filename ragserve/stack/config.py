@@ -38,6 +38,9 @@ class StackConfig:
     cachestore_memory: int = "1GiB"  # bytes once built
     engine_flags: list[str] = field(default_factory=list)  # passed to every engine
     engine_threads: int = 0  # torch threads per engine; 0: the host's cores shared out (engine_threads())
+    # engines pose as unmodified vLLM pods: no registration, vLLM KV events on ZMQ, which the router follows
+    # (--external-engine per engine, --tokenizer the model, --external-block-size the engines' --block-size)
+    external_engines: bool = False
     router_flags: list[str] = field(default_factory=list)
     cachestore_flags: list[str] = field(default_factory=list)
     log_level: str = "info"  # this and the tracing endpoint reach every child

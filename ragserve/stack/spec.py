@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.command_line import TLSFiles
 from ragserve.engine_command import EnginePod, engine_command
+from ragserve.model_source import resolve_model
 from ragserve.router_command import RouterLaunch, router_command
 from ragserve.stack.config import LOOPBACK, StackConfig
+from ragserve.stack.passthrough import parser_for
 from ragserve.stack.process import ChildSpec
 
 TOKEN_FILE = "registry-token"  # up passes the files write_token() made in its temporary directory
@@ -51,14 +54,24 @@ class Ports:
     cachestore_metrics: int
     redis: int
     engines: list[int]
+    kv_events: list[tuple[int, int]] = field(default_factory=list)  # external engines: (PUB, replay) each
 
     @classmethod
     def pick(cls, cfg: StackConfig) -> Ports:
-        router_grpc, cachestore, cachestore_metrics, redis, *engines = free_ports(4 + cfg.engines)
+        events = 2 * cfg.engines if cfg.external_engines else 0
+        router_grpc, cachestore, cachestore_metrics, redis, *engines = free_ports(4 + cfg.engines + events)
+        engines, rest = engines[: cfg.engines], engines[cfg.engines :]
+        kv_events = list(zip(rest[::2], rest[1::2], strict=True))
+        taken = engines + rest + [router_grpc, cachestore, cachestore_metrics, redis]
         router_http = cfg.port
-        while not router_http or router_http in engines + [router_grpc, cachestore, cachestore_metrics, redis]:
+        while not router_http or router_http in taken:
             router_http = free_port(cfg.host)
-        return cls(router_http, router_grpc, cachestore, cachestore_metrics, redis, engines)
+        return cls(router_http, router_grpc, cachestore, cachestore_metrics, redis, engines, kv_events)
+
+    def kv_event_endpoints(self, index: int) -> tuple[str, str]:
+        """Engine `index`'s KV-event PUB and replay endpoints (external engines)."""
+        pub, replay = self.kv_events[index]
+        return f"tcp://{LOOPBACK}:{pub}", f"tcp://{LOOPBACK}:{replay}"
 
 
 def ragserve(*argv: str) -> list[str]:
@@ -123,6 +136,7 @@ def router_spec(
         cachestore_token_file=store_token if cfg.cachestore else None,
         otlp_traces_endpoint=cfg.otlp_traces_endpoint,
         extra_args=tuple(cfg.router_flags),
+        **external_router_settings(cfg, ports),
     )
     url = f"http://{_connect_host(cfg.host)}:{ports.router_http}"
     return ChildSpec("router", ragserve(*router_command(launch)), url + "/ready", url)
@@ -139,7 +153,7 @@ def engine_spec(
         host=LOOPBACK,
         port=port,
         engine_id=f"engine-{index}",
-        router=f"{LOOPBACK}:{ports.router_grpc}",
+        router=None if cfg.external_engines else f"{LOOPBACK}:{ports.router_grpc}",  # external: no registration
         advertise_url=url,
         registry_token_file=token_file,
         router_tls=cfg.client_tls,
@@ -149,10 +163,40 @@ def engine_spec(
         log_level=cfg.log_level,
         drain_timeout=5,
         otlp_traces_endpoint=cfg.otlp_traces_endpoint,
-        extra_args=tuple(cfg.engine_flags),
+        extra_args=tuple(cfg.engine_flags) + kv_events_flags(cfg, ports, index),
     )
     env = {"OMP_NUM_THREADS": str(threads)} if (threads := engine_threads(cfg)) else {}
     return ChildSpec(f"engine-{index}", ragserve(*engine_command(pod)), url + "/ready", url, env)
+
+
+def external_router_settings(cfg: StackConfig, ports: Ports) -> dict:
+    """RouterLaunch settings that follow external engines: one --external-engine each, the model's tokenizer
+    and the engines' block size (empty for registered engines)."""
+    if not cfg.external_engines:
+        return {}
+    specs = []
+    for i, port in enumerate(ports.engines):
+        pub, replay = ports.kv_event_endpoints(i)
+        specs.append(f"http://{LOOPBACK}:{port},events={pub},replay={replay}")
+    return {
+        "external_engines": tuple(specs),
+        "tokenizer": str(resolve_model(cfg.model).path),  # what the engines tokenize and template with
+        "external_block_size": engine_block_size(cfg),
+    }
+
+
+def kv_events_flags(cfg: StackConfig, ports: Ports, index: int) -> tuple[str, ...]:
+    """An external engine's vLLM --kv-events-config, on concrete loopback ports (--kv-events-bind)."""
+    if not cfg.external_engines:
+        return ()
+    pub, replay = ports.kv_event_endpoints(index)
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    return ("--kv-events-config", json.dumps(config), "--kv-events-bind")
+
+
+def engine_block_size(cfg: StackConfig) -> int:
+    """The engines' KV block size: --block-size among the engine flags, else the engine's default."""
+    return parser_for("engine").parse_args(cfg.engine_flags).block_size
 
 
 def engine_threads(cfg: StackConfig) -> int:

@@ -15,9 +15,10 @@ import pytest
 
 from tests.helpers.stack import KEPT, ROOT
 
-# The baseline and the full stack (kv_aware's prediction header, the cachestore); prefix and kv_aware alone
-# run the same code paths between these two and are left to the benchmark itself.
-CONFIGS = ["round_robin", "kv_aware+cachestore"]
+# The baseline, the full stack (kv_aware's prediction header, the cachestore) and kv_aware with the engines
+# external (vLLM KV events, no registration); prefix and kv_aware alone run the same code paths between these
+# and are left to the benchmark itself.
+CONFIGS = ["round_robin", "kv_aware+cachestore", "kv_aware+external"]
 
 
 def run_group(argv: list[str], env: dict, timeout: float) -> tuple[int, str]:
@@ -63,6 +64,9 @@ def test_quick_cluster_benchmark(tmp_path):
         predicted = [x["predicted_ttft_s"] for x in rows]  # kv_aware's prediction (router header), only there
         expected_none = not name.startswith("kv_aware")
         assert all((p is None) == expected_none and (p is None or p >= 0) for p in predicted), name
+    external = results["kv_aware+external"]  # the router followed the engines' vLLM events: its index filled
+    assert external["engines"].startswith("external") and external["cachestore"] == "none"
+    assert set(external["engine_shares"]) == {"external-0", "external-1"} and external["router_kv_stored"] > 0
     assert results["round_robin"]["ratios"]["ttft_p50_speedup"] == 1.0
     assert results["round_robin"]["fetched"] == 0  # no cachestore, nothing fetched
     table = (tmp_path / "rag_cluster-quick.md").read_text()

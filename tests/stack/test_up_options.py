@@ -5,6 +5,8 @@ with --otlp-traces-endpoint gives one trace holding router, engine and cachestor
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -91,3 +93,24 @@ def test_one_trace_holds_router_engine_and_cachestore_spans(tmp_path):
             assert {"router.route", "engine.request", "cachestore.lookup"} <= names, names
         finally:
             up.cleanup()
+
+
+def test_external_engines_pose_as_vllm_pods_the_router_follows():
+    """StackConfig(external_engines=True): engines do not register and publish vLLM KV events on ports of their
+    own; the router follows each (--external-engine, in engine order) with the model's tokenizer and the
+    engines' block size (bench/rag_cluster.py's kv_aware+external)."""
+    cfg = StackConfig(engines=2, model=tiny(), external_engines=True, engine_flags=["--block-size", "32"])
+    ports = Ports.pick(cfg)
+    assert len(ports.kv_events) == 2 and len({*ports.engines, *sum(ports.kv_events, ())}) == 6
+    router = router_spec(cfg, ports, None).argv
+    router = parser_for("router").parse_args(router[router.index("ragserve.cli") + 2 :])
+    assert router.tokenizer == tiny() and router.external_block_size == 32
+    for i, port in enumerate(ports.engines):
+        argv = engine_spec(cfg, ports, i).argv
+        engine = parser_for("engine").parse_args(argv[argv.index("ragserve.cli") + 2 :])
+        assert engine.router is None and engine.kv_events_bind and engine.block_size == 32
+        events = json.loads(engine.kv_events_config)
+        assert events["enable_kv_cache_events"] and events["publisher"] == "zmq"
+        spec = router.external_engine[i]
+        assert spec.url == f"http://127.0.0.1:{port}"
+        assert (spec.events, spec.replay) == (events["endpoint"], events["replay_endpoint"])
