@@ -33,9 +33,13 @@ def cachestore(tmp_path):
     store.stop()
 
 
-def engine(address: str, **kwargs) -> LLM:
+def eager(num_gpu_blocks: int = 128, **kwargs) -> LLM:
     """Eager: what varies here is where the KV comes from (compiled decode has its own tests)."""
-    return LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=128, cachestore=address, **kwargs)
+    return LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=num_gpu_blocks, **kwargs)
+
+
+def engine(address: str, **kwargs) -> LLM:
+    return eager(cachestore=address, **kwargs)
 
 
 def test_peer_fetch_replaces_prefill_and_output_matches_cold_run(cachestore):
@@ -50,9 +54,7 @@ def test_peer_fetch_replaces_prefill_and_output_matches_cold_run(cachestore):
     warm = b.generate([question], GREEDY)[0]
     assert b.engine.connector.stats.hits == 20 * 16  # every full context block was fetched
     assert warm.num_cached_tokens == 20 * 16  # so B prefilled only the question
-    reference = LLM(
-        str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=128, loaded_model=a.engine.runner.model
-    )
+    reference = eager(loaded_model=a.engine.runner.model)
     assert warm.outputs[0].token_ids == reference.generate([question], GREEDY)[0].outputs[0].token_ids
     # a second, identical question on A is a local hit, not a fetch
     again = a.generate([CONTEXT + [11, 12, 13]], GREEDY)[0]
@@ -78,7 +80,7 @@ def test_other_layout_never_served(cachestore):
     a = engine(address)
     a.generate([CONTEXT + [1]], GREEDY)
     a.engine.connector.flush()
-    c = LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=128, cachestore=address, block_size=32)
+    c = engine(address, block_size=32)
     c.generate([CONTEXT + [1]], GREEDY)
     assert c.engine.connector.stats.hits == 0
 
@@ -86,7 +88,7 @@ def test_other_layout_never_served(cachestore):
 def test_cachestore_killed_mid_run_costs_only_misses(cachestore):
     address, store = cachestore
     a = engine(address)
-    ref = LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=128, loaded_model=a.engine.runner.model)
+    ref = eager(loaded_model=a.engine.runner.model)
     prompts = [CONTEXT + [i, i + 1] for i in range(3)]
     expected = [o.outputs[0].token_ids for o in ref.generate(prompts, GREEDY)]
     assert a.generate(prompts[:1], GREEDY)[0].outputs[0].token_ids == expected[0]
@@ -176,7 +178,7 @@ def test_a_stalled_cachestore_never_stalls_other_requests(stalling_store):
     address, store = stalling_store
     llm = engine(address)
     eng = llm.engine
-    reference = LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=128, loaded_model=eng.runner.model)
+    reference = eager(loaded_model=eng.runner.model)
     prompt = CONTEXT + [31, 32, 33]
     expected = reference.generate([prompt], GREEDY)[0].outputs[0].token_ids
     bystander = eng.add_request(
@@ -310,13 +312,7 @@ def test_a_fetch_without_room_waits_for_running_requests_to_free_blocks(cachesto
     question = CONTEXT + [61]
     reference = a.generate([question], GREEDY)[0]
     a.engine.connector.flush()
-    b = LLM(
-        str(tiny_model("llama")),
-        enforce_eager=True,
-        num_gpu_blocks=32,
-        cachestore=address,
-        loaded_model=a.engine.runner.model,
-    )
+    b = engine(address, num_gpu_blocks=32, loaded_model=a.engine.runner.model)
     other = list(range(9000, 9000 + 16 * 12))  # 12 blocks the store does not hold, running for 32 steps
     long = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     running, warm = b.generate([other, question], [long, GREEDY])
@@ -332,7 +328,7 @@ def test_a_queued_request_fetches_back_the_prefix_evicted_while_it_waited(caches
     be admitted, loses those blocks to a running request's growth; when it is admitted it fetches them back
     from the cachestore instead of recomputing them."""
     address, _ = cachestore
-    b = LLM(str(tiny_model("llama")), enforce_eager=True, num_gpu_blocks=40, cachestore=address)
+    b = engine(address, num_gpu_blocks=40)
     question = CONTEXT + [61]
     reference = b.generate([question], GREEDY)[0]  # CONTEXT's 20 blocks: cached here and offloaded
     b.engine.connector.flush()
@@ -358,13 +354,7 @@ def test_fetched_blocks_without_a_free_kv_block_are_counted(cachestore):
     a = engine(address)
     a.generate([CONTEXT + [61]], GREEDY)
     a.engine.connector.flush()
-    b = LLM(
-        str(tiny_model("llama")),
-        enforce_eager=True,
-        num_gpu_blocks=12,
-        cachestore=address,
-        loaded_model=a.engine.runner.model,
-    )
+    b = engine(address, num_gpu_blocks=12, loaded_model=a.engine.runner.model)
     conn = b.engine.connector
     hashes = b.engine.kv_manager.hash_blocks(CONTEXT, None)
     blocks = conn.client.get(hashes)
