@@ -44,6 +44,11 @@ class ExternalEngineSpec:
             raise ValueError(f"--external-engine {text!r}: dp must be a positive integer, got {dp!r}")
         return cls(url.rstrip("/"), values["events"], values.get("replay"), int(dp))
 
+    def value(self) -> str:
+        """The `--external-engine` text parse() reads back as this spec."""
+        options = [f"events={self.events}"] + ([f"replay={self.replay}"] if self.replay else [])
+        return ",".join([self.url, *options, *([f"dp={self.dp}"] if self.dp > 1 else [])])
+
     def endpoints(self) -> list[tuple[int, str, str | None]]:
         """(rank, PUB endpoint, replay endpoint) per data-parallel rank, by vLLM's port + rank rule."""
         from ragserve.vllm_events.config import offset_endpoint_port  # imports ZMQ: only when followed

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ragserve.external_engine import ExternalEngineSpec
+
 VLLM_IMAGE = "docker.io/vllm/vllm-openai:v0.11.0"
 VLLM_PORT, VLLM_EVENTS_PORT, VLLM_REPLAY_PORT = 8000, 5557, 5558
 
@@ -23,15 +25,20 @@ class VllmPod:
     extra_args: tuple[str, ...] = ()
 
 
-def kv_events_config(pod: VllmPod) -> dict:
-    """vLLM's KVEventsConfig: ZMQ PUB on events_port, the replay ROUTER on replay_port, every topic."""
+def zmq_kv_events_config(endpoint: str, replay_endpoint: str) -> dict:
+    """vLLM's KVEventsConfig (--kv-events-config): ZMQ PUB on `endpoint`, the replay ROUTER, every topic."""
     return {
         "enable_kv_cache_events": True,
-        "endpoint": f"tcp://*:{pod.events_port}",
+        "endpoint": endpoint,
         "publisher": "zmq",
-        "replay_endpoint": f"tcp://*:{pod.replay_port}",
+        "replay_endpoint": replay_endpoint,
         "topic": "",
     }
+
+
+def kv_events_config(pod: VllmPod) -> dict:
+    """A vLLM pod's: PUB on events_port, replay on replay_port, on every interface."""
+    return zmq_kv_events_config(f"tcp://*:{pod.events_port}", f"tcp://*:{pod.replay_port}")
 
 
 def vllm_command(pod: VllmPod) -> list[str]:
@@ -51,7 +58,6 @@ def external_engines(statefulset: str, service_host: str, replicas: int, pod: Vl
     out = []
     for i in range(replicas):
         host = f"{statefulset}-{i}.{service_host}"
-        out.append(
-            f"http://{host}:{pod.port},events=tcp://{host}:{pod.events_port},replay=tcp://{host}:{pod.replay_port}"
-        )
+        events, replay = f"tcp://{host}:{pod.events_port}", f"tcp://{host}:{pod.replay_port}"
+        out.append(ExternalEngineSpec(f"http://{host}:{pod.port}", events, replay).value())
     return out

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.command_line import TLSFiles
 from ragserve.engine_command import EnginePod, engine_command
+from ragserve.external_engine import ExternalEngineSpec
 from ragserve.model_source import resolve_model
 from ragserve.router_command import RouterLaunch, router_command
 from ragserve.stack.config import LOOPBACK, StackConfig
 from ragserve.stack.passthrough import parser_for
 from ragserve.stack.process import ChildSpec
+from ragserve.vllm_command import zmq_kv_events_config
 
 TOKEN_FILE = "registry-token"  # up passes the files write_token() made in its temporary directory
 STORE_TOKEN_FILE = "cachestore-token"
@@ -177,7 +179,7 @@ def external_router_settings(cfg: StackConfig, ports: Ports) -> dict:
     specs = []
     for i, port in enumerate(ports.engines):
         pub, replay = ports.kv_event_endpoints(i)
-        specs.append(f"http://{LOOPBACK}:{port},events={pub},replay={replay}")
+        specs.append(ExternalEngineSpec(f"http://{LOOPBACK}:{port}", pub, replay).value())
     return {
         "external_engines": tuple(specs),
         "tokenizer": str(resolve_model(cfg.model).path),  # what the engines tokenize and template with
@@ -189,8 +191,7 @@ def kv_events_flags(cfg: StackConfig, ports: Ports, index: int) -> tuple[str, ..
     """An external engine's vLLM --kv-events-config, on concrete loopback ports (--kv-events-bind)."""
     if not cfg.external_engines:
         return ()
-    pub, replay = ports.kv_event_endpoints(index)
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    config = zmq_kv_events_config(*ports.kv_event_endpoints(index))
     return ("--kv-events-config", json.dumps(config), "--kv-events-bind")
 
 

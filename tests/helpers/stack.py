@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 KEPT = ("RAGSERVE_CACHE_DIR", "RAGSERVE_ENFORCE_EAGER")
 
 
-def stack_env() -> dict[str, str]:
-    """This environment for a `ragserve` stack command, as a user's: no RAGSERVE_* but KEPT, all the cores."""
-    env = without_shared_threads(dict(os.environ))
+def stack_env(all_cores: bool = True) -> dict[str, str]:
+    """This environment for a `ragserve` stack command, as a user's: no RAGSERVE_* but KEPT; all the cores, or
+    this xdist worker's share of them."""
+    env = without_shared_threads(dict(os.environ)) if all_cores else dict(os.environ)
     return {k: v for k, v in env.items() if not k.startswith("RAGSERVE_") or k in KEPT}
 
 

@@ -336,6 +336,9 @@ def test_spec_parse_errors(text: str, message: str) -> None:
 def test_spec_parse() -> None:
     spec = ExternalEngineSpec.parse("http://vllm:8000/,events=tcp://vllm:5557,replay=tcp://vllm:5558,dp=2")
     assert spec == ExternalEngineSpec("http://vllm:8000", "tcp://vllm:5557", "tcp://vllm:5558", 2)
+    assert spec.value() == "http://vllm:8000,events=tcp://vllm:5557,replay=tcp://vllm:5558,dp=2"
+    plain = ExternalEngineSpec("http://vllm:8000", "tcp://vllm:5557")
+    assert ExternalEngineSpec.parse(plain.value()) == plain
     assert spec.endpoints()[1] == (1, "tcp://vllm:5558", "tcp://vllm:5559")
     assert spec.index_ids("e") == ["e/dp0", "e/dp1"]
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers.stack import KEPT, ROOT
+from tests.helpers.stack import ROOT, stack_env
 
 # The baseline, the full stack (kv_aware's prediction header, the cachestore) and kv_aware with the engines
 # external (vLLM KV events, no registration); prefix and kv_aware alone run the same code paths between these
@@ -40,7 +40,7 @@ def run_group(argv: list[str], env: dict, timeout: float) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_quick_cluster_benchmark(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") or k in KEPT}  # shared threads
+    env = stack_env(all_cores=False)  # the run's share of the cores, as the engines it starts get
     cmd = [sys.executable, str(ROOT / "bench" / "rag_cluster.py"), "--quick", "--requests", "12", "--clients", "3"]
     cmd += ["--engines", "2", "--configs", ",".join(CONFIGS), "--enforce-eager"]  # compiled decode: own tests
     returncode, output = run_group([*cmd, "--out", str(tmp_path)], env, timeout=900)
