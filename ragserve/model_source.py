@@ -91,28 +91,20 @@ def model_metadata(source: ModelSource) -> dict:
             "vocab_size": cfg["vocab_size"],
             "max_position_embeddings": cfg.get("max_position_embeddings"),
         }
-    from gguf import GGUFReader
+    from ragserve.gguf_file import read_gguf
 
-    reader = GGUFReader(str(source.path))
-    arch = _gguf_value(reader, "general.architecture")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    meta = read_gguf(source.path).metadata
+    arch = meta.get("general.architecture")
+    tokens = meta.get("tokenizer.ggml.tokens")
     return {
         "architecture": arch,
-        "num_layers": _gguf_value(reader, f"{arch}.block_count"),
-        "hidden_size": _gguf_value(reader, f"{arch}.embedding_length"),
-        "num_heads": _gguf_value(reader, f"{arch}.attention.head_count"),
-        "num_kv_heads": _gguf_value(reader, f"{arch}.attention.head_count_kv"),
-        "vocab_size": len(tokens.data) if tokens is not None else None,
-        "max_position_embeddings": _gguf_value(reader, f"{arch}.context_length"),
+        "num_layers": meta.get(f"{arch}.block_count"),
+        "hidden_size": meta.get(f"{arch}.embedding_length"),
+        "num_heads": meta.get(f"{arch}.attention.head_count"),
+        "num_kv_heads": meta.get(f"{arch}.attention.head_count_kv"),
+        "vocab_size": len(tokens) if tokens is not None else None,
+        "max_position_embeddings": meta.get(f"{arch}.context_length"),
     }
-
-
-def _gguf_value(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.contents()
-    return value
 
 
 def cache_dir() -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ragserve.gguf_file import read_gguf
 from ragserve_engine.models.config import SUPPORTED, ModelConfig
 
 _NAMES = {
@@ -25,38 +26,28 @@ _NAMES = {
 }
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader
-
-    return GGUFReader(str(path))
-
-
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
 def gguf_config(path: Path) -> ModelConfig:
-    reader = _reader(path)
-    arch = _field(reader, "general.architecture")
+    gguf = read_gguf(path)
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
     if arch not in SUPPORTED:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED)}")
-    names = {t.name for t in reader.tensors}
-    heads = _field(reader, f"{arch}.attention.head_count")
-    hidden = _field(reader, f"{arch}.embedding_length")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    names = gguf.tensor_names()
+    heads = meta[f"{arch}.attention.head_count"]
+    hidden = meta[f"{arch}.embedding_length"]
+    eos = meta.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
         model_type=arch,
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        vocab_size=len(meta["tokenizer.ggml.tokens"]),
         hidden_size=hidden,
-        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
-        num_layers=_field(reader, f"{arch}.block_count"),
+        intermediate_size=meta[f"{arch}.feed_forward_length"],
+        num_layers=meta[f"{arch}.block_count"],
         num_heads=heads,
-        num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
-        head_dim=_field(reader, f"{arch}.attention.key_length", hidden // heads),
-        rms_norm_eps=_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=_field(reader, f"{arch}.rope.freq_base", 10000.0),
-        max_position=_field(reader, f"{arch}.context_length", 4096),
+        num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+        head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+        rms_norm_eps=meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        max_position=meta.get(f"{arch}.context_length", 4096),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
@@ -74,7 +65,7 @@ def iter_gguf_weights(path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch
     """HF-named float32 tensors from a GGUF file."""
     from gguf import dequantize
 
-    for tensor in _reader(path).tensors:
+    for tensor in read_gguf(path).tensors:
         w = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         name = tensor.name
         if name == "token_embd.weight":
