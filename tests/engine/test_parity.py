@@ -14,31 +14,23 @@ MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def _regimes(
-    path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool, preemption, chunked_swap: bool
-):
-    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference. chunked_swap: the
-    chunked-prefill regime also runs in the pool too small for all, preempting by swap.
+def _regimes(path: str, base: LLM, prompts: list[list[int]], chunk: int, no_prefix_caching: bool, preemption):
+    """(label, LLM) pairs sharing the loaded weights: each must reproduce the reference.
 
     They run eager: the base LLM already checks the compiled path against the reference, and compiled ==
     eager has its own tests (tests/engine/test_decode_graphs.py); here what varies is the scheduling.
     """
     need = [-(-(len(p) + MAX_NEW) // 16) for p in prompts]
-    # one sequence fits at a time: short prompts all start, then run out while decoding; long ones (two
-    # prompts longer than the step budget) are prefilled in chunks and run out one block short
-    tiny_pool = max(need) + 2 if len(prompts) > 2 else sum(need) - 1
+    # one sequence fits at a time: short prompts all start, then run out while decoding
+    tiny_pool = max(need) + 2
     assert max(need) < tiny_pool < sum(need)
     shared = dict(loaded_model=base.engine.runner.model, enforce_eager=True)
     if no_prefix_caching:
         yield "no-prefix-caching", LLM(path, enable_prefix_caching=False, num_gpu_blocks=512, **shared)
+    yield f"chunked-prefill-{chunk}", LLM(path, max_num_batched_tokens=chunk, num_gpu_blocks=512, **shared)
     # without prefix caching: chat prompts share the template's first blocks, and a prompt waits for a running
     # prefill of a block it shares (in-batch prefix sharing), so with it the pool would not run out
     tight = dict(num_gpu_blocks=tiny_pool, enable_prefix_caching=False, **shared)
-    if chunked_swap:
-        chunked = LLM(path, max_num_batched_tokens=chunk, preemption_mode="swap", swap_space=0.5, **tight)
-        yield f"chunked-prefill-{chunk}-preempt-swap", chunked
-    else:
-        yield f"chunked-prefill-{chunk}", LLM(path, max_num_batched_tokens=chunk, num_gpu_blocks=512, **shared)
     for mode in preemption:
         yield f"preempt-{mode}", LLM(path, preemption_mode=mode, swap_space=0.5, **tight)
 
@@ -51,26 +43,13 @@ def run_parity(
     no_prefix_caching: bool = True,
     loaded_model=None,
     preemption: tuple[str, ...] = ("recompute", "swap"),
-    chunked_swap: bool = False,
 ) -> None:
     """`chunk`: the chunked-prefill regime's step budget; the longest prompts need several chunks.
-    `no_prefix_caching=False` drops that regime where the cold pass, asserted hit-free, already ran it.
     `loaded_model`: weights another LLM loaded; the base LLM then runs eager on them (else it loads its own and
     runs the default, compiled path). `preemption`: the preemption modes run in a pool too small for all."""
     assert max(len(p) for p in prompts) > 2 * chunk, chunk
-    refs = [reference_greedy(hf_model, p, MAX_NEW) for p in prompts]
-    shared = dict(loaded_model=loaded_model, enforce_eager=True) if loaded_model is not None else {}
-    base = LLM(path, num_gpu_blocks=512, **shared)
-    outs = base.generate(prompts, GREEDY)
-    assert_all_parity(hf_model, prompts, [o.outputs[0].token_ids for o in outs], refs, "prefix-caching-cold")
-    assert no_prefix_caching or not any(o.num_cached_tokens for o in outs)
-    # second pass: every full prompt block except the last token's is a hit, outputs unchanged
-    again = base.generate(prompts, GREEDY)
-    for p, o, first in zip(prompts, again, outs, strict=True):
-        assert o.outputs[0].token_ids == first.outputs[0].token_ids
-        assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
-    assert base.engine.kv_manager.stats.hits > 0
-    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching, preemption, chunked_swap):
+    base, again = cold_and_cached_parity(path, hf_model, prompts, loaded_model)
+    for label, llm in _regimes(path, base, prompts, chunk, no_prefix_caching, preemption):
         outs = llm.generate(prompts, GREEDY)
         for o, first in zip(outs, again, strict=True):
             assert o.outputs[0].token_ids == first.outputs[0].token_ids, label
@@ -80,6 +59,22 @@ def run_parity(
             swap = llm.engine.kv_manager.swap
             assert swap.num_swap_outs == swap.num_swap_ins == llm.engine.scheduler.num_preemptions, label
         assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks, label
+
+
+def cold_and_cached_parity(path: str, hf_model, prompts: list[list[int]], loaded_model=None):
+    """The default engine's greedy output equals the reference's, cold and again from its prefix cache."""
+    refs = [reference_greedy(hf_model, p, MAX_NEW) for p in prompts]
+    shared = dict(loaded_model=loaded_model, enforce_eager=True) if loaded_model is not None else {}
+    base = LLM(path, num_gpu_blocks=512, **shared)
+    outs = base.generate(prompts, GREEDY)
+    assert_all_parity(hf_model, prompts, [o.outputs[0].token_ids for o in outs], refs, "prefix-caching-cold")
+    # second pass: every full prompt block except the last token's is a hit, outputs unchanged
+    again = base.generate(prompts, GREEDY)
+    for p, o, first in zip(prompts, again, outs, strict=True):
+        assert o.outputs[0].token_ids == first.outputs[0].token_ids
+        assert o.num_cached_tokens == (len(p) - 1) // 16 * 16
+    assert base.engine.kv_manager.stats.hits > 0
+    return base, again
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
@@ -118,31 +113,29 @@ def smollm2():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # ~2-5 minutes on 2 idle cores; much longer on a loaded machine
+@pytest.mark.timeout(2400)  # ~1-3 minutes on 2 idle cores; much longer on a loaded machine
 def test_smollm2_gguf_parity(smollm2):
     """The real SmolLM2-135M GGUF, dequantized by both sides; chat prompts through the chat template. Eager: the
     compiled decode path is held to transformers on every architecture's tiny model (test_tiny_model_parity) and
-    to eager by test_decode_graphs; compiling it for SmolLM2 cost two minutes of a cold CI run."""
+    to eager by test_decode_graphs; compiling it for SmolLM2 cost two minutes of a cold CI run. Preemption by
+    swap only: recompute re-runs the prefill path the other regimes check (the tiny models check it as a mode)."""
     hf, tok, model = smollm2
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in TEXTS]
-    run_parity("smollm2-135m", hf, prompts, loaded_model=model)
+    run_parity("smollm2-135m", hf, prompts, loaded_model=model, preemption=("swap",))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_smollm2_gguf_parity_at_rag_length(smollm2):
-    """~2,000-token RAG prompts (retrieved passages, then a question), English and Chinese."""
+    """~2,000-token RAG prompts (retrieved passages, then a question), English and Chinese, cold and from the
+    prefix cache. The default step budget (2,048 tokens) splits the two prompts' prefill across steps, the later
+    chunks attending to the KV cache of the earlier ones; the other scheduling regimes are checked at short
+    length above (each regime's rerun of two such prompts costs a full prefill of both: ~40 s of a CI run)."""
     hf, tok, model = smollm2
     prompts = [tok.encode_chat(rag_messages(lang, tok)) for lang in ("en", "zh")]
     assert all(1900 <= len(p) <= 2600 for p in prompts), [len(p) for p in prompts]
-    # 512-token chunks: still 4-5 chunks a prompt, each attending to the KV cache of the ones before. The two
-    # prompts share no block, so the cold pass computed what no-prefix-caching would (that regime runs above)
-    # Preemption by swap only, in the chunked regime's own run (one prefill of both prompts fewer): by
-    # recompute, two such prompts in a pool one block short thrash (6 preemptions, each recomputing ~2,000
-    # tokens: 54 s), and recompute runs the prefill path the chunked regime checks (the short prompts' regimes
-    # check recompute preemption itself)
-    regimes = dict(chunk=512, no_prefix_caching=False, preemption=(), chunked_swap=True)
-    run_parity("smollm2-135m", hf, prompts, loaded_model=model, **regimes)
+    base, _ = cold_and_cached_parity("smollm2-135m", hf, prompts, loaded_model=model)
+    assert sum(len(p) for p in prompts) > base.engine.config.max_num_batched_tokens  # prefilled in chunks
 
 
 class FixedLogits:
