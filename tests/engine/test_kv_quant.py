@@ -149,7 +149,9 @@ FORCED_MIN = {"int8": 0.95, "fp8": 0.85, "fp8_e5m2": 0.65}
 @pytest.fixture(scope="module")
 def llama_reference():
     path = str(tiny_model("llama"))
-    base = LLM(path, num_gpu_blocks=256)
+    # eager, as the quantized engines are (decode graphs need the model-dtype cache): compiled == eager has its
+    # own tests, and compiling the reference's decode graphs cost ~50 s of a cold CI run
+    base = LLM(path, num_gpu_blocks=256, enforce_eager=True)
     prompts = [base.tokenizer.encode(t) for t in TEXTS]
     outs = [o.outputs[0].token_ids for o in base.generate(prompts, GREEDY)]
     return path, base, prompts, outs
