@@ -136,6 +136,7 @@ class ExternalEngines:
         self.followers: dict[str, list[RankFollower]] = {}
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._clearing: dict[str, asyncio.Task] = {}  # a removed engine's index being cleared
+        self._lost: set[asyncio.Task] = set()  # an unreachable engine's index being cleared
         self._state: RouterState | None = None
         self._applied: Callable[[list[KVOp]], None] | None = None
 
@@ -159,6 +160,24 @@ class ExternalEngines:
         if not self.exact_index(engine_id):
             return []
         return self.followers[engine_id][0].indexer.offload_tiers()
+
+    def lost(self, engine_id: str) -> asyncio.Task | None:
+        """The engine stopped answering: forget its blocks (a process that died took its KV cache with it;
+        a restarted one may publish nothing, or sequence numbers past the old ones, before it is routed to).
+        The followers keep running and fill the index again from the engine's next events."""
+        ranks = self.followers.get(engine_id, [])
+        if not ranks:
+            return None
+
+        async def clear() -> None:
+            for rank in ranks:
+                await rank.clear()
+            log.warning("external engine %s unreachable: its KV index is cleared", engine_id)
+
+        task = asyncio.create_task(clear(), name=f"lost-{engine_id}")
+        self._lost.add(task)
+        task.add_done_callback(self._lost.discard)
+        return task
 
     def start(self, state: RouterState, applied: Callable[[list[KVOp]], None] | None = None) -> None:
         """Follow every engine; applied(ops) after each batch of ops reaches the state."""
@@ -215,7 +234,7 @@ class ExternalEngines:
         tasks = [t for ts in self._tasks.values() for t in ts]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, *self._clearing.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, *self._clearing.values(), *self._lost, return_exceptions=True)
         self._tasks.clear()
 
 

@@ -216,11 +216,18 @@ class EnginePool:
         if kind in (CONNECT, TIMEOUT):
             if health.healthy:
                 log.warning("engine %s marked unhealthy after %s", record.engine_id, kind)
+                self._unreachable(record, kind == CONNECT)
             health.healthy = False
         elif health.failures >= self.cfg.breaker_failures and record.engine_id not in self._probing:
             self._probing.add(record.engine_id)
             task = asyncio.ensure_future(self.probe(record))
             task.add_done_callback(lambda _: self._probing.discard(record.engine_id))
+
+    def _unreachable(self, record: EngineRecord, gone: bool) -> None:
+        """A healthy engine stopped answering. An external engine that may have restarted (anything but a
+        timeout, which a busy engine gives) loses its blocks from the index: its events may never say so."""
+        if gone and record.source == EXTERNAL and self.external is not None:
+            self.external.lost(record.engine_id)
 
     def mark_success(self, record: EngineRecord) -> None:
         self.health[record.engine_id].failures = 0
@@ -252,6 +259,7 @@ class EnginePool:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             if health.healthy:
                 log.warning("engine %s failed its probe: %s", record.engine_id, type(exc).__name__)
+                self._unreachable(record, not isinstance(exc, httpx.TimeoutException))
             health.healthy = False
             return
         if not health.healthy:

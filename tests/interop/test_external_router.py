@@ -46,13 +46,14 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def publishing_engine(tmp: Path) -> tuple[EngineProc, str, str]:
-    """A ragserve engine with no --router that publishes vLLM KV events on concrete loopback ports."""
-    pub_port, replay_port = free_ports(2)
+def publishing_engine(tmp: Path, ports: tuple[int, int, int] | None = None) -> tuple[EngineProc, str, str]:
+    """A ragserve engine with no --router that publishes vLLM KV events on concrete loopback ports
+    (ports: HTTP, events, replay; the same ones again restart the engine where the router expects it)."""
+    http_port, pub_port, replay_port = ports or free_ports(3)
     pub, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
-    engine = start_engine(tmp, "--kv-events-config", json.dumps(config), "--kv-events-bind", "--device", "cpu")
-    return engine, pub, replay
+    args = ("--kv-events-config", json.dumps(config), "--kv-events-bind", "--device", "cpu")
+    return start_engine(tmp, *args, port=http_port), pub, replay
 
 
 def start_router(tmp: Path, *flags: str, grpc_port: int | None = None) -> tuple[Proc, str]:
@@ -80,46 +81,68 @@ async def published(pub: str, replay: str) -> int:
         sub.close()
 
 
+def ports_of(engine: EngineProc, pub: str, replay: str) -> tuple[int, int, int]:
+    return engine.port, int(pub.rsplit(":", 1)[1]), int(replay.rsplit(":", 1)[1])
+
+
 def test_router_routes_external_engines_from_their_kv_events(tmp_path):
+    """Two engines seen only through their vLLM events. doc-0 is prefilled on external-0 before the router
+    starts (its follower must replay it); then a multi-document trace through the router, each request sent
+    once the router has applied every BlockStored published so far: every repeat is an exact prefix hit and
+    every prediction equals the cached tokens the engine reports. Then external-0 restarts on the same ports:
+    the router must take it as cold (no hit predicted on an empty cache), and exact again from its new events."""
     started = [publishing_engine(tmp_path) for _ in range(2)]
     engines = [e for e, _, _ in started]
     router = None
     try:
         for engine in engines:
             engine.wait_ready(timeout=300)
+        body = {"model": MODEL_NAME, "messages": rag_messages("doc-0"), "max_tokens": 1, "temperature": 0}
+        assert httpx.post(engines[0].url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
         flags = [f for e, pub, rep in started for f in ("--external-engine", f"{e.url},events={pub},replay={rep}")]
         router, url = start_router(tmp_path, *flags, "--tokenizer", str(tiny_model("llama")))
         wait_http(url + "/health", proc=router, timeout=60)
         until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 2, timeout=60, what="engines healthy")
 
-        docs = ["doc-a", "doc-b"]
-        for doc, engine in zip(docs, engines, strict=True):  # each prompt prefilled on one engine, directly
-            body = {"model": MODEL_NAME, "messages": rag_messages(doc), "max_tokens": 1, "temperature": 0}
-            assert httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
-        for _, pub, rep in started:  # the engines have sent the prompts' blocks...
-            until(lambda: asyncio.run(published(pub, rep)) >= 1, timeout=30, what="BlockStored published")  # noqa: B023
-        stored = sum(asyncio.run(published(pub, rep)) for _, pub, rep in started)
+        def applied() -> float:
+            return value(router_metrics(url), "ragserve_router_kv_events_total", kind="stored")
 
-        def applied() -> bool:  # ...and the router's followers applied every one (one stored op each)
-            return value(router_metrics(url), "ragserve_router_kv_events_total", kind="stored") >= stored
+        def caught_up(base: float = 0.0) -> None:  # the router applied every BlockStored published since base
+            stored = sum(asyncio.run(published(pub, rep)) for _, pub, rep in started)
+            until(lambda: applied() - base >= stored, timeout=30, what=f"the router applied {stored} BlockStored")
 
-        until(applied, timeout=30, what="the router applied the engines' BlockStored events")
-
-        for doc, expected in zip(docs, ("external-0", "external-1"), strict=True):
-            before = router_metrics(url)
-            body = {"model": MODEL_NAME, "messages": rag_messages(doc), "max_tokens": 1, "temperature": 0}
-            resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
-            assert resp.status_code == 200, resp.text
-            assert resp.headers["x-ragserve-engine"] == expected
+        seen: dict[str, str] = {"doc-0": "external-0"}
+        for doc in ("doc-0", "doc-1", "doc-2", "doc-1", "doc-3", "doc-2", "doc-0", "doc-3"):
+            caught_up()
+            resp, hit, predicted = routed_hit(url, MODEL_NAME, doc)
+            engine_id = resp.headers["x-ragserve-engine"]
             cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-            after = router_metrics(url)
-            hits = "ragserve_router_routing_decisions_total"
-            assert value(after, hits, policy="kv_aware", reason="prefix_hit") == 1 + value(
-                before, hits, policy="kv_aware", reason="prefix_hit"
-            )
-            predicted = "ragserve_router_predicted_cached_tokens_total"
-            delta = value(after, predicted, engine=expected) - value(before, predicted, engine=expected)
-            assert cached > 10 * BS and delta == cached, (delta, cached)
+            assert predicted == cached, (doc, engine_id, predicted, cached)
+            if doc in seen:  # a repeat (doc-0's first one recovered by replay): home, and an exact hit
+                assert (engine_id, hit) == (seen[doc], 1) and cached > 10 * BS, (doc, engine_id, hit, cached)
+            seen.setdefault(doc, engine_id)
+
+        caught_up()
+        ports = ports_of(*started[0])
+        engines[0].stop()
+        until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, timeout=60, what="engine 0 down")
+        base = applied() - asyncio.run(published(*started[1][1:]))  # what the old external-0 contributed
+        started[0] = publishing_engine(tmp_path, ports)
+        engines[0] = started[0][0]
+        engines[0].wait_ready(timeout=300)
+        until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 2, timeout=60, what="engine 0 back")
+        doc = next(d for d, e in seen.items() if e == "external-0")
+        resp, hit, predicted = routed_hit(url, MODEL_NAME, doc)  # its blocks died with the old process
+        cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert (hit, predicted, cached) == (0, 0, 0), (resp.headers["x-ragserve-engine"], hit, predicted, cached)
+
+        body = {"model": MODEL_NAME, "messages": rag_messages("doc-4"), "max_tokens": 1, "temperature": 0}
+        assert httpx.post(engines[0].url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
+        caught_up(base)  # the new process's events, from its sequence 0
+        resp, hit, predicted = routed_hit(url, MODEL_NAME, "doc-4")
+        cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert resp.headers["x-ragserve-engine"] == "external-0" and hit == 1, resp.headers
+        assert predicted == cached > 10 * BS, (predicted, cached)
     finally:
         if router is not None:
             router.stop()
