@@ -24,13 +24,13 @@ def rag(doc: int, question: str, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fleet(gateway_cluster, until):
+def fleet(gateway_cluster):
     """A kv_aware router with TLS on its picker port (self-signed) and two real engines registered with it."""
     picker = epp_router(gateway_cluster, "--heartbeat-interval-ms", "300", "--max-body-bytes", "64KiB")
     engines = gateway_cluster.real_engines(picker.router, 2, *ENGINE_FLAGS, ids=["gw-0", "gw-1"])
     for engine in engines:
         gateway_cluster.wait_registered(engine)
-    until(lambda: envoy.health_status(picker.envoy.chan, "readiness") == "SERVING", message="picker ready")
+    process.until(lambda: envoy.health_status(picker.envoy.chan, "readiness") == "SERVING", what="picker ready")
     yield picker, engines
     picker.envoy.close()
 
@@ -41,7 +41,7 @@ def in_flight(metrics, router) -> float:
 
 def test_picked_endpoint_is_in_header_and_metadata_and_serves(fleet, metrics):
     picker, engines = fleet
-    pick = picker.envoy.pick(CHAT, rag(0, "What is fact 3?"), chunks=4)
+    pick = picker.envoy.pick(CHAT, rag(0, "What is fact 3?"), headers={"x-request-id": "gw-req-1"}, chunks=4)
     assert pick.immediate is None
     assert pick.header == pick.metadata  # the same value in both places
     assert set(pick.endpoints) == {endpoint(e) for e in engines}  # primary first, then the fallback
@@ -49,7 +49,7 @@ def test_picked_endpoint_is_in_header_and_metadata_and_serves(fleet, metrics):
     assert in_flight(metrics, picker.router) == 1  # reserved at the decision, like the HTTP gateway's
     served = picker.envoy.serve(pick)
     assert served.status == 200 and served.endpoint == pick.endpoints[0]
-    assert served.headers["x-request-id"] == pick.set_headers["x-request-id"]
+    assert pick.set_headers["x-request-id"] == "gw-req-1"  # the engine logs the client's request id
     assert in_flight(metrics, picker.router) == 0
     engine_id = {endpoint(e): e.name for e in engines}[served.endpoint]
     assert metrics(picker.router.url, "ragserve_router_requests_total", model="tiny", engine=engine_id,

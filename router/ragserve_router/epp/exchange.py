@@ -77,6 +77,9 @@ class Exchange:
                 return [protocol.trailers_done(False)]
         except ApiError as error:
             return [self._refuse(error)]
+        except Exception:  # a bug: the client gets a 500 and the slot is released, the stream ends cleanly
+            log.exception("request %s: endpoint picker failed on %s", self.request_id, kind)
+            return [self._refuse(ApiError(500, "internal router error", "internal_error"))]
         return []  # attributes-only or unknown messages: nothing to answer
 
     async def _request_headers(self, headers: ext.HttpHeaders) -> list[ext.ProcessingResponse]:
