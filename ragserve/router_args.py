@@ -31,6 +31,7 @@ POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "session", "prefix",
 DEFAULT_POLICY = "kv_aware"
 ROUTER_PORT, ROUTER_GRPC_PORT = 8080, 50051
 ROUTER_GROUPS = ("serving", "engines", "routing", "shared state", "reliability", "security and limits")
+ROUTER_GROUPS += ("endpoint picker",)  # the Gateway API Inference Extension EPP (docs/gateway.md)
 
 
 def url_list(text: str) -> list[str]:
@@ -85,6 +86,14 @@ class RouterConfig(FromArgs):
     approx_ttl: float = option(600.0, "approximate index TTL, seconds", "routing", type=float)
     approx_pending_ttl: float = option(10.0, "trust routing history for engines with events", "routing", type=float)
     approx_max_entries: int = option(200_000, "approximate index size bound", "routing", type=positive_int)
+    saturation_queue_depth: int = option(
+        5, "an engine with more prompts waiting for prefill is saturated (sheddable requests get 429)", "routing",
+        type=int,
+    )  # fmt: skip
+    saturation_kv_usage: float = option(
+        0.8, "an engine using more of its KV cache (0-1) is saturated (sheddable requests get 429)", "routing",
+        type=float,
+    )  # fmt: skip
     redis: str | None = option(None, "redis:// URL: share registry and KV index between replicas", "shared state")
     redis_prefix: str = option("ragserve:", "key prefix in Redis", "shared state")
     max_attempts: int = option(3, "engines tried before the first byte", "reliability", type=positive_int)
@@ -112,6 +121,13 @@ class RouterConfig(FromArgs):
         negatable=False,
     )  # fmt: skip
 
+    epp_port: int = option(0, "Envoy ext_proc (endpoint picker) gRPC port beside the HTTP gateway (0: off)",
+                           "endpoint picker", type=int)  # fmt: skip
+    epp_cert_file: str | None = option(None, "endpoint picker TLS certificate (PEM; default: self-signed)",
+                                       "endpoint picker")  # fmt: skip
+    epp_key_file: str | None = option(None, "endpoint picker TLS private key (PEM)", "endpoint picker")
+    epp_plaintext: bool = option(False, "serve the endpoint picker without TLS", "endpoint picker", negatable=False)
+
     def __post_init__(self) -> None:
         if not self.router_id:
             self.router_id = f"{socket.gethostname()}-{os.getpid()}"
@@ -120,6 +136,11 @@ class RouterConfig(FromArgs):
             (bool(self.tls_cert) == bool(self.tls_key), "--tls-cert and --tls-key must be given together"),
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.bounded_load >= 1.0, "--bounded-load must be >= 1.0"),
+            (0 <= self.epp_port <= 65535, "--epp-port must be a port number (0: off)"),
+            (bool(self.epp_cert_file) == bool(self.epp_key_file), "--epp-cert-file and --epp-key-file go together"),
+            (not (self.epp_plaintext and self.epp_cert_file), "--epp-plaintext excludes --epp-cert-file"),
+            (self.saturation_queue_depth >= 0, "--saturation-queue-depth must be >= 0"),
+            (self.saturation_kv_usage >= 0, "--saturation-kv-usage must be >= 0"),
             (self.max_attempts >= 1, "--max-attempts must be >= 1"),
             (self.migration_limit >= 0, "--migration-limit must be >= 0"),
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
@@ -136,7 +157,7 @@ class RouterConfig(FromArgs):
         paths = (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file)
         if self.tokenizer and not os.path.exists(self.tokenizer):
             raise FileNotFoundError(f"--tokenizer: no such file or directory: {self.tokenizer}")
-        for path in (*paths, self.registry_token_file):
+        for path in (*paths, self.registry_token_file, self.epp_cert_file, self.epp_key_file):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"no such file: {path}")
 

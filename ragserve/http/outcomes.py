@@ -58,13 +58,14 @@ class _Response:
         if self.status is None:  # the app raised before answering: the server sends a 500
             return (CLIENT_CLOSED, "client_closed") if self.gone else (500, "internal_error")
         if self.stream and self.done or not self.stream and self.complete:
-            return self.status, _reason(self.status, self.error_body)
+            return self.status, error_reason(self.status, self.error_body)
         if self.gone:
             return CLIENT_CLOSED, "client_closed"
         return broken, "stream_broken"
 
 
-def _reason(status: int, body: bytes) -> str:
+def error_reason(status: int, body: bytes) -> str:
+    """An answer's reason label: "" for a success, else its OpenAI error body's code (or http_<status>)."""
     if status == CLIENT_CLOSED:
         return "client_closed"
     if status < 400:

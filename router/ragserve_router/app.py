@@ -2,65 +2,37 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys, require_api_key
-from ragserve.http.body import parse_json_object, read_body
+from ragserve.http.body import read_body
 from ragserve.http.errors import ApiError, install_error_handlers
-from ragserve.http.limits import check_request
 from ragserve.http.outcomes import CountResponses
-from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.engines import EngineRecord
-from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import Decider, RouteRequest
-from ragserve_router.pool import EnginePool
-from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy
 from ragserve_router.resume import ResumePlan, unresumable
-from ragserve_router.state import RouterState
+from ragserve_router.routing import Routing
 from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-POLICY_HEADER = "x-ragserve-policy"
 
 
 @dataclass
-class Gateway:
-    cfg: RouterConfig
-    state: RouterState
-    pool: EnginePool
-    tokenizers: Tokenizers
-    decider: Decider
+class Gateway(Routing):
+    """The HTTP front end: the shared routing plus the proxy, API keys and rate limits."""
+
     proxy: Proxy
     auth: ApiKeys
     limiter: RateLimiter
-    metrics: RouterMetrics
-    draining: bool = False
-    _tasks: set[asyncio.Task] = field(default_factory=set)
-
-    def background(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-
-def parse_body(raw: bytes) -> tuple[dict, str]:
-    body = parse_json_object(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required and must be a string", "missing_model", param="model")
-    return body, model
 
 
 async def assign_request_id(request: Request) -> None:
@@ -126,48 +98,14 @@ def create_app(gw: Gateway) -> FastAPI:
     return app
 
 
-def _candidates(gw: Gateway, request: Request, model: str) -> list[EngineRecord]:
-    """The healthy engines serving `model` (404 for a model nobody serves, 503 while none is up)."""
-    if model not in gw.pool.models() and model not in gw.pool.served_models:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
-    request.state.model = model  # a served model: a bounded metric label
-    candidates = gw.pool.candidates(model)
-    if not candidates:  # a model the cluster serves, with no engine up right now: come back soon
-        retry = {"Retry-After": str(max(1, round(gw.cfg.probe_interval)))}
-        raise ApiError(503, f"no healthy engine serves model `{model}` right now; try again", "no_engine", None, retry)
-    return candidates
-
-
-def _policy(gw: Gateway, request: Request) -> str:
-    """--policy, or the client's X-Ragserve-Policy where --allow-policy-header lets it choose."""
-    if gw.cfg.allow_policy_header and (wanted := request.headers.get(POLICY_HEADER)):
-        if wanted not in POLICIES:
-            raise ApiError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
-        return wanted
-    return gw.cfg.policy
-
-
 async def _route(gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float) -> Routed:
-    """Decide where the request goes and reserve its slot on the first engine of that order."""
-    body, model = parse_body(raw)
-    check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
-    candidates, policy = _candidates(gw, request, model), _policy(gw, request)
-    t0 = time.monotonic()
-    key = await gw.tokenizers.routing_key(gw.pool.spec(model), model, body, chat, len(raw))
-    decision = await gw.decider.decide(policy, RouteRequest(model, body, chat, request.headers, key), candidates)
-    first = decision.order[0]
-    chosen = decision.predictions.get(first.engine_id)
-    slot = gw.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes)  # no await since the decision
-    gw.metrics.routing_latency.observe(time.monotonic() - t0)
-    gw.metrics.decisions.labels(decision.policy, decision.reason).inc()
-    if chosen:
-        gw.metrics.observe_prediction(first.engine_id, chosen)
-    request.state.policy = decision.policy
-    if key.hashes:
-        gw.background(_record(gw, key.hashes, first.engine_id))
+    """Decide where the request goes (routing.Routing.pick) and how it may resume."""
+    picked, body = await gw.pick(request.headers, raw, chat, request.state, started)
     stream = body.get("stream") is True
+    first = picked.decision.order[0]
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))
-    return Routed(request, request.state.request_id, model, path, raw, stream, decision, key, started, slot, plan)
+    return Routed(**picked.fields(), request=request, request_id=request.state.request_id, path=path, body=raw,
+                  stream=stream, plan=plan)  # fmt: skip
 
 
 def _trace_attributes(routed: Routed) -> dict:
@@ -178,10 +116,3 @@ def _trace_attributes(routed: Routed) -> dict:
     if (predicted := d.predicted_cached_tokens(engine_id, routed.key)) is not None:
         attrs["ragserve.predicted_cached_tokens"] = predicted
     return attrs
-
-
-async def _record(gw: Gateway, hashes: list[bytes], engine_id: str) -> None:
-    try:
-        await gw.state.record_route(hashes, engine_id)
-    except Exception as exc:  # the approximate index is best effort
-        log.debug("could not record route: %s", exc)

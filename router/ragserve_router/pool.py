@@ -165,7 +165,12 @@ class EnginePool:
     def queued_prompts(self, record: EngineRecord) -> int:
         """Prompts the queued prefill tokens belong to: ours without a first token, or the heartbeat's waiting
         ones if more; at least 1."""
-        return max(1, len(self.health[record.engine_id].prefills), record.load.num_waiting)
+        return max(1, self.queue_depth(record))
+
+    def queue_depth(self, record: EngineRecord) -> int:
+        """Prompts waiting for their prefill on the engine: ours without a first token, or the heartbeat's
+        waiting ones if more (the saturation check's queue, routing.Routing.saturated)."""
+        return max(len(self.health[record.engine_id].prefills), record.load.num_waiting)
 
     def routed_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
         """Leading blocks of `hashes` that a prompt we sent the engine (no first token yet) will leave there."""

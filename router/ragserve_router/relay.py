@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -71,10 +70,7 @@ class Relay:
                     if (out := self._event(event)) is not None:
                         if not self.sent_any:
                             self.sent_any = True
-                            self.r.slot.first_token()
-                            elapsed = time.monotonic() - self.r.started
-                            self.upstream.metrics.ttft.labels(self.r.model).observe(elapsed)
-                            self.upstream.metrics.engine_ttft.labels(self.engine.engine_id).observe(elapsed)
+                            self.r.first_token(self.upstream.metrics, self.engine.engine_id)
                         yield out
                     if self.outcome in (DONE, ENGINE_ERROR):
                         break

@@ -134,8 +134,16 @@ async def serve(cfg: RouterConfig) -> int:
         assert external is not None
         tasks.append(asyncio.create_task(ExternalPodWatcher(cfg, pool, external).run()))
 
+    picker = None
+    if cfg.epp_port:
+        from ragserve_router.epp.server import EndpointPicker
+
+        picker = EndpointPicker(gateway, gateway.auth)
+        await picker.start()
+        log.info("endpoint picker (ext_proc) on %s:%d, %s", cfg.host, picker.port, "TLS" if picker.tls else "plaintext")
+
     def on_drain() -> None:
-        asyncio.ensure_future(grpc_health.enter_graceful_shutdown())
+        asyncio.ensure_future(grpc_health.enter_graceful_shutdown())  # the EPP's readiness follows gateway.draining
 
     config = uvicorn.Config(
         create_app(gateway),
@@ -167,6 +175,8 @@ async def serve(cfg: RouterConfig) -> int:
         if external:
             await external.stop()
         await grpc_server.stop(grace=1.0)
+        if picker is not None:
+            await picker.stop(grace=1.0)
         for closer in (gateway.proxy.close, pool.close, state.close):
             with contextlib.suppress(Exception):
                 await closer()

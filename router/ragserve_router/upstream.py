@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 import httpx
@@ -19,28 +18,22 @@ from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.policies import Decision
-from ragserve_router.pool import EnginePool, Slot
-from ragserve_router.prompt import RoutingKey
+from ragserve_router.pool import EnginePool
 from ragserve_router.resume import ResumePlan
+from ragserve_router.routing import Picked
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Routed:
-    """One request on its way: what was decided, the slot it holds (which moves with it) and how it resumes."""
+class Routed(Picked):
+    """One HTTP request on its way: the decision and the slot it holds (which moves with it), and how it resumes."""
 
     request: Request
     request_id: str
-    model: str
     path: str
     body: bytes
     stream: bool
-    decision: Decision
-    key: RoutingKey
-    started: float
-    slot: Slot
     plan: ResumePlan
 
 
@@ -109,25 +102,10 @@ class Upstream:
         return sorted(left, key=lambda e: (rank.get(e.engine_id, len(rank)), self.pool.load(e)))
 
     def finish(self, r: Routed, engine: EngineRecord, usage: dict | None = None) -> None:
-        """The request is over on `engine`: its usage (when it reported one) accounted, its slot released,
-        its answer credited to the engine (ragserve.http.outcomes counts it) and its latency observed."""
-        self.account_usage(r, engine, usage)
-        r.slot.release()
+        """The request is over on `engine` (routing.Picked.finish); its answer is credited to the engine
+        (ragserve.http.outcomes counts it)."""
+        r.finish(self.metrics, engine.engine_id, usage)
         r.request.state.engine = engine.engine_id
-        self.metrics.latency.labels(r.model).observe(time.monotonic() - r.started)
-
-    def account_usage(self, r: Routed, engine: EngineRecord, usage: dict | None) -> None:
-        """Routing accuracy: predicted cached tokens vs. what the engine reports (when it does)."""
-        if not isinstance(usage, dict):
-            return
-        details = usage.get("prompt_tokens_details") or {}
-        actual = details.get("cached_tokens") if isinstance(details, dict) else None
-        predicted = r.decision.predicted_cached_tokens(engine.engine_id, r.key)
-        if isinstance(usage.get("prompt_tokens"), int):
-            self.metrics.prompt_tokens.labels(engine.engine_id).inc(usage["prompt_tokens"])
-        if isinstance(actual, int) and predicted is not None:
-            self.metrics.predicted_cached.labels(engine.engine_id).inc(predicted)
-            self.metrics.actual_cached.labels(engine.engine_id).inc(actual)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -1,0 +1,187 @@
+"""Where one request goes: the routing path both front ends call, the HTTP gateway (app.py) and the Gateway API
+endpoint picker (epp/). Parse and check the OpenAI body, find the candidates, shed a sheddable request when every
+candidate is saturated, ask the policy, reserve the slot on the first engine, count the decision; and, once the
+engine answered, account its first token, usage and latency (Picked)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragserve.http.body import parse_json_object
+from ragserve.http.errors import ApiError
+from ragserve.http.limits import check_request
+from ragserve.router_args import POLICIES, RouterConfig
+from ragserve_router.engines import EngineRecord
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.policies import Decider, Decision, RouteRequest
+from ragserve_router.pool import EnginePool, Slot
+from ragserve_router.prompt import RoutingKey, Tokenizers
+from ragserve_router.state import RouterState
+
+log = logging.getLogger(__name__)
+POLICY_HEADER = "x-ragserve-policy"
+# A request's priority, as a Gateway API InferenceObjective's: below 0 it is sheddable (429 when saturated).
+PRIORITY_HEADER = "x-ragserve-priority"
+
+
+def parse_body(raw: bytes) -> tuple[dict, str]:
+    body = parse_json_object(raw)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required and must be a string", "missing_model", param="model")
+    return body, model
+
+
+def priority(headers: Mapping[str, str]) -> int:
+    """X-Ragserve-Priority (default 0); a value that is not an integer is a 400."""
+    text = headers.get(PRIORITY_HEADER, "").strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise ApiError(400, f"{PRIORITY_HEADER} must be an integer, got {text[:32]!r}", "invalid_priority") from None
+
+
+@dataclass(frozen=True)
+class Picked:
+    """A routing decision and the slot it holds on the engine, from the decision to the answer's end."""
+
+    model: str
+    decision: Decision
+    key: RoutingKey
+    started: float  # when the request arrived (monotonic)
+    slot: Slot
+
+    def fields(self) -> dict[str, Any]:
+        """This decision's fields, to build a subclass (upstream.Routed) from it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Picked)}
+
+    def first_token(self, metrics: RouterMetrics, engine_id: str) -> None:
+        """The engine's first streamed byte: its prefill is over; TTFT observed."""
+        self.slot.first_token()
+        elapsed = time.monotonic() - self.started
+        metrics.ttft.labels(self.model).observe(elapsed)
+        metrics.engine_ttft.labels(engine_id).observe(elapsed)
+
+    def finish(self, metrics: RouterMetrics, engine_id: str, usage: dict | None = None) -> None:
+        """The request is over on the engine: its usage accounted, its slot released, its latency observed."""
+        self.account_usage(metrics, engine_id, usage)
+        self.slot.release()
+        metrics.latency.labels(self.model).observe(time.monotonic() - self.started)
+
+    def account_usage(self, metrics: RouterMetrics, engine_id: str, usage: dict | None) -> None:
+        """Routing accuracy: predicted cached tokens vs. what the engine reports (when it does)."""
+        if not isinstance(usage, dict):
+            return
+        details = usage.get("prompt_tokens_details") or {}
+        actual = details.get("cached_tokens") if isinstance(details, dict) else None
+        predicted = self.decision.predicted_cached_tokens(engine_id, self.key)
+        if isinstance(usage.get("prompt_tokens"), int):
+            metrics.prompt_tokens.labels(engine_id).inc(usage["prompt_tokens"])
+        if isinstance(actual, int) and predicted is not None:
+            metrics.predicted_cached.labels(engine_id).inc(predicted)
+            metrics.actual_cached.labels(engine_id).inc(actual)
+
+
+@dataclass
+class Routing:
+    """What both front ends route with: the engines, the index, the policies and the metrics."""
+
+    cfg: RouterConfig
+    state: RouterState
+    pool: EnginePool
+    tokenizers: Tokenizers
+    decider: Decider
+    metrics: RouterMetrics
+    draining: bool = field(default=False, kw_only=True)  # SIGTERM: not ready, finishing what is in flight
+    _tasks: set[asyncio.Task] = field(default_factory=set, kw_only=True)
+
+    def background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def pick(
+        self,
+        headers: Mapping[str, str],
+        raw: bytes,
+        chat: bool,
+        labels: Any,  # request.state or the EPP's labels: .model and .policy are set here (metric labels)
+        started: float,
+        eligible: Callable[[EngineRecord], bool] | None = None,
+    ) -> tuple[Picked, dict]:
+        """Decide where the request goes and reserve its slot on the first engine of that order; also returns
+        the parsed body."""
+        body, model = parse_body(raw)
+        check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
+        candidates = self.candidates(labels, model, eligible)
+        policy = self.policy(headers)
+        self.shed(headers, model, candidates)
+        t0 = time.monotonic()
+        key = await self.tokenizers.routing_key(self.pool.spec(model), model, body, chat, len(raw))
+        decision = await self.decider.decide(policy, RouteRequest(model, body, chat, headers, key), candidates)
+        first = decision.order[0]
+        chosen = decision.predictions.get(first.engine_id)
+        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes)  # no await since decide
+        self.metrics.routing_latency.observe(time.monotonic() - t0)
+        self.metrics.decisions.labels(decision.policy, decision.reason).inc()
+        if chosen:
+            self.metrics.observe_prediction(first.engine_id, chosen)
+        labels.policy = decision.policy
+        self.remember(key, first.engine_id)
+        return Picked(model, decision, key, started, slot), body
+
+    def candidates(
+        self, labels: Any, model: str, eligible: Callable[[EngineRecord], bool] | None = None
+    ) -> list[EngineRecord]:
+        """The healthy (and eligible) engines serving `model` (404 for a model nobody serves, 503 while none is)."""
+        if model not in self.pool.models() and model not in self.pool.served_models:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
+        labels.model = model  # a served model: a bounded metric label
+        candidates = [e for e in self.pool.candidates(model) if eligible is None or eligible(e)]
+        if not candidates:  # a model the cluster serves, with no engine up right now: come back soon
+            retry = {"Retry-After": str(max(1, round(self.cfg.probe_interval)))}
+            message = f"no healthy engine serves model `{model}` right now; try again"
+            raise ApiError(503, message, "no_engine", None, retry)
+        return candidates
+
+    def policy(self, headers: Mapping[str, str]) -> str:
+        """--policy, or the client's X-Ragserve-Policy where --allow-policy-header lets it choose."""
+        if self.cfg.allow_policy_header and (wanted := headers.get(POLICY_HEADER)):
+            if wanted not in POLICIES:
+                raise ApiError(400, f"unknown policy {wanted!r}; use one of {', '.join(POLICIES)}", "invalid_policy")
+            return wanted
+        return self.cfg.policy
+
+    def saturated(self, engine: EngineRecord) -> bool:
+        """Over --saturation-queue-depth prompts waiting for their prefill, or over --saturation-kv-usage."""
+        cfg = self.cfg
+        return self.pool.queue_depth(engine) > cfg.saturation_queue_depth or (
+            self.pool.kv_usage(engine) > cfg.saturation_kv_usage
+        )
+
+    def shed(self, headers: Mapping[str, str], model: str, candidates: list[EngineRecord]) -> None:
+        """A sheddable request (priority < 0) is refused with 429 while every candidate is saturated."""
+        if priority(headers) < 0 and all(self.saturated(e) for e in candidates):
+            raise ApiError(
+                429, f"every engine serving `{model}` is saturated and this request is sheddable (priority < 0); "
+                "try again later", "saturated", None, {"Retry-After": "1"},
+            )  # fmt: skip
+
+    def remember(self, key: RoutingKey, engine_id: str) -> None:
+        """Routing history (the approximate index): the prompt's blocks are going to this engine."""
+        if key.hashes:
+            self.background(self._record(key.hashes, engine_id))
+
+    async def _record(self, hashes: list[bytes], engine_id: str) -> None:
+        try:
+            await self.state.record_route(hashes, engine_id)
+        except Exception as exc:  # the approximate index is best effort
+            log.debug("could not record route: %s", exc)
