@@ -1,0 +1,68 @@
+"""Opt-in features render nothing until enabled: every conftest scenario that existed before
+gateway.inferencePool renders, byte for byte, what main's chart rendered. golden/renders.json holds the
+sha256 of each scenario's whole `helm template` output (NOTES.txt included, the random registry token
+masked), made from main's chart at 7c9c65e; the same holds with the feature's knobs set but `enabled: false`.
+
+A change meant to alter these renders updates the digests: `python -m tests.charts.test_default_render_unchanged`
+(diff against the old render with `git show <commit>:charts/ragserve` to see what moved)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import helm_python as helm
+import pytest
+
+from tests.charts.conftest import CHART, NAMESPACE, RELEASE, SCENARIOS
+
+GOLDEN = Path(__file__).parent / "golden" / "renders.json"
+FROZEN = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+INFERENCE_POOL_OFF = {
+    "gateway": {
+        "inferencePool": {
+            "enabled": False,
+            "failureMode": "FailOpen",
+            "eppPort": 9102,
+            "tls": {"mode": "plaintext"},
+            "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "infra"}]},
+        }
+    }
+}
+
+
+RANDOM = "ragserve/templates/router/registry-token.yaml"  # its token is randAlphaNum 48: masked
+
+
+def digest(chart, values: dict) -> str:
+    """sha256 of the whole render: every file's path and text, in path order."""
+    out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    if RANDOM in out:
+        out[RANDOM] = re.sub(r"(?m)^(  \S+: )[A-Za-z0-9+/=]{64}$", r"\1<random>", out[RANDOM])
+    text = "".join(f"# Source: {path}\n{out[path]}\n" for path in sorted(out))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FROZEN))
+def test_scenario_renders_what_main_rendered(chart, name: str):
+    assert digest(chart, SCENARIOS[name]) == FROZEN[name], f"{name}: the render changed"
+    assert digest(chart, merged(SCENARIOS[name], INFERENCE_POOL_OFF)) == FROZEN[name], f"{name}: knobs leak"
+
+
+def test_every_frozen_scenario_still_exists():
+    assert len(FROZEN) >= 13 and set(FROZEN) <= set(SCENARIOS)
+
+
+if __name__ == "__main__":
+    with helm.Chart.load(CHART) as loaded:
+        frozen = {name: digest(loaded, values) for name, values in SCENARIOS.items() if name in FROZEN or not FROZEN}
+    GOLDEN.write_text(json.dumps(frozen, indent=2, sort_keys=True) + "\n")
