@@ -37,8 +37,9 @@ RANDOM = "ragserve/templates/router/registry-token.yaml"  # its token is randAlp
 
 
 def digest(chart, values: dict) -> str:
-    """sha256 of the whole render: every file's path and text, in path order."""
-    out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    """sha256 of the whole render: every non-empty file's path and text, in path order (`helm template` prints
+    no empty file: a template whose feature is off renders nothing)."""
+    out = {p: t for p, t in chart.render(values, name=RELEASE, namespace=NAMESPACE).items() if t.strip()}
     if RANDOM in out:
         out[RANDOM] = re.sub(r"(?m)^(  \S+: )[A-Za-z0-9+/=]{64}$", r"\1<random>", out[RANDOM])
     text = "".join(f"# Source: {path}\n{out[path]}\n" for path in sorted(out))
