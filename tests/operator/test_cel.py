@@ -134,6 +134,48 @@ CASES += [
         set(),
     ),
 ]
+ON = {"enabled": True}
+GW_VLLM = (
+    "gateway.inferencePool: runtime vllm pools cannot be InferencePool members (the EPP may only pick members): "
+    "serve them through the router's own API"
+)
+GW_SECRET = "gateway.inferencePool.tls.mode secret needs tls.secretName"
+GW_PARENTS = "gateway.inferencePool.httpRoute needs parentRefs (the Gateway to attach to)"
+ROUTE = {"enabled": True, "parentRefs": [{"name": "gw"}]}
+CASES += [
+    ("inference pool", {"engines": [POOL], "gateway": {"inferencePool": {**ON, "httpRoute": ROUTE}}}, "demo", set()),
+    (
+        "inference pool, vllm pool",
+        {"engines": [POOL, VLLM], "router": TOKENIZER, "gateway": {"inferencePool": ON}},
+        "demo",
+        {GW_VLLM},
+    ),
+    ("no inference pool, vllm pool", {"engines": [VLLM], "router": TOKENIZER, "gateway": {}}, "demo", set()),
+    (
+        "inference pool, secret tls, no secret",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "tls": {"mode": "secret"}}}},
+        "demo",
+        {GW_SECRET},
+    ),
+    (
+        "inference pool, secret tls",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "tls": {"mode": "secret", "secretName": "e"}}}},
+        "demo",
+        set(),
+    ),
+    (
+        "inference pool off, secret tls, no secret",
+        {"engines": [POOL], "gateway": {"inferencePool": {"tls": {"mode": "secret"}}}},
+        "demo",
+        set(),
+    ),
+    (
+        "inference pool, route without parents",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "httpRoute": {"enabled": True}}}},
+        "demo",
+        {GW_PARENTS},
+    ),
+]
 for part in ("router", "cachestore"):
     CASES += [
         (
