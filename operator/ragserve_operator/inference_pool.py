@@ -7,6 +7,7 @@ from __future__ import annotations
 from ragserve.engine_args import ENGINE_PORT
 from ragserve_operator.mounts import Mounts
 from ragserve_operator.names import Owner
+from ragserve_operator.pods import router_grpc_service
 from ragserve_operator.spec import RAGServeSpec
 
 INFERENCE_API = "inference.networking.k8s.io/v1"
@@ -63,17 +64,8 @@ def inference_pool(owner: Owner, pool: dict) -> dict:
 def epp_service(owner: Owner, pool: dict) -> dict:
     """The router's Endpoint Picker: gRPC (ext_proc), TLS unless tls.mode is plaintext (then h2c)."""
     app_protocol = "kubernetes.io/h2c" if pool["tls"]["mode"] == "plaintext" else "grpc"
-    port = {"name": "epp", "port": pool["eppPort"], "targetPort": "epp", "protocol": "TCP"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owner.metadata(owner.child("epp"), "router"),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": owner.selector("router"),
-            "ports": [{**port, "appProtocol": app_protocol}],
-        },
-    }
+    port = {"name": "epp", "port": pool["eppPort"], "targetPort": "epp"}
+    return router_grpc_service(owner, owner.child("epp"), port, app_protocol)
 
 
 def http_route(owner: Owner, pool: dict) -> dict:

@@ -6,7 +6,15 @@ from ragserve.router_command import RouterLaunch, router_command
 from ragserve_operator.inference_pool import epp_launch, epp_ports
 from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file, serving_tls_files
 from ragserve_operator.names import Owner
-from ragserve_operator.pods import container, http_probe, pod_template, redis_url, redis_url_env, secret_env
+from ragserve_operator.pods import (
+    container,
+    http_probe,
+    pod_template,
+    redis_url,
+    redis_url_env,
+    router_grpc_service,
+    secret_env,
+)
 from ragserve_operator.spec import RAGServeSpec
 from ragserve_operator.vllm import external_block_size, router_external_engines
 
@@ -115,10 +123,5 @@ def router_service(owner: Owner, spec: RAGServeSpec) -> dict:
 
 def registry_service(owner: Owner, spec: RAGServeSpec) -> dict:
     """The gRPC registry engines register on: cluster-internal whatever the API Service's type."""
-    port = {"name": "grpc", "port": spec.router["grpcPort"], "targetPort": "grpc", "protocol": "TCP"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owner.metadata(owner.child("router-registry"), "router"),
-        "spec": {"type": "ClusterIP", "selector": owner.selector("router"), "ports": [{**port, "appProtocol": "grpc"}]},
-    }
+    port = {"name": "grpc", "port": spec.router["grpcPort"], "targetPort": "grpc"}
+    return router_grpc_service(owner, owner.child("router-registry"), port, "grpc")

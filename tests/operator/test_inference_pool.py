@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from ragserve_operator.apply import contains
-from ragserve_operator.children import desired_children
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import SpecError, apply_defaults, parse_spec, spec_schema
 from tests.charts.conftest import CHART, SCENARIOS
 from tests.helpers import gateway_api
 from tests.helpers.ragserve_cr import BASE, DEPLOYMENTS, NS, ragserve
 from tests.operator import rbac
+from tests.operator.test_vllm_pools import chart_objects, one, operator_objects
 
 CHART_VALUES = SCENARIOS["inference-pool"]
 GATEWAY = {  # the chart scenario's, less its NetworkPolicy peers (the operator renders no NetworkPolicy)
@@ -37,18 +37,9 @@ def with_pool(**over) -> dict:
     return {**SPEC, "gateway": {"inferencePool": {**GATEWAY["inferencePool"], **over}}}
 
 
-def chart_objects(values: dict = CHART_VALUES) -> tuple[dict, ...]:
-    return rbac.rendered(yaml.safe_dump({**values, "fullnameOverride": "demo"}))
-
-
-def operator_objects(spec: dict = SPEC, owner: Owner = OWNER) -> list[dict]:
-    parsed = parse_spec(spec, owner.name)
-    return desired_children(owner, parsed, {pool.name: 1 for pool in parsed.pools})
-
-
-def one(objs, kind: str, name: str) -> dict:
-    (obj,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
-    return obj
+def built(spec: dict = SPEC, owner: Owner = OWNER) -> list[dict]:
+    """The operator's children for `spec`."""
+    return operator_objects(spec, owner)
 
 
 def release_blind(value):
@@ -72,7 +63,7 @@ def epp_args(args: list[str]) -> list[str]:
 
 
 def test_pool_service_and_route_are_the_charts():
-    chart, ours = chart_objects(), operator_objects()
+    chart, ours = chart_objects(CHART_VALUES), built()
     for kind, name in (("InferencePool", POOL), ("Service", EPP), ("HTTPRoute", POOL)):
         assert release_blind(one(ours, kind, name)["spec"]) == release_blind(one(chart, kind, name)["spec"]), kind
     assert one(ours, "InferencePool", POOL)["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "demo"
@@ -88,7 +79,7 @@ def test_router_serves_the_epp_as_the_charts_does(tls: dict):
         **CHART_VALUES,
         "gateway": {"inferencePool": {**CHART_VALUES["gateway"]["inferencePool"], "eppPort": 9102, "tls": tls}},
     }
-    chart, ours = router(chart_objects(values)), router(operator_objects(with_pool(eppPort=9102, tls=tls)))
+    chart, ours = router(chart_objects(values)), router(built(with_pool(eppPort=9102, tls=tls)))
     assert epp_args(ours["args"]) == epp_args(chart["args"])
     assert epp_args(ours["args"])[:2] == ["--epp-port", "9102"]
     assert [p for p in ours["ports"] if p["name"] == "epp"] == [
@@ -97,7 +88,7 @@ def test_router_serves_the_epp_as_the_charts_does(tls: dict):
     assert [m for m in ours["volumeMounts"] if m["name"] == "epp-tls"] == [
         m for m in chart["volumeMounts"] if m["name"] == "epp-tls"
     ]
-    pod = one(operator_objects(with_pool(tls=tls)), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    pod = one(built(with_pool(tls=tls)), "Deployment", "demo-router")["spec"]["template"]["spec"]
     volumes = [v for v in pod["volumes"] if v["name"] == "epp-tls"]
     assert volumes == (
         [{"name": "epp-tls", "secret": {"secretName": "epp-cert", "defaultMode": 0o440}}]
@@ -107,7 +98,7 @@ def test_router_serves_the_epp_as_the_charts_does(tls: dict):
 
 
 def test_children_validate_against_upstream_and_strictly():
-    objs = operator_objects()
+    objs = built()
     assert {o["kind"] for o in objs} >= set(GATEWAY_KINDS)
     for obj in objs:
         if obj["kind"] in GATEWAY_KINDS:
@@ -117,10 +108,10 @@ def test_children_validate_against_upstream_and_strictly():
 
 
 def test_nothing_without_the_feature():
-    objs = operator_objects({"engines": SPEC["engines"]})
+    objs = built({"engines": SPEC["engines"]})
     assert not [o for o in objs if o["kind"] in GATEWAY_KINDS or o["metadata"]["name"] == EPP]
     assert "--epp-port" not in router(objs)["args"] and [p["name"] for p in router(objs)["ports"]] == ["http", "grpc"]
-    route_off = operator_objects(with_pool(httpRoute={"enabled": False}))
+    route_off = built(with_pool(httpRoute={"enabled": False}))
     assert one(route_off, "InferencePool", POOL) and not [o for o in route_off if o["kind"] == "HTTPRoute"]
 
 
@@ -163,7 +154,7 @@ def test_invalid_settings_are_refused(spec: dict, message: str):
 async def test_operator_creates_updates_and_prunes_them(kube, operator, eventually):
     body = await kube.call("POST", BASE, ragserve("demo", SPEC))
     owner = Owner.of({**body, "metadata": {**body["metadata"], "namespace": NS}})
-    desired = {(o["kind"], o["metadata"]["name"]): o for o in operator_objects(SPEC, owner)}
+    desired = {(o["kind"], o["metadata"]["name"]): o for o in built(SPEC, owner)}
     where = {"InferencePool": INFERENCE_POOLS, "HTTPRoute": HTTP_ROUTES, "Service": "v1/services"}
     for kind, name in (("InferencePool", POOL), ("HTTPRoute", POOL), ("Service", EPP)):
         await eventually(lambda: kube.obj(where[kind], name), what=f"{kind} {name}", timeout=60)  # noqa: B023
