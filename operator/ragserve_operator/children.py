@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ragserve_operator.cachestore import cachestore_service, cachestore_statefulset
 from ragserve_operator.engines import cachestore_addresses, engine_deployment, engine_service
+from ragserve_operator.inference_pool import inference_children
 from ragserve_operator.names import Owner
 from ragserve_operator.pools import pool_object
 from ragserve_operator.redis import redis_configmap, redis_deployment, redis_service
@@ -21,6 +22,8 @@ OWNED_KINDS = (
     "ConfigMap",
     "HorizontalPodAutoscaler",
     "ScaledObject",
+    "InferencePool",
+    "HTTPRoute",
 )
 
 
@@ -59,4 +62,4 @@ def desired_children(owner: Owner, spec: RAGServeSpec, replicas: dict[str, int])
         out += [cachestore_statefulset(owner, spec), cachestore_service(owner, spec)]
     if spec.redis["mode"] == "inCluster":
         out += [redis_configmap(owner, spec), redis_deployment(owner, spec), redis_service(owner)]
-    return out
+    return out + inference_children(owner, spec)

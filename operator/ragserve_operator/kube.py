@@ -34,6 +34,8 @@ KINDS: dict[str, Kind] = {
     "Pod": Kind("v1", "pods"),
     "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": Kind("keda.sh/v1alpha1", "scaledobjects"),
+    "InferencePool": Kind("inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": Kind("gateway.networking.k8s.io/v1", "httproutes"),
     "RAGServe": Kind(f"{GROUP}/{VERSION}", PLURAL),
     POOL_KIND: Kind(f"{GROUP}/{VERSION}", POOL_PLURAL),
 }

@@ -109,3 +109,17 @@ def redis_url(owner: Owner, spec: RAGServeSpec, db: int) -> str | None:
     if spec.redis["mode"] == "external":
         return spec.redis.get("url") or None
     return None
+
+
+def router_grpc_service(owner: Owner, name: str, port: dict, app_protocol: str) -> dict:
+    """A cluster-internal Service on one gRPC port of the router pods (its registry, its Endpoint Picker)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.metadata(name, "router"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": owner.selector("router"),
+            "ports": [{**port, "protocol": "TCP", "appProtocol": app_protocol}],
+        },
+    }

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from ragserve.router_command import RouterLaunch, router_command
+from ragserve_operator.inference_pool import epp_launch, epp_ports
 from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file, serving_tls_files
 from ragserve_operator.names import Owner
-from ragserve_operator.pods import container, http_probe, pod_template, redis_url, redis_url_env, secret_env
+from ragserve_operator.pods import (
+    container,
+    http_probe,
+    pod_template,
+    redis_url,
+    redis_url_env,
+    router_grpc_service,
+    secret_env,
+)
 from ragserve_operator.spec import RAGServeSpec
 from ragserve_operator.vllm import external_block_size, router_external_engines
 
@@ -26,6 +35,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         api_keys = f"{API_KEYS_DIR}/{secret['key']}"
     mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
     external = router_external_engines(owner, spec)
+    epp = epp_launch(spec, mounts)
     launch = RouterLaunch(
         port=r["port"],
         grpc_port=r["grpcPort"],
@@ -42,6 +52,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         cachestore_tls=store_tls,
         cachestore_token_file=store_token,
         api_keys_file=api_keys,
+        **epp,
     )
     return launch, mounts.add(tokenizer_mount(r["tokenizer"]))
 
@@ -70,6 +81,7 @@ def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
         ports=[
             {"name": "http", "containerPort": r["port"], "protocol": "TCP"},
             {"name": "grpc", "containerPort": r["grpcPort"], "protocol": "TCP"},
+            *epp_ports(spec),
         ],
         startupProbe=http_probe("/health", 2, 60),
         livenessProbe=http_probe("/health", 10, 3, timeout=5),
@@ -111,10 +123,5 @@ def router_service(owner: Owner, spec: RAGServeSpec) -> dict:
 
 def registry_service(owner: Owner, spec: RAGServeSpec) -> dict:
     """The gRPC registry engines register on: cluster-internal whatever the API Service's type."""
-    port = {"name": "grpc", "port": spec.router["grpcPort"], "targetPort": "grpc", "protocol": "TCP"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": owner.metadata(owner.child("router-registry"), "router"),
-        "spec": {"type": "ClusterIP", "selector": owner.selector("router"), "ports": [{**port, "appProtocol": "grpc"}]},
-    }
+    port = {"name": "grpc", "port": spec.router["grpcPort"], "targetPort": "grpc"}
+    return router_grpc_service(owner, owner.child("router-registry"), port, "grpc")

@@ -62,6 +62,19 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         "redis.mode external needs redis.url or redis.urlSecret",
         lambda s: s["redis"]["mode"] != "external" or "url" in s["redis"] or "urlSecret" in s["redis"],
     ),
+    (
+        "gateway.inferencePool: runtime vllm pools cannot be InferencePool members (the EPP may only pick members): "
+        "serve them through the router's own API",
+        lambda s: not _pool_on(s) or not _vllm(s),
+    ),
+    (
+        "gateway.inferencePool.tls.mode secret needs tls.secretName",
+        lambda s: not _pool_on(s) or _pool(s)["tls"]["mode"] != "secret" or bool(_pool(s)["tls"].get("secretName")),
+    ),
+    (
+        "gateway.inferencePool.httpRoute needs parentRefs (the Gateway to attach to)",
+        lambda s: not _pool_on(s) or not _pool(s)["httpRoute"]["enabled"] or bool(_pool(s)["httpRoute"]["parentRefs"]),
+    ),
 ]
 POOL_RULES: list[tuple[str, Any]] = [
     ("minReplicas must be <= maxReplicas", lambda p: p["minReplicas"] <= p["maxReplicas"]),
@@ -75,6 +88,14 @@ MAX_STATEFULSET_NAME = 52  # its pods get a controller-revision-hash label <name
 
 def _vllm(spec: dict) -> list[dict]:
     return [p for p in spec["engines"] if p["runtime"] == "vllm"]
+
+
+def _pool(spec: dict) -> dict:
+    return spec["gateway"]["inferencePool"]
+
+
+def _pool_on(spec: dict) -> bool:
+    return bool(_pool(spec)["enabled"])
 
 
 class SpecError(ValueError):
@@ -201,6 +222,7 @@ class RAGServeSpec:
     image_pull_secrets: list[dict]
     engine_api_key: dict | None = None  # {name, key} of a Secret
     vllm_pools: list[VllmPool] = field(default_factory=list)
+    gateway: dict = field(default_factory=dict)  # spec.gateway, defaulted (inferencePool)
 
 
 def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
@@ -223,6 +245,7 @@ def parse_spec(raw: dict | None, name: str | None = None) -> RAGServeSpec:
         image_pull_secrets=spec.get("imagePullSecrets", []),
         engine_api_key=spec.get("engineApiKeySecret"),
         vllm_pools=vllm,
+        gateway=spec["gateway"],
     )
 
 

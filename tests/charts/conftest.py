@@ -169,6 +169,23 @@ SCENARIOS: dict[str, dict] = {
         ],
         "monitoring": {"monitors": {"enabled": True}},
     },
+    "inference-pool": {
+        "engines": [
+            {"name": "small", "model": "smollm2-135m", "replicas": 2},
+            {"name": "big", "model": "qwen3-0.6b", "replicas": 3},
+        ],
+        "gateway": {
+            "inferencePool": {
+                "enabled": True,
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}],
+                "httpRoute": {
+                    "enabled": True,
+                    "parentRefs": [{"name": "inference-gateway", "namespace": "gateways", "sectionName": "http"}],
+                    "hostnames": ["llm.example.com"],
+                },
+            }
+        },
+    },
     "operator": {"operator": {"enabled": True}},
     "operator-only": {
         "operator": {"enabled": True, "watchNamespace": "teams"},

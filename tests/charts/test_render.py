@@ -1,9 +1,10 @@
 """Every value set lints clean and renders manifests that Kubernetes would accept.
 
-kubernetes-validate has schemas for the built-in kinds only. ServiceMonitor, PodMonitor, PrometheusRule
-(Prometheus operator), ScaledObject (KEDA) and HTTPRoute (Gateway API) are checked structurally here,
-against the objects they point at; their PromQL metric names are checked against live scrapes in
-test_dashboard.py.
+kubernetes-validate has schemas for the built-in kinds only. HTTPRoute (Gateway API) and InferencePool (its
+Inference Extension) are validated against the upstream CRDs' schemas and CEL rules (tests/helpers/gateway_api.py);
+they, ServiceMonitor, PodMonitor, PrometheusRule (Prometheus operator) and ScaledObject (KEDA) are checked
+structurally here, against the objects they point at; their PromQL metric names are checked against live scrapes
+in test_dashboard.py.
 """
 
 from __future__ import annotations
@@ -15,8 +16,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helpers import gateway_api
+
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
-NOT_IN_KUBERNETES_VALIDATE = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject", "HTTPRoute"}
+NOT_IN_KUBERNETES_VALIDATE = {
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "ScaledObject",
+    "HTTPRoute",
+    "InferencePool",
+}
 
 
 def of_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -51,6 +61,8 @@ def test_manifests_pass_kubernetes_validate_strict(manifests, kube):
             kubernetes_validate.validate(doc, kube, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
             unvalidated.add(doc["kind"])
+            if doc["kind"] in gateway_api.CRD_FILES:  # upstream's own CRD schemas and CEL rules
+                assert gateway_api.problems(doc) == [], doc["metadata"]["name"]
         except kubernetes_validate.ValidationError as exc:
             path = ".".join(str(p) for p in exc.path)
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for {kube} at {path}: {exc.message}")
@@ -111,6 +123,7 @@ RENDERED_BY = {
     "PodMonitor": ("monitoring", 1),
     "PrometheusRule": ("monitoring", 1),
     "HTTPRoute": ("ingress", 1),
+    "InferencePool": ("inference-pool", 1),
 }
 
 
@@ -143,7 +156,8 @@ def test_scaling_objects_target_rendered_deployments(manifests, scenario):
 
 
 def test_monitors_and_routes_point_at_rendered_objects(manifests, scenario):
-    assert_checked_kinds_rendered(manifests, scenario, "ServiceMonitor", "PodMonitor", "PrometheusRule", "HTTPRoute")
+    kinds = ("ServiceMonitor", "PodMonitor", "PrometheusRule", "HTTPRoute", "InferencePool")
+    assert_checked_kinds_rendered(manifests, scenario, *kinds)
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
     pods = [w["spec"]["template"] for w in workloads(manifests)]
     for sm in of_kind(manifests, "ServiceMonitor"):
@@ -162,10 +176,20 @@ def test_monitors_and_routes_point_at_rendered_objects(manifests, scenario):
             for e in pm["spec"]["podMetricsEndpoints"]
             for m in matched
         )
+    pools = {p["metadata"]["name"] for p in of_kind(manifests, "InferencePool")}
     for route in of_kind(manifests, "HTTPRoute"):
         assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["spec"]["parentRefs"]
         for backend in (b for rule in route["spec"]["rules"] for b in rule["backendRefs"]):
-            assert backend["port"] in {p["port"] for p in services[backend["name"]]["spec"]["ports"]}
+            if backend.get("kind") == "InferencePool":
+                assert backend["group"] == "inference.networking.k8s.io" and backend["name"] in pools
+            else:
+                assert backend["port"] in {p["port"] for p in services[backend["name"]]["spec"]["ports"]}
+    for pool in of_kind(manifests, "InferencePool"):
+        epp = pool["spec"]["endpointPickerRef"]
+        assert epp["port"]["number"] in {p["port"] for p in services[epp["name"]]["spec"]["ports"]}
+        members = [p for p in pods if selects(pool["spec"]["selector"]["matchLabels"], p["metadata"]["labels"])]
+        ports = {p["containerPort"] for m in members for c in m["spec"]["containers"] for p in c["ports"]}
+        assert members and {t["number"] for t in pool["spec"]["targetPorts"]} <= ports
     for svc in services.values():
         if svc["spec"].get("type", "ClusterIP") != "ClusterIP":  # only the HTTP API may leave the cluster
             assert [p["name"] for p in svc["spec"]["ports"]] == ["http"], svc["metadata"]["name"]

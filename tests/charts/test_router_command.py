@@ -35,6 +35,8 @@ EXTRA = {
         "router": {"registryAuth": {"enabled": False, "allowUnauthenticated": True}, "drainDelaySeconds": 70},
         "cachestore": {"enabled": False},
     },
+    "epp-plaintext": {"gateway": {"inferencePool": {"enabled": True, "eppPort": 9102, "tls": {"mode": "plaintext"}}}},
+    "epp-secret": {"gateway": {"inferencePool": {"enabled": True, "tls": {"mode": "secret", "secretName": "epp"}}}},
     "mtls-instead-of-token": {
         "router": {
             "registryAuth": {"enabled": False},
@@ -42,6 +44,20 @@ EXTRA = {
         },
     },
 }
+
+
+def epp_launch(values: dict) -> dict:
+    """RouterLaunch's epp_* settings for gateway.inferencePool (its Secret mounted at /etc/ragserve/epp-tls)."""
+    ip = values["gateway"]["inferencePool"]
+    if not ip["enabled"]:
+        return {}
+    secret = ip["tls"]["mode"] == "secret"
+    return {
+        "epp_port": ip["eppPort"],
+        "epp_plaintext": ip["tls"]["mode"] == "plaintext",
+        "epp_cert_file": "/etc/ragserve/epp-tls/tls.crt" if secret else None,
+        "epp_key_file": "/etc/ragserve/epp-tls/tls.key" if secret else None,
+    }
 
 
 def expected(values: dict) -> list[str]:
@@ -72,6 +88,7 @@ def expected(values: dict) -> list[str]:
         if store["enabled"] and store["auth"]["existingSecret"]
         else None,
         api_keys_file=f"/etc/ragserve/api-keys/{keys['key']}" if keys["existingSecret"] else None,
+        **epp_launch(values),
         extra_args=tuple(r["extraArgs"]),
     )
     return router_command(launch)

@@ -31,6 +31,10 @@ from tests.operator import rbac
 from tests.operator.kube_sim import KubeSim
 
 _parse_path = kmock_parsing.parse_path
+GATEWAY_RESOURCES = {
+    "inference.networking.k8s.io/v1/inferencepools": "InferencePool",
+    "gateway.networking.k8s.io/v1/httproutes": "HTTPRoute",
+}
 
 
 def _parse_path_fixed(path: str) -> kmock_parsing.ParsedPath:
@@ -55,8 +59,9 @@ current-context: sim
 
 @contextlib.asynccontextmanager
 async def serving_kube(check: Callable[[set], None] = rbac.check_operator_calls) -> AsyncIterator[KubeSim]:
-    """A KubeSim on loopback with the test namespace, the RAGServe kinds and KEDA's ScaledObject; at the
-    end, every call a client made is checked against the chart's RBAC (the operator's unless told)."""
+    """A KubeSim on loopback with the test namespace, the RAGServe kinds, KEDA's ScaledObject, InferencePool and
+    HTTPRoute; at the end, every call a client made is checked against the chart's RBAC (the operator's unless
+    told)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kmock_parsing, "parse_path", _parse_path_fixed)
         async with KubeSim() as sim, kmock.Server(sim):
@@ -76,6 +81,10 @@ async def serving_kube(check: Callable[[set], None] = rbac.check_operator_calls)
             sim.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
                 kind="ScaledObject", singular="scaledobject", namespaced=True, verbs=verbs
             )
+            for resource, kind in GATEWAY_RESOURCES.items():  # the upstream CRDs spec.gateway.inferencePool needs
+                sim.resources[resource] = kmock.ResourceInfo(
+                    kind=kind, singular=kind.lower(), namespaced=True, subresources={"status"}, verbs=verbs
+                )
             async with sim.post("/api/v1/namespaces", json={"metadata": {"name": NS}}) as response:
                 assert response.status < 300
             yield sim

@@ -31,6 +31,21 @@ LEAN_PART = {  # zone, memory request, limits, env A, a toleration, extraArgs: g
     "tolerations": [{"key": "spot", "operator": "Exists"}],
 }
 POOL = {"name": "a", "model": "m", "maxReplicas": 3, "modelPVC": {"claimName": "models", "subPath": "x"}}
+RICH_INFERENCE_POOL = {
+    "enabled": True,
+    "annotations": {"a.example/x": "1"},
+    "tls": {"mode": "secret", "secretName": "epp"},
+    "httpRoute": {
+        "enabled": True,
+        "annotations": {"a.example/y": "2"},
+        "parentRefs": [{"name": "gw", "sectionName": "http"}],
+        "hostnames": ["llm.example.com"],
+    },
+}
+LEAN_INFERENCE_POOL = {  # annotations, the certificate Secret, sectionName, hostnames, the timeout: gone
+    "enabled": True,
+    "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw"}], "requestTimeout": ""},
+}
 
 
 def rich(mode: str) -> dict:
@@ -42,6 +57,7 @@ def rich(mode: str) -> dict:
         "engineApiKeySecret": {"name": "engine-key"},
         "imagePullSecrets": [{"name": "regcred"}],
         "autoscaling": {"mode": mode, "targetRunningRequests": 8},
+        "gateway": {"inferencePool": RICH_INFERENCE_POOL},
     }
 
 
@@ -52,6 +68,7 @@ def lean(mode: str) -> dict:
         "cachestore": {**LEAN_PART, "maxMessageBytes": 1000},
         "redis": {"mode": "inCluster"},
         "autoscaling": {"mode": mode},
+        "gateway": {"inferencePool": LEAN_INFERENCE_POOL},
     }
 
 

@@ -11,55 +11,16 @@ harness implements it."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from typing import Any
 
-import celpy
 import pytest
 
 from ragserve_operator.crd import crds
 from ragserve_operator.spec import CROSS_FIELD_RULES, POOL_RULES, SpecError, apply_defaults, check_name, spec_schema
-
-ENV = celpy.Environment()
-Rule = tuple[str, dict]  # (path: "spec.engines[]", the rule)
-
-
-def rules_of(schema: dict, path: str = "") -> Iterator[Rule]:
-    for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule
-    for key, sub in schema.get("properties", {}).items():
-        yield from rules_of(sub, f"{path}.{key}".lstrip("."))
-    if "items" in schema:
-        yield from rules_of(schema["items"], f"{path}[]")
-    if isinstance(schema.get("additionalProperties"), dict):
-        yield from rules_of(schema["additionalProperties"], f"{path}{{}}")
+from tests.helpers.cel import ENV, Rule, holds, rules_of, values_at
 
 
 def all_rules() -> list[Rule]:
     return [r for c in crds() for r in rules_of(c["spec"]["versions"][0]["schema"]["openAPIV3Schema"])]
-
-
-def values_at(obj: Any, path: str) -> list[Any]:
-    """The values a rule at `path` runs on ("spec.engines[]": every pool)."""
-    values = [obj]
-    for part in [p for p in path.replace("[]", ".[]").split(".") if p]:
-        if part == "[]":
-            values = [item for v in values for item in (v or [])]
-        else:
-            values = [v[part] for v in values if isinstance(v, dict) and part in v]
-    return values
-
-
-def holds(rule: str, value: Any, old: Any = None) -> bool:
-    """One rule on one value; a transition rule (oldSelf) holds on create, as the API server skips it."""
-    if "oldSelf" in rule and old is None:
-        return True
-    activation = {"self": celpy.json_to_cel(value)}
-    if old is not None:
-        activation["oldSelf"] = celpy.json_to_cel(old)
-    result = ENV.program(ENV.compile(rule)).evaluate(activation)
-    assert isinstance(result, celpy.celtypes.BoolType), f"{rule!r} gave {result!r}, not a bool"
-    return bool(result)
 
 
 def cel_failures(obj: dict, old: dict | None = None) -> set[str]:
@@ -171,6 +132,48 @@ CASES += [
         {"engines": [VLLM, {**POOL, "vllm": {"blockSize": 32}}], "router": TOKENIZER},
         "demo",
         set(),
+    ),
+]
+ON = {"enabled": True}
+GW_VLLM = (
+    "gateway.inferencePool: runtime vllm pools cannot be InferencePool members (the EPP may only pick members): "
+    "serve them through the router's own API"
+)
+GW_SECRET = "gateway.inferencePool.tls.mode secret needs tls.secretName"
+GW_PARENTS = "gateway.inferencePool.httpRoute needs parentRefs (the Gateway to attach to)"
+ROUTE = {"enabled": True, "parentRefs": [{"name": "gw"}]}
+CASES += [
+    ("inference pool", {"engines": [POOL], "gateway": {"inferencePool": {**ON, "httpRoute": ROUTE}}}, "demo", set()),
+    (
+        "inference pool, vllm pool",
+        {"engines": [POOL, VLLM], "router": TOKENIZER, "gateway": {"inferencePool": ON}},
+        "demo",
+        {GW_VLLM},
+    ),
+    ("no inference pool, vllm pool", {"engines": [VLLM], "router": TOKENIZER, "gateway": {}}, "demo", set()),
+    (
+        "inference pool, secret tls, no secret",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "tls": {"mode": "secret"}}}},
+        "demo",
+        {GW_SECRET},
+    ),
+    (
+        "inference pool, secret tls",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "tls": {"mode": "secret", "secretName": "e"}}}},
+        "demo",
+        set(),
+    ),
+    (
+        "inference pool off, secret tls, no secret",
+        {"engines": [POOL], "gateway": {"inferencePool": {"tls": {"mode": "secret"}}}},
+        "demo",
+        set(),
+    ),
+    (
+        "inference pool, route without parents",
+        {"engines": [POOL], "gateway": {"inferencePool": {**ON, "httpRoute": {"enabled": True}}}},
+        "demo",
+        {GW_PARENTS},
     ),
 ]
 for part in ("router", "cachestore"):

@@ -35,8 +35,9 @@ STS = "demo-vllm-llama"
 CHART_DOMAIN = f".{rbac.NAMESPACE}.svc.cluster.local"  # the chart's FQDNs; the operator's end in .<ns>.svc
 
 
-def chart_objects() -> tuple[dict, ...]:
-    return rbac.rendered(yaml.safe_dump({**SCENARIOS["vllm-mixed"], "fullnameOverride": "demo"}))
+def chart_objects(values: dict = SCENARIOS["vllm-mixed"]) -> tuple[dict, ...]:
+    """The chart's render of `values` with fullnameOverride "demo" (the RAGServe's name)."""
+    return rbac.rendered(yaml.safe_dump({**values, "fullnameOverride": "demo"}))
 
 
 def operator_objects(spec: dict = SPEC, owner: Owner = OWNER) -> list[dict]:

@@ -89,6 +89,7 @@
 {{- $_ := set $names $p.name true -}}
 {{- end -}}
 {{- include "ragserve.validateVllm" . -}}
+{{- include "ragserve.validateInferencePool" . -}}
 {{- end }}
 
 {{/* runtime: vllm pools: the runtime is known, each has GPUs and a fixed replica count, the router has their

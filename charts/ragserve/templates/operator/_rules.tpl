@@ -1,6 +1,6 @@
 {{/* What the operator reconciles: RAGServe resources and the stack's children. Only what it calls: it
 writes with server-side apply and patches (no update), lists engine pods (no get or watch), posts core
-Events (kopf), and reads HPAs / ScaledObjects without watching them (tests/operator/test_rbac_coverage.py). */}}
+Events (kopf), and reads HPAs / ScaledObjects / InferencePools / HTTPRoutes without watching them (tests/operator/test_rbac_coverage.py). */}}
 {{- define "ragserve.operatorRules" -}}
 - apiGroups: [ragserve.dev]
   resources: [ragserves, ragserves/status]
@@ -25,6 +25,12 @@ Events (kopf), and reads HPAs / ScaledObjects without watching them (tests/opera
   verbs: [get, list, create, patch, delete]
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
   verbs: [get, list, create, patch, delete]
 {{- end }}
 

@@ -38,6 +38,7 @@
 {{- if $r.apiKeys.existingSecret }}
 {{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
 {{- end }}
+{{- include "ragserve.eppArgs" . }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}
