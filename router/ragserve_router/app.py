@@ -34,6 +34,14 @@ class Gateway(Routing):
     auth: ApiKeys
     limiter: RateLimiter
 
+    def admit(self, who: str, key: LimitedKey | None) -> None:
+        """The key's (else the client's) request-rate limit, for both front ends: 429 when over it."""
+        try:
+            self.limiter.check(key.name if key else who, key)
+        except ApiError:
+            self.metrics.rate_limited.inc()
+            raise
+
 
 async def assign_request_id(request: Request) -> None:
     """The client's X-Request-Id when well formed, else a new one; error answers carry it too."""
@@ -48,11 +56,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app.add_middleware(CountResponses, count=gw.metrics.count)  # every answer once, by final status
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
-        try:
-            gw.limiter.check(key.name if key else (request.client.host if request.client else "-"), key)
-        except ApiError:
-            gw.metrics.rate_limited.inc()
-            raise
+        gw.admit(request.client.host if request.client else "-", key)
 
     auth = require_api_key(gw.auth, rate_limit)
     generate = [Depends(assign_request_id), auth]  # in this order: a 401 or 429 carries the request id

@@ -138,7 +138,7 @@ async def serve(cfg: RouterConfig) -> int:
     if cfg.epp_port:
         from ragserve_router.epp.server import EndpointPicker
 
-        picker = EndpointPicker(gateway, gateway.auth)
+        picker = EndpointPicker(gateway, gateway.auth, gateway.admit)
         await picker.start()
         log.info("endpoint picker (ext_proc) on %s:%d, %s", cfg.host, picker.port, "TLS" if picker.tls else "plaintext")
 

@@ -179,3 +179,25 @@ def test_sheddable_requests_get_429_while_every_engine_is_saturated(fleet, gatew
 
 def healthy(router) -> int:
     return httpx.get(router.url + "/ready", timeout=5).json()["healthy_engines"]
+
+
+def test_rate_limits_are_the_http_gateways(fleet, gateway_cluster):
+    """--rate-limit-rps holds on the picker as on the HTTP gateway, per client (Envoy's x-forwarded-for) when keys
+    are off: a client past its burst gets 429 with Retry-After, another client is still routed."""
+    _, engines = fleet
+    static = ",".join(e.url for e in engines)
+    limited = epp_router(gateway_cluster, "--static-engines", static, "--rate-limit-rps", "0.01",
+                         "--rate-limit-burst", "2", tls=False, name="epp-limited")  # fmt: skip
+    process.until(lambda: healthy(limited.router) == 2, what="static engines")
+    first = {"x-forwarded-for": "10.0.0.1, 10.1.1.1"}
+    for _ in range(2):
+        pick = limited.envoy.pick(CHAT, rag(4, "q?"), headers=first)
+        assert pick.immediate is None and limited.envoy.serve(pick).status == 200
+    over = limited.envoy.pick(CHAT, rag(4, "q?"), headers=first)
+    assert over.immediate.status.code == 429 and over.error()["code"] == "rate_limit_exceeded"
+    headers = {h.header.key: h.header.raw_value.decode() for h in over.immediate.headers.set_headers}
+    assert int(headers["retry-after"]) >= 1
+    other = limited.envoy.pick(CHAT, rag(4, "q?"), headers={"x-forwarded-for": "10.0.0.2"})
+    assert other.immediate is None and limited.envoy.serve(other).status == 200
+    limited.envoy.close()
+    limited.router.stop()

@@ -13,18 +13,21 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from starlette.datastructures import Headers
 
-from ragserve.http.auth import ApiKeys
+from ragserve.http.auth import ApiKey, ApiKeys
 from ragserve.http.errors import ApiError
 from ragserve.http.outcomes import CLIENT_CLOSED, Outcome, error_reason
 from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
 from ragserve_router.routing import Picked, Routing
+
+Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
@@ -41,8 +44,8 @@ class Labels:
 
 
 class Exchange:
-    def __init__(self, routing: Routing, auth: ApiKeys) -> None:
-        self.routing, self.auth = routing, auth
+    def __init__(self, routing: Routing, auth: ApiKeys, admit: Admit | None = None) -> None:
+        self.routing, self.auth, self.admit = routing, auth, admit
         self.started = time.monotonic()
         self.labels = Labels()
         self.headers = Headers()
@@ -86,7 +89,9 @@ class Exchange:
         self.headers = protocol.header_map(headers)
         given = self.headers.get("x-request-id", "")
         self.request_id = given if _REQUEST_ID.fullmatch(given) else self.request_id
-        self.auth.check(self.headers.get("authorization"))  # --api-keys-file: the same keys as the HTTP gateway
+        key = self.auth.check(self.headers.get("authorization"))  # --api-keys-file: the HTTP gateway's keys
+        if self.admit is not None:  # and its rate limits, per key, else per client (Envoy's x-forwarded-for)
+            self.admit(self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-", key)
         if headers.end_of_stream:  # no body (GET /v1/models ...): the least loaded engine, nothing reserved
             return [self._bodiless()]
         return []  # answered with the body, once it is routed

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ragserve.http.auth import ApiKeys
 from ragserve_router.epp import certs, protocol
-from ragserve_router.epp.exchange import Exchange
+from ragserve_router.epp.exchange import Admit, Exchange
 from ragserve_router.routing import Routing
 
 log = logging.getLogger(__name__)
@@ -22,12 +22,12 @@ READINESS_INTERVAL = 0.25  # seconds between readiness updates (engines come and
 
 
 class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):
-    def __init__(self, routing: Routing, auth: ApiKeys) -> None:
-        self.routing, self.auth = routing, auth
+    def __init__(self, routing: Routing, auth: ApiKeys, admit: Admit | None = None) -> None:
+        self.routing, self.auth, self.admit = routing, auth, admit
 
     async def Process(self, request_iterator, context: grpc.aio.ServicerContext) -> None:  # noqa: N802 (gRPC's name)
         """One HTTP request: answer each message in order; whatever ends the stream, its slot is released."""
-        exchange = Exchange(self.routing, self.auth)
+        exchange = Exchange(self.routing, self.auth, self.admit)
         try:
             while not exchange.refused:  # after an immediate response the gateway sends nothing more
                 req = await context.read()
@@ -42,14 +42,14 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):
 class EndpointPicker:
     """The server and its readiness: serving while an engine is healthy and the router is not draining."""
 
-    def __init__(self, routing: Routing, auth: ApiKeys) -> None:
+    def __init__(self, routing: Routing, auth: ApiKeys, admit: Admit | None = None) -> None:
         cfg = routing.cfg
         self.routing = routing
         limit = cfg.grpc_max_message_bytes
         self.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
         )
-        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Picker(routing, auth), self.server)
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Picker(routing, auth, admit), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"{cfg.host}:{cfg.epp_port}"
