@@ -180,5 +180,6 @@ async def serve(cfg: RouterConfig) -> int:
         for closer in (gateway.proxy.close, pool.close, state.close):
             with contextlib.suppress(Exception):
                 await closer()
+        gateway.decider.store.close()  # the cachestore lookup channels
         tracing.shutdown()
     return 0 if server.started else 1
