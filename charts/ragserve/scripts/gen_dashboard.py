@@ -219,7 +219,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     ("quota {{reason}}", rate(ROUTER + "quota_limited_total", NS, "reason")),
                 ],
                 "reqps",
-                "429/503 answers of flow control: saturated, queue full or timed out; tenant token or concurrency quota.",
+                "429/503 of flow control: saturated, queue full or timed out; tenant token or concurrency quota.",
             ),
             Panel(
                 "Circuit breakers",
