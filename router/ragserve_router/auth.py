@@ -53,14 +53,18 @@ class Bucket:
     tokens: float
     stamp: float = field(default_factory=time.monotonic)
 
-    def take(self, now: float) -> float:
-        """0 if a token was taken, else the seconds until one is available."""
+    def refill(self, now: float) -> float:
+        """The tokens in the bucket now."""
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
+        return self.tokens
+
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """0 if `cost` tokens were taken, else the seconds until that many are available."""
+        if self.refill(now) >= cost:
+            self.tokens -= cost
             return 0.0
-        return (1 - self.tokens) / self.rate
+        return (cost - self.tokens) / self.rate
 
 
 class RateLimiter:

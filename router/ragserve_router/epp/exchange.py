@@ -25,6 +25,7 @@ from ragserve.http.outcomes import CLIENT_CLOSED, Outcome, error_reason
 from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
+from ragserve_router.priority import tenant_of
 from ragserve_router.routing import Picked, Routing
 
 Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
@@ -50,6 +51,7 @@ class Exchange:
         self.labels = Labels()
         self.headers = Headers()
         self.request_id = uuid.uuid4().hex
+        self.tenant = "-"
         self.subset: set[str] | None = None
         self.body = bytearray()
         self.routed = False  # the request side is answered
@@ -90,8 +92,10 @@ class Exchange:
         given = self.headers.get("x-request-id", "")
         self.request_id = given if _REQUEST_ID.fullmatch(given) else self.request_id
         key = self.auth.check(self.headers.get("authorization"))  # --api-keys-file: the HTTP gateway's keys
+        client = self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-"
         if self.admit is not None:  # and its rate limits, per key, else per client (Envoy's x-forwarded-for)
-            self.admit(self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-", key)
+            self.admit(client, key)
+        self.tenant = tenant_of(self.headers, self.routing.cfg.tenant_header, key.name if key else None, client)
         if headers.end_of_stream:  # no body (GET /v1/models ...): the least loaded engine, nothing reserved
             return [self._bodiless()]
         return []  # answered with the body, once it is routed
@@ -112,7 +116,9 @@ class Exchange:
             raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
-        picked, _ = await self.routing.pick(self.headers, raw, PATHS[path], self.labels, self.started, eligible)
+        picked, _ = await self.routing.pick(
+            self.headers, raw, PATHS[path], self.labels, self.started, eligible, self.tenant
+        )
         self.picked, self.engine = picked, picked.decision.order[0]
         endpoints = [protocol.endpoint(e) for e in picked.decision.order[: self.routing.cfg.max_attempts]]
         return [protocol.route_to(endpoints, self._upstream_headers(), len(raw)), protocol.request_body(raw)]
