@@ -1,0 +1,53 @@
+"""The sim engine's paged-KV model in process (no servers): hits, LRU eviction and the events it publishes."""
+
+from __future__ import annotations
+
+from ragserve.keys import KVLayout, block_hashes, root_hash
+from ragserve_engine.sim.kv import SimKV, SimSeq
+
+LAYOUT = KVLayout("tiny@sim-test", "float32", 16, 2, 2, 16)
+
+
+def prompt(k: int, n: int = 80) -> list[int]:
+    return [100 + k * 1000 + j for j in range(n)]
+
+
+def run(kv: SimKV, ids: list[int]) -> SimSeq:
+    """Admit, compute the prompt and free it (max_tokens 1: the prompt's full blocks end cached)."""
+    seq = SimSeq(list(ids), len(ids), None)
+    assert kv.admit(seq, len(ids) + 1)
+    kv.cache(seq, len(ids))
+    kv.free(seq)
+    return seq
+
+
+def test_hits_are_the_cached_prefix_and_never_the_last_token():
+    kv = SimKV(LAYOUT, 64)
+    assert run(kv, prompt(1)).num_cached_tokens == 0
+    stored = [h for ev in kv.pool.take_events() if ev.kind == "stored" for h in ev.block_hashes]
+    assert stored == block_hashes(prompt(1), 16, root_hash(LAYOUT.model_id))  # the router's keys, in chain order
+    assert run(kv, prompt(1)).num_cached_tokens == 64  # 80 tokens: 5 full blocks, the last token recomputed
+    assert run(kv, prompt(1, 81)).num_cached_tokens == 80
+    assert (kv.queries, kv.hits) == (80 + 80 + 81, 64 + 80)
+
+
+def test_lru_eviction_publishes_removed_blocks():
+    kv = SimKV(LAYOUT, 12)  # room for two 5-block prompts (+1 block each for the generated token)
+    run(kv, prompt(1))
+    run(kv, prompt(2))
+    kv.pool.take_events()
+    run(kv, prompt(3))  # evicts the least recently freed blocks: prompt 1's, tail first
+    removed = [h for ev in kv.pool.take_events() if ev.kind == "removed" for h in ev.block_hashes]
+    assert set(removed) <= set(block_hashes(prompt(1), 16, root_hash(LAYOUT.model_id)))
+    assert removed
+    assert run(kv, prompt(2)).num_cached_tokens == 64  # prompt 2 survived
+
+
+def test_admission_waits_for_blocks_instead_of_evicting_running_ones():
+    kv = SimKV(LAYOUT, 8)
+    held = SimSeq(prompt(1), 80, None)
+    assert kv.admit(held, 81)  # 6 blocks, still running
+    waiting = SimSeq(prompt(2), 80, None)
+    assert not kv.admit(waiting, 81) and waiting.blocks == []
+    kv.free(held)
+    assert kv.admit(waiting, 81)
