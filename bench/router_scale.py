@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import importlib.metadata
 import json
-import random
 import sys
 import tempfile
 import time
@@ -146,7 +145,7 @@ def decision_latency(router: str) -> dict:
 
 
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
-    router, fleet, url, urls = start_router(name, fleet_size, args.model, args.num_blocks, args.logs)
+    router, fleet, url, urls = start_router(name, fleet_size, args.model, args.num_blocks, args.logs, args.profile)
     try:
         cpu0, before = router.cpu_s(), served(urls)
         steps = [asyncio.run(added_latency(url, urls, rate, args.step_s)) for rate in args.rates]
@@ -200,6 +199,7 @@ def markdown(report: dict) -> str:
             f"{rag['ttft_p95_ms']:.0f} | {chat['cached_share_after_first']:.1%} | "
             f"{r['max_share_x_engines']:.2f} | {r['engines_used']} |"
         )
+    lines += [f"| {f['engines']} | {f['router']} | failed: {f['error'][-200:]!r} |" for f in report["failed"]]
     ing = report["index"]["ingest"]
     lines += [
         "",
@@ -243,6 +243,12 @@ def plot(report: dict, out: Path, stem: str) -> None:
     plt.close("all")
 
 
+def save(report: dict, out: Path, stem: str) -> None:
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(report))
+    plot(report, out, stem)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleets", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64, 256])
@@ -256,6 +262,7 @@ def main() -> int:
     p.add_argument("--num-blocks", type=int, default=1024, help="KV blocks per sim (16 tokens each)")
     p.add_argument("--model", default=None, help="default: the tiny test model (its tokenizer)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
@@ -268,26 +275,29 @@ def main() -> int:
     docs = load_corpus()
     trace = make_trace(docs, args.rag_requests, 1.1, 4, args.seed)
     chat = (system_prompt(docs, 400, args.seed), make_users(docs, args.users, args.rounds, 600, 0.1, args.seed))
-    random.seed(args.seed)
-    results = []
-    for n in args.fleets:
-        for name in args.routers:
-            results.append(run_config(name, n, args, docs, trace, chat))
-            print(json.dumps({k: v for k, v in results[-1].items() if k != "steps"}), flush=True)
     versions = {k: importlib.metadata.version(k) for k in ("smg", "vllm-router")}
     report = {
         "command": "python bench/router_scale.py " + " ".join(sys.argv[1:]),
         "versions": versions,
-        "results": results,
+        "results": [],
+        "failed": [],
         "index": index_figures(args.fleets),
     }
     out = Path(args.out)
     stem = "router_scale" + (f"-{args.tag}" if args.tag else "")
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(report))
-    plot(report, out, stem)
+    for n in args.fleets:
+        for name in args.routers:
+            try:
+                report["results"].append(run_config(name, n, args, docs, trace, chat))
+            except (SystemExit, Exception) as exc:  # one router failing to start must not lose the others' rows
+                report["failed"].append({"router": name, "engines": n, "error": str(exc)[-1500:]})
+                print(f"{name} x{n} failed: {exc}", flush=True)
+                continue
+            print(json.dumps({k: v for k, v in report["results"][-1].items() if k != "steps"}), flush=True)
+            save(report, out, stem)  # after every row: a run cut short keeps what it measured
+    save(report, out, stem)
     print(markdown(report))
-    return 0
+    return 0 if not report["failed"] else 1
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def wait_until(check, what: str, proc: Proc, timeout: float = 300) -> None:
 def start_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: str | None) -> tuple[Proc, list[str]]:
     urls_file = logs / f"urls-{time.monotonic_ns()}.json"
     argv = [sys.executable, "-m", "ragserve.cli", "sim-engine", "--model", model, "--served-model-name", MODEL]
-    argv += ["--host", "127.0.0.1", "--port", "0", "--count", str(count), "--engine-id", "sim"]
+    argv += ["--host", "127.0.0.1", "--free-ports", "--count", str(count), "--engine-id", "sim"]
     argv += ["--num-gpu-blocks", str(num_blocks), "--urls-file", str(urls_file), *SIM_COST]
     argv += ["--router", registry] if registry else []
     proc = spawn(f"sims-{count}", argv, logs)
@@ -79,13 +79,14 @@ def probe(url: str) -> bool:
     return httpx.post(url + "/v1/completions", json=body, timeout=10).status_code == 200
 
 
-def start_router(name: str, count: int, model: str, num_blocks: int, logs: Path):
+def start_router(name: str, count: int, model: str, num_blocks: int, logs: Path, profile: bool = False):
     """The fleet and the router `name` (one of ROUTERS) in front of it: (router, fleet, router URL, sim URLs)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name.startswith("ragserve-"):
         grpc_port = free_port()
-        argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+        prof = ["-m", "cProfile", "-o", str(logs / f"{name}-{count}.prof")] if profile else []
+        argv = [sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1], "--log-level", "warning"]
         router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs)
         fleet, urls = start_fleet(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")

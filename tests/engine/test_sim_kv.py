@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from ragserve.keys import KVLayout, block_hashes, root_hash
 from ragserve_engine.sim.kv import SimKV, SimSeq
 
@@ -51,3 +54,11 @@ def test_admission_waits_for_blocks_instead_of_evicting_running_ones():
     assert not kv.admit(waiting, 81) and waiting.blocks == []
     kv.free(held)
     assert kv.admit(waiting, 81)
+
+
+def test_the_sim_never_imports_torch():
+    """256 sims share one process: the fleet's modules (and the engine server it reuses) stay torch-free."""
+    code = "import sys, ragserve_engine.sim.fleet; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

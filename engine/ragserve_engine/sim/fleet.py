@@ -106,7 +106,7 @@ async def serve(sim: SimConfig, server_cfg: ServerConfig, engine_cfg: EngineConf
     source = resolve_model(engine_cfg.model, engine_cfg.served_model_name)
     engine_cfg = replace(engine_cfg, served_model_name=source.name)
     tok, layout = load_tokenizer(source), kv_layout(source, engine_cfg.block_size)
-    socks = [bind(server_cfg.host, server_cfg.port + i if server_cfg.port else 0) for i in range(sim.count)]
+    socks = [bind(server_cfg.host, 0 if sim.free_ports else server_cfg.port + i) for i in range(sim.count)]
     members = []
     for i, sock in enumerate(socks):
         port = sock.getsockname()[1]
