@@ -18,7 +18,11 @@ Plus the index figures of bench/scale_index.py (in process).
     pip install smg==1.13.0 vllm-router==0.1.17   # benchmark only, not project dependencies
     flock /tmp/cpu.lock .venv/bin/python bench/router_scale.py [--fleets 8,64,256] [--tag TAG]
 
-Writes bench/results/router_scale[-TAG].{json,md} (with the command line) and _added.png / _quality.png.
+--real: the same per router on real `ragserve engine`s (SmolLM2-135M, one torch thread each), e.g.
+    flock /tmp/cpu.lock .venv/bin/python bench/router_scale.py --real --fleets 2 --rates 2 --step-s 5 \
+        --rag-requests 12 --rag-rate 0.5 --users 2 --rounds 2 --num-blocks 512
+
+Writes bench/results/router_scale[-real][-TAG].{json,md} (with the command line) and _added.png / _quality.png.
 """
 
 from __future__ import annotations
@@ -145,7 +149,9 @@ def decision_latency(router: str) -> dict:
 
 
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
-    router, fleet, url, urls = start_router(name, fleet_size, args.model, args.num_blocks, args.logs, args.profile)
+    router, fleet, url, urls = start_router(
+        name, fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real
+    )
     try:
         cpu0, before = router.cpu_s(), served(urls)
         steps = [asyncio.run(added_latency(url, urls, rate, args.step_s)) for rate in args.rates]
@@ -262,11 +268,19 @@ def main() -> int:
     p.add_argument("--num-blocks", type=int, default=1024, help="KV blocks per sim (16 tokens each)")
     p.add_argument("--model", default=None, help="default: the tiny test model (its tokenizer)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="real `ragserve engine`s (--model, default smollm2-135m) "
+        "instead of sims: use with --fleets 2 and a small load",
+    )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
-    if args.model is None:
+    if args.model is None and args.real:
+        args.model = "smollm2-135m"
+    elif args.model is None:
         from tests.helpers.tiny_models import tiny_model
 
         args.model = str(tiny_model("llama"))
@@ -284,7 +298,7 @@ def main() -> int:
         "index": index_figures(args.fleets),
     }
     out = Path(args.out)
-    stem = "router_scale" + (f"-{args.tag}" if args.tag else "")
+    stem = "router_scale" + ("-real" if args.real else "") + (f"-{args.tag}" if args.tag else "")
     for n in args.fleets:
         for name in args.routers:
             try:

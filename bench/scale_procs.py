@@ -43,10 +43,22 @@ class Proc:
                 self.popen.wait()
 
 
-def spawn(name: str, argv: list[str], logs: Path) -> Proc:
+@dataclass
+class Procs:
+    """Several processes stopped together (a fleet of real engines)."""
+
+    procs: list[Proc]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+def spawn(name: str, argv: list[str], logs: Path, env: dict | None = None) -> Proc:
     log = logs / f"{name}-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
-        return Proc(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), log)
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        return Proc(popen, log)
 
 
 def wait_until(check, what: str, proc: Proc, timeout: float = 300) -> None:
@@ -74,13 +86,33 @@ def start_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: s
     return proc, list(json.loads(urls_file.read_text()).values())
 
 
+def start_real_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: str | None):
+    """`count` real `ragserve engine` processes (one torch thread each), ready: (Procs, URLs)."""
+    procs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", model, "--served-model-name", MODEL]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--num-gpu-blocks", str(num_blocks)]
+        argv += ["--engine-id", f"real-{i}", "--log-level", "warning"]
+        argv += ["--router", registry, "--advertise-url", urls[-1]] if registry else []
+        procs.append(spawn(f"engine-{i}", argv, logs, {"OMP_NUM_THREADS": "1"}))
+    for proc, url in zip(procs, urls, strict=True):
+        wait_until(lambda url=url: httpx.get(url + "/ready").status_code == 200, "real engine ready", proc, 600)
+    return Procs(procs), urls
+
+
 def probe(url: str) -> bool:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
     return httpx.post(url + "/v1/completions", json=body, timeout=10).status_code == 200
 
 
-def start_router(name: str, count: int, model: str, num_blocks: int, logs: Path, profile: bool = False):
-    """The fleet and the router `name` (one of ROUTERS) in front of it: (router, fleet, router URL, sim URLs)."""
+def start_router(
+    name: str, count: int, model: str, num_blocks: int, logs: Path, profile: bool = False, real: bool = False
+):
+    """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
+    router URL, engine URLs)."""
+    fleet_of = start_real_fleet if real else start_fleet
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name.startswith("ragserve-"):
@@ -89,10 +121,10 @@ def start_router(name: str, count: int, model: str, num_blocks: int, logs: Path,
         argv = [sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1], "--log-level", "warning"]
         router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs)
-        fleet, urls = start_fleet(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")
+        fleet, urls = fleet_of(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")
         wait_until(lambda: httpx.get(url + "/ready").json().get("healthy_engines") == count, f"{name} fleet", router)
         return router, fleet, url, urls
-    fleet, urls = start_fleet(model, count, num_blocks, logs, None)
+    fleet, urls = fleet_of(model, count, num_blocks, logs, None)
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware"]
     common += ["--prometheus-port", str(free_port())]
     binary = Path(sys.executable).parent
