@@ -62,3 +62,12 @@ def test_the_sim_never_imports_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_eviction_takes_a_freed_prefix_from_its_tail():
+    """Like the engine, a finished request frees its blocks tail first: what others reuse (the head) goes last."""
+    kv = SimKV(LAYOUT, 14)
+    run(kv, prompt(1))  # blocks 0-5 (5 full, 1 partial), freed 5, 4, ..., 0
+    run(kv, prompt(2))  # blocks 6-11
+    run(kv, prompt(3, 48))  # 4 blocks: the 2 never used, then prompt 1's partial block and its last full one
+    assert run(kv, prompt(1, 81)).num_cached_tokens == 64  # blocks 0-3 of prompt 1 still hit
