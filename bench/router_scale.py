@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -76,8 +77,8 @@ async def added_latency(router: str, engines: list[str], rate: float, seconds: f
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
     ok = {p: [v for v in vs if v is not None] for p, vs in lat.items()}
-    p50 = {p: 1000 * percentile(v, 0.5) for p, v in ok.items()}
-    p99 = {p: 1000 * percentile(v, 0.99) for p, v in ok.items()}
+    p50 = {p: 1000 * percentile(v, 50) for p, v in ok.items()}
+    p99 = {p: 1000 * percentile(v, 99) for p, v in ok.items()}
     return {
         "rate": rate,
         "requests": n,
@@ -100,8 +101,8 @@ def summarize(results: list[ChatResult], first: list[bool]) -> dict:
         "errors": len(results) - len(ok),
         "cached_share": cached / max(prompt, 1),
         "cached_share_after_first": sum(r.cached_tokens for r in later) / max(sum(r.prompt_tokens for r in later), 1),
-        "ttft_p50_ms": 1000 * percentile(ttfts, 0.5),
-        "ttft_p95_ms": 1000 * percentile(ttfts, 0.95),
+        "ttft_p50_ms": 1000 * percentile(ttfts, 50),
+        "ttft_p95_ms": 1000 * percentile(ttfts, 95),
     }
 
 
@@ -278,6 +279,7 @@ def main() -> int:
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the fleet and router, not orphan them
     if args.model is None and args.real:
         args.model = "smollm2-135m"
     elif args.model is None:
