@@ -48,6 +48,7 @@ from scale_procs import MODEL, ROUTERS, SIM_COST, start_router  # noqa: E402
 from ragserve.demo.client import ChatResult, rag_messages, stream_chat  # noqa: E402
 from ragserve.demo.corpus import load_corpus  # noqa: E402
 from ragserve.demo.retrieve import document_context  # noqa: E402
+from tests.helpers.prom import histogram_quantile  # noqa: E402
 
 
 async def timed_post(http: httpx.AsyncClient, url: str) -> float | None:
@@ -139,14 +140,13 @@ def served(engines: list[str]) -> list[float]:
 
 
 def decision_latency(router: str) -> dict:
-    """p50 / p99 upper bucket bounds of ragserve_router_routing_seconds (ms)."""
-    buckets = sorted(
-        (float(k.split('le="')[1].split('"')[0]), v)
+    """p50 / p99 of ragserve_router_routing_seconds (ms), interpolated in its buckets as Prometheus does."""
+    buckets = {
+        float(k.split('le="')[1].split('"')[0]): v
         for k, v in scrape(router).items()
         if k.startswith("ragserve_router_routing_seconds_bucket")
-    )
-    total = buckets[-1][1] if buckets else 0
-    return {f"p{q}_ms": 1000 * next((le for le, c in buckets if c >= total * q / 100), float("nan")) for q in (50, 99)}
+    }
+    return {f"p{q}_ms": 1000 * histogram_quantile(q / 100, buckets) for q in (50, 99)}
 
 
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:

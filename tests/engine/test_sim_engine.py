@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.engine_server import LONG_CONTEXT, running_engine
 from tests.helpers.net import free_port
 from tests.helpers.process import start, until, wait_http
+from tests.helpers.prom import router_metric
 from tests.helpers.tiny_models import tiny_model
 
 MODEL = "tiny-llama"  # tests.helpers.engine_server's served name, so bodies compare with the real engine's
@@ -28,15 +29,6 @@ def chat(doc: int, question: str = "What is a block table?", **extra) -> dict:
     system = f"Document {doc}. " + LONG_CONTEXT
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     return {"model": MODEL, "messages": messages, "max_tokens": 3, "temperature": 0, "ignore_eos": True, **extra}
-
-
-def router_metric(url: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 @pytest.fixture(scope="module")
