@@ -242,15 +242,21 @@ def plot(report: dict, out: Path, stem: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    routers = sorted({r["router"] for r in report["results"]})
+    styles = dict(zip(sorted({r["engines"] for r in report["results"]}), ("-", "--", ":", "-."), strict=False))
     for r in report["results"]:
+        color = f"C{routers.index(r['router'])}"
         ax.plot(
             [s["rate"] for s in r["steps"]],
-            [s["added_p50_ms"] for s in r["steps"]],
+            [max(s["added_p50_ms"], 0.1) for s in r["steps"]],
             marker="o",
+            color=color,
+            linestyle=styles[r["engines"]],
             label=f"{r['router']} x{r['engines']}",
         )
-    ax.set(xlabel="router requests/s (offered)", ylabel="added latency p50 (ms)", title="Router hop vs. load")
+    ax.set_yscale("log")
+    ax.set(xlabel="router requests/s (offered)", ylabel="added latency p50 (ms, log)", title="Router hop vs. load")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / f"{stem}_added.png", dpi=120)
@@ -290,9 +296,14 @@ def main() -> int:
         "instead of sims: use with --fleets 2 and a small load",
     )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
+    p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
+    if args.replot:
+        path = Path(args.replot)
+        plot(json.loads(path.read_text()), path.parent, path.stem)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the fleet and router, not orphan them
     if args.model is None and args.real:
         args.model = "smollm2-135m"
