@@ -71,3 +71,41 @@ def test_eviction_takes_a_freed_prefix_from_its_tail():
     run(kv, prompt(2))  # blocks 6-11
     run(kv, prompt(3, 48))  # 4 blocks: the 2 never used, then prompt 1's partial block and its last full one
     assert run(kv, prompt(1, 81)).num_cached_tokens == 64  # blocks 0-3 of prompt 1 still hit
+
+
+def test_warmup_pins_through_the_engine_server():
+    """/v1/warmup (the real server's route) pins a sim's cached prefix, which then survives eviction, and
+    unpins it. In process, through the server's ASGI app."""
+    import asyncio
+
+    import httpx
+
+    from ragserve.engine_args import EngineConfig, ServerConfig
+    from ragserve.model_source import load_tokenizer, resolve_model
+    from ragserve_engine.sim.cli import SimConfig
+    from ragserve_engine.sim.fleet import SimMember, kv_layout
+    from tests.helpers.tiny_models import tiny_model
+
+    source = resolve_model(str(tiny_model("llama")), "tiny")
+    ec = EngineConfig(model=str(source.path), served_model_name="tiny", num_gpu_blocks=16, max_model_len=256)
+    member = SimMember.create(SimConfig(decode_base_s=0.0), ServerConfig(port=1, engine_id="w"), ec,
+                              kv_layout(source, 16), load_tokenizer(source))  # fmt: skip
+    member.start()
+    doc = "Pinned knowledge: " + "block " * 60
+
+    async def scenario() -> tuple[dict, list[int], dict]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=member.app), base_url="http://sim") as c:
+            pinned = (await c.post("/v1/warmup", json={"model": "tiny", "texts": [doc], "pin": True})).json()
+            cached = []
+            for prompt in ("Other text " * 40, "More text " * 40, doc):  # more than the unpinned blocks hold
+                body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+                cached.append((await c.post("/v1/completions", json=body)).json()["usage"]["prompt_tokens_details"])
+            released = (await c.delete(f"/v1/warmup/{pinned['id']}")).json()
+            return pinned, [d["cached_tokens"] for d in cached], released
+
+    pinned, cached, released = asyncio.run(scenario())
+    item = pinned["items"][0]
+    assert item["num_pinned_blocks"] == item["num_blocks"] > 0
+    assert cached[-1] == item["num_pinned_blocks"] * 16
+    assert released["num_unpinned_blocks"] == item["num_pinned_blocks"]
+    assert member.engine.kv.pool.num_free_blocks == 16

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout
 from ragserve.tokenizer import PromptTokenizer
+from ragserve_engine.block_pool import KVCacheBlocks
 from ragserve_engine.engine_client import (
     CompletionOutput,
     EngineInfo,
@@ -140,21 +141,12 @@ class SimEngine:
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
         return self.kv.hash_blocks(token_ids, cache_salt)
 
-    async def pin_prefixes(self, hashes: list[list[bytes]]) -> list[list]:
-        pinned = []
-        for chain in hashes:
-            blocks = []
-            for h in chain:
-                if (block := self.kv.pool.get_cached_block(h)) is None:
-                    break
-                blocks.append(block)
-            self.kv.pool.touch(blocks)
-            pinned.append(blocks)
-        return pinned
+    async def pin_prefixes(self, hashes: list[list[bytes]]) -> list[KVCacheBlocks]:
+        return [self.kv.pin(chain) for chain in hashes]
 
-    async def unpin(self, pinned: list[list]) -> None:
-        for blocks in reversed(pinned):
-            self.kv.pool.free_blocks(list(reversed(blocks)))
+    async def unpin(self, pinned: list[KVCacheBlocks]) -> None:
+        for blocks in reversed(pinned):  # tail first, like freeing one sequence
+            self.kv.pool.free_blocks(list(reversed(blocks.blocks)))
 
     def add_kv_event_listener(self, fn: Callable[[list[KVEvent]], None]) -> None:
         self.listeners.append(fn)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout, block_hashes, cacheable_blocks, root_hash
-from ragserve_engine.block_pool import BlockPool, KVCacheBlock
+from ragserve_engine.block_pool import BlockPool, KVCacheBlock, KVCacheBlocks
 
 
 @dataclass
@@ -37,17 +37,26 @@ class SimKV:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def cached_prefix(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        hits = []
+        for h in hashes:
+            if (block := self.pool.get_cached_block(h)) is None:
+                break
+            hits.append(block)
+        return hits
+
+    def pin(self, hashes: list[bytes]) -> KVCacheBlocks:
+        """Hold the cached prefix of `hashes` so eviction skips it (warm-up), as KVCacheManager.pin does."""
+        blocks = self.cached_prefix(hashes)
+        self.pool.touch(blocks)
+        return KVCacheBlocks(blocks)
+
     def admit(self, seq: SimSeq, num_tokens: int) -> bool:
         """Hit the longest cached prefix (never the last prompt token) and reserve blocks for num_tokens; False
         (nothing taken) when the pool is short."""
         if not seq.hashes:
             seq.hashes = self.hash_blocks(seq.token_ids, seq.cache_salt)
-        hits = []
-        for h in seq.hashes[: cacheable_blocks(seq.num_prompt_tokens, self.block_size)]:
-            block = self.pool.get_cached_block(h)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self.cached_prefix(seq.hashes[: cacheable_blocks(seq.num_prompt_tokens, self.block_size)])
         reclaimed = sum(1 for b in hits if b.ref_cnt == 0)  # hits taken out of the free queue
         fresh = self.blocks_needed(num_tokens) - len(hits)
         if fresh > self.pool.num_free_blocks - reclaimed:
