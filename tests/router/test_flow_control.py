@@ -2,13 +2,17 @@
 class, the tenant served the fewest tokens first (VTC); sheddable requests get 429 rather than wait; a tenant's
 token quota admits what fits and answers the rest 429 with a Retry-After the bucket computed.
 
-The situations are built, not timed: --max-inflight-per-engine 1 and a long stream hold the only engine, the
-queue fills (its depth gauge says when), then the stream's client leaves and the queued requests run one at a
-time, so the order they complete in is the order they were admitted in."""
+The situations are built, not timed: --max-inflight-per-engine 1, the engine frozen (SIGSTOP; a long heartbeat
+interval keeps it registered), and a request the router admitted holds the only place; the queue fills (its depth
+gauge says when), then that request's client leaves, the engine resumes and the queued requests run one at a
+time, so the order they complete in is the order they were admitted in (a tiny engine decodes a long stream in
+well under a second: only a frozen engine holds a place for as long as the queue takes to build)."""
 
 from __future__ import annotations
 
+import json
 import math
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.helpers.process import frozen
 from tests.reliability.conftest import ready, start_engines
 
 DEPTH = "ragserve_router_queue_depth"
+IN_FLIGHT = "ragserve_router_requests_in_flight"
 
 
 def completion(text: str, max_tokens: int = 2, **extra) -> dict:
@@ -26,19 +32,20 @@ def completion(text: str, max_tokens: int = 2, **extra) -> dict:
 
 
 class Holder:
-    """A long stream that keeps the engine's only place taken until release()."""
+    """A request the router admitted to the (frozen) engine, holding its only place until release(): a raw socket,
+    so that leaving is closing it, whatever the engine is doing."""
 
-    def __init__(self, router_url: str, headers: dict | None = None) -> None:
-        self.client = httpx.Client(timeout=120)
-        body = completion("hold the engine", max_tokens=400, stream=True)
-        self.cm = self.client.stream("POST", router_url + "/v1/completions", json=body, headers=headers or {})
-        resp = self.cm.__enter__()
-        assert resp.status_code == 200
-        next(resp.iter_lines())  # the first event: it runs on the engine
+    def __init__(self, router_url: str, metrics, until, headers: dict | None = None) -> None:
+        host, port = router_url.removeprefix("http://").split(":")
+        data = json.dumps(completion("hold the engine", max_tokens=400, stream=True)).encode()
+        lines = ["POST /v1/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json"]
+        lines += [f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+        until(lambda: metrics(router_url, IN_FLIGHT) == 1, message="the holder admitted")
 
     def release(self) -> None:
-        self.cm.__exit__(None, None, None)  # the client leaves: the router frees the engine and the place
-        self.client.close()
+        self.sock.close()  # the client leaves: the router frees the place
 
 
 class Queue:
@@ -74,33 +81,37 @@ class Queue:
 @pytest.fixture
 def one_engine(cluster, until):
     def start(*flags: str):
-        router = cluster.router("--max-inflight-per-engine", "1", "--heartbeat-interval-ms", "300", *flags)
-        start_engines(cluster, router, ["flow-0"], "--max-model-len", "1024")
+        router = cluster.router("--max-inflight-per-engine", "1", "--heartbeat-interval-ms", "5000", *flags)
+        (engine,) = start_engines(cluster, router, ["flow-0"], "--max-model-len", "1024")
         until(lambda: ready(router)["healthy_engines"] == 1, timeout=120, message="engine registered")
-        return router
+        return router, engine
 
     return start
 
 
 def test_critical_is_admitted_before_waiting_standard_and_sheddable_is_refused(one_engine, metrics, until):
-    router = one_engine()
-    holder = Holder(router.url)
+    router, engine = one_engine()
     queue = Queue(router.url, metrics, until)
-    for i in range(3):
-        queue.send(f"standard-{i}", completion(f"standard request {i}"), {})
-    queue.send("critical", completion("critical request"), {"X-Ragserve-Priority": "1"})
-    assert metrics(router.url, DEPTH, **{"class": "critical"}) == 1
-    assert metrics(router.url, DEPTH, **{"class": "standard"}) == 3
+    with frozen([engine]):
+        holder = Holder(router.url, metrics, until)
+        for i in range(3):
+            queue.send(f"standard-{i}", completion(f"standard request {i}"), {})
+        queue.send("critical", completion("critical request"), {"X-Ragserve-Priority": "1"})
+        assert metrics(router.url, DEPTH, **{"class": "critical"}) == 1
+        assert metrics(router.url, DEPTH, **{"class": "standard"}) == 3
 
-    shed = httpx.post(router.url + "/v1/completions", json=completion("shed me"), timeout=60,
-                      headers={"X-Ragserve-Priority": "-1"})  # fmt: skip
-    assert shed.status_code == 429 and shed.json()["error"]["code"] == "saturated", shed.text
-    assert int(shed.headers["retry-after"]) >= 1
-    flex = httpx.post(router.url + "/v1/completions", json=completion("flex tier", service_tier="flex"), timeout=60)
-    assert flex.status_code == 429  # OpenAI's service_tier "flex" is sheddable too
-    assert metrics(router.url, "ragserve_router_shed_total", **{"class": "sheddable", "reason": "saturated"}) == 2
+        shed = httpx.post(router.url + "/v1/completions", json=completion("shed me"), timeout=60,
+                          headers={"X-Ragserve-Priority": "-1"})  # fmt: skip
+        assert shed.status_code == 429 and shed.json()["error"]["code"] == "saturated", shed.text
+        assert int(shed.headers["retry-after"]) >= 1
+        flex = completion("flex tier", service_tier="flex")
+        flex = httpx.post(router.url + "/v1/completions", json=flex, timeout=60)
+        assert flex.status_code == 429  # OpenAI's service_tier "flex" is sheddable too
+        shed_total = metrics(router.url, "ragserve_router_shed_total", **{"class": "sheddable", "reason": "saturated"})
+        assert shed_total == 2
+        holder.release()
+        until(lambda: queue.depth() == 3, message="the freed place went to a waiter")
 
-    holder.release()
     for name in queue.futures:
         assert queue.result(name).status_code == 200, queue.result(name).text
     assert queue.done == ["critical", "standard-0", "standard-1", "standard-2"]
@@ -109,15 +120,17 @@ def test_critical_is_admitted_before_waiting_standard_and_sheddable_is_refused(o
 
 
 def test_a_light_tenant_waits_behind_one_request_of_a_heavy_tenant_not_its_backlog(one_engine, metrics, until):
-    router = one_engine("--tenant-header", "X-Tenant")
+    router, engine = one_engine("--tenant-header", "X-Tenant")
     heavy, light = {"X-Tenant": "heavy"}, {"X-Tenant": "light"}
-    holder = Holder(router.url, heavy)
     queue = Queue(router.url, metrics, until)
     long_prompt = " ".join(f"word{j}" for j in range(150))  # ~10x the light tenant's tokens
-    for i in range(5):
-        queue.send(f"heavy-{i}", completion(f"heavy {i} {long_prompt}"), heavy)
-    queue.send("light", completion("light"), light)
-    holder.release()
+    with frozen([engine]):
+        holder = Holder(router.url, metrics, until, heavy)
+        for i in range(5):
+            queue.send(f"heavy-{i}", completion(f"heavy {i} {long_prompt}"), heavy)
+        queue.send("light", completion("light"), light)
+        holder.release()
+        until(lambda: queue.depth() == 5, message="the freed place went to a waiter")
     for name in queue.futures:
         assert queue.result(name).status_code == 200
     # FIFO would run the light tenant's request last; VTC lifts it to the heavy tenant's counter on arrival, so
