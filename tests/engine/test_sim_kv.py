@@ -82,7 +82,7 @@ def test_warmup_pins_through_the_engine_server():
 
     from ragserve.engine_args import EngineConfig, ServerConfig
     from ragserve.model_source import load_tokenizer, resolve_model
-    from ragserve_engine.sim.cli import SimConfig
+    from ragserve_engine.sim.config import SimConfig
     from ragserve_engine.sim.fleet import SimMember, kv_layout
     from tests.helpers.tiny_models import tiny_model
 

@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
 
 from ragserve.engine_args import ENGINE_GROUPS, EngineConfig, ServerConfig
-from ragserve.flags import FromArgs, add_options, option, positive_int
-
-
-@dataclass
-class SimConfig(FromArgs):
-    count: int = option(1, "simulated engines in this process, on ports --port, --port+1, ...", "sim",
-                        type=positive_int)  # fmt: skip
-    prefill_tokens_per_s: float = option(2000.0, "simulated prefill speed", "sim", type=float)
-    decode_base_s: float = option(0.032, "simulated decode step: fixed seconds per step", "sim", type=float)
-    decode_seq_s: float = option(
-        0.0006, "simulated decode step: seconds each decoding sequence adds", "sim", type=float
-    )
-    free_ports: bool = option(False, "each engine on a free port the OS picks (not --port + i)", "sim", negatable=False)
-    urls_file: str | None = option(None, "write the engines' {engine_id: url} here (JSON) once listening", "sim")
+from ragserve.flags import add_options
+from ragserve_engine.sim.config import SimConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

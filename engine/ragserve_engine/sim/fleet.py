@@ -27,7 +27,7 @@ from ragserve_engine.server.engine_server import EngineServer
 from ragserve_engine.server.kv_events import KVEventLog
 from ragserve_engine.server.registration import RegistrationClient
 from ragserve_engine.server.routes import create_app
-from ragserve_engine.sim.cli import SimConfig
+from ragserve_engine.sim.config import SimConfig
 from ragserve_engine.sim.engine import SimCost, SimEngine
 
 log = logging.getLogger("ragserve_engine.sim")
