@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,11 +19,10 @@ from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
-from ragserve_router.routing import Routing
+from ragserve_router.routing import Routing, valid_request_id
 from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass
@@ -46,8 +44,7 @@ class Gateway(Routing):
 
 async def assign_request_id(request: Request) -> None:
     """The client's X-Request-Id when well formed, else a new one; error answers carry it too."""
-    given = request.headers.get("x-request-id", "")
-    request.state.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    request.state.request_id = valid_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
 
 
 def create_app(gw: Gateway) -> FastAPI:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,15 +20,20 @@ class LimitedKey(ApiKey):
     burst: int | None = None
 
 
+def option_lines(path: str) -> Iterator[tuple[int, str, list[str]]]:
+    """A `FIRST [name=value ...]` file ('#' starts a comment): (line number, first field, options) per line."""
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            yield lineno, fields[0], fields[1:]
+
+
 def parse_keys_file(path: str) -> list[LimitedKey]:
     """One key per line: `KEY [name=NAME] [rps=N] [burst=M]`; '#' starts a comment."""
     keys = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        key = LimitedKey(f"key{len(keys) + 1}", digest(fields[0]))
-        for option in fields[1:]:
+    for lineno, secret, options in option_lines(path):
+        key = LimitedKey(f"key{len(keys) + 1}", digest(secret))
+        for option in options:
             name, _, value = option.partition("=")
             try:
                 if name == "name" and value:

@@ -13,10 +13,9 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 from ragserve.http.errors import ApiError
-from ragserve_router.auth import Bucket
+from ragserve_router.auth import Bucket, option_lines
 from ragserve_router.metrics import RouterMetrics
 
 MAX_BUCKETS = 10_000
@@ -31,17 +30,14 @@ class Quota:
 def parse_quotas_file(path: str) -> dict[str, dict[str, int]]:
     """One tenant per line: `TENANT [tpm=N] [concurrent=M]`; '#' starts a comment. Unset fields: the flags'."""
     quotas = {}
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
+    for lineno, tenant, options in option_lines(path):
         values = {}
-        for option in fields[1:]:
+        for option in options:
             name, _, value = option.partition("=")
             if name not in ("tpm", "concurrent") or not value.isdigit():
                 raise ValueError(f"{path}:{lineno}: bad option {option!r} (use tpm=N, concurrent=M)")
             values[name] = int(value)
-        quotas[fields[0]] = values
+        quotas[tenant] = values
     return quotas  # resolved against the flags' defaults by Quotas
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,13 @@ from ragserve_router.prompt import RoutingKey, Tokenizers
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 POLICY_HEADER = "x-ragserve-policy"
+
+
+def valid_request_id(given: str | None) -> str | None:
+    """The client's X-Request-Id when well formed (it goes into logs and headers), else None."""
+    return given if given and _REQUEST_ID.fullmatch(given) else None
 
 
 def parse_body(raw: bytes) -> tuple[dict, str]:

@@ -10,7 +10,6 @@ byte (TTFT), usage; the end releases the slot. close() releases it too when the 
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -26,13 +25,12 @@ from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
 from ragserve_router.priority import tenant_of
-from ragserve_router.routing import Picked, Routing
+from ragserve_router.routing import Picked, Routing, valid_request_id
 
 Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass
@@ -89,8 +87,7 @@ class Exchange:
 
     async def _request_headers(self, headers: ext.HttpHeaders) -> list[ext.ProcessingResponse]:
         self.headers = protocol.header_map(headers)
-        given = self.headers.get("x-request-id", "")
-        self.request_id = given if _REQUEST_ID.fullmatch(given) else self.request_id
+        self.request_id = valid_request_id(self.headers.get("x-request-id")) or self.request_id
         key = self.auth.check(self.headers.get("authorization"))  # --api-keys-file: the HTTP gateway's keys
         client = self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-"
         if self.admit is not None:  # and its rate limits, per key, else per client (Envoy's x-forwarded-for)
