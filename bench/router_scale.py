@@ -190,6 +190,10 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
         }
         if name.startswith("ragserve"):
             out["decision"] = decision_latency(url)
+            metrics = scrape(url)  # registration churn: engines dropped for missed heartbeats register again
+            out["registrations"] = metrics.get("ragserve_router_registrations_total", 0.0)
+            dropped = 'ragserve_router_engines_dropped_total{reason="heartbeat_timeout"}'
+            out["heartbeat_drops"] = metrics.get(dropped, 0.0)
         return out
     finally:
         router.stop()
@@ -206,8 +210,8 @@ def markdown(report: dict) -> str:
         "",
         "| engines | router | sustained req/s (p99 added < 5 ms) | added p50 / p99 ms at each rate | "
         "decision p50 / p99 ms | CPU s / 1k req | RAG cached | RAG TTFT p50 / p95 ms | chat cached after 1st | "
-        "max share x N | engines used |",
-        "|---:|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+        "max share x N | engines used | registrations |",
+        "|---:|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         steps = ", ".join(f"{s['rate']:g}: {s['added_p50_ms']:.1f} / {s['added_p99_ms']:.1f}" for s in r["steps"])
@@ -218,7 +222,7 @@ def markdown(report: dict) -> str:
             f"| {r['engines']} | {r['router']} | {r['sustained_rps_p99_under_5ms']:g} | {steps} | {dec} | "
             f"{r['cpu_s_per_1k']:.1f} | {rag['cached_share']:.1%} | {rag['ttft_p50_ms']:.0f} / "
             f"{rag['ttft_p95_ms']:.0f} | {chat['cached_share_after_first']:.1%} | "
-            f"{r['max_share_x_engines']:.2f} | {r['engines_used']} |"
+            f"{r['max_share_x_engines']:.2f} | {r['engines_used']} | {r.get('registrations', '-')} |"
         )
     lines += [f"| {f['engines']} | {f['router']} | failed: {f['error'][-200:]!r} |" for f in report["failed"]]
     ing = report["index"]["ingest"]

@@ -108,10 +108,18 @@ def probe(url: str) -> bool:
 
 
 def start_router(
-    name: str, count: int, model: str, num_blocks: int, logs: Path, profile: bool = False, real: bool = False
+    name: str,
+    count: int,
+    model: str,
+    num_blocks: int,
+    logs: Path,
+    profile: bool = False,
+    real: bool = False,
+    router_src: str | None = None,
 ):
     """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
-    router URL, engine URLs)."""
+    router URL, engine URLs). router_src: a ragserve router package from another tree (a `router/` directory,
+    e.g. an older commit's, `git archive REV router | tar -x -C DIR`) instead of the installed one."""
     fleet_of = start_real_fleet if real else start_fleet
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -120,7 +128,8 @@ def start_router(
         prof = ["-m", "cProfile", "-o", str(logs / f"{name}-{count}.prof")] if profile else []
         argv = [sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1], "--log-level", "warning"]
-        router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs)
+        env = {"PYTHONPATH": router_src} if router_src else None
+        router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs, env)
         fleet, urls = fleet_of(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")
         wait_until(lambda: httpx.get(url + "/ready").json().get("healthy_engines") == count, f"{name} fleet", router)
         return router, fleet, url, urls

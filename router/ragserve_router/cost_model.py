@@ -73,41 +73,76 @@ class Speed:
         return self.step_s + self.seq_s * max(0.0, decoding - self.batch)
 
 
-def _median(values: list[float], default: float) -> float:
-    measured = [v for v in values if v > 0]
-    return statistics.median(measured) if measured else default
+@dataclass(frozen=True)
+class PeerFigures:
+    """Decode figures of one group of peers: median step (None: none measured) and fitted slope (None: none)."""
+
+    step_s: float | None
+    seq_s: float | None
+    size: int
+
+    @classmethod
+    def of(cls, loads: Sequence[Load]) -> PeerFigures:
+        steps = [f.decode_step_s for f in loads if f.decode_step_s > 0]
+        slopes = [f.decode_seq_s for f in loads if f.decode_seq_measured]
+        return cls(
+            statistics.median(steps) if steps else None, statistics.median(slopes) if slopes else None, len(loads)
+        )
 
 
-def _decode_figures(load: Load, fleet: Sequence[Load]) -> tuple[float, float | None, int]:
+@dataclass(frozen=True)
+class FleetFigures:
+    """What calibrate() takes from the fleet, computed once per decision rather than once per engine (it is
+    O(fleet)): medians of the measured prefill and fetch speeds, and of the decode figures of the peers timed
+    on graph steps, on other steps, and on any."""
+
+    prefill_tokens_per_s: float | None
+    fetch_s_per_block: float | None
+    graph: PeerFigures
+    other: PeerFigures
+    measured: PeerFigures
+
+    @classmethod
+    def of(cls, fleet: Sequence[Load]) -> FleetFigures:
+        unmeasured, graph = registry_pb2.DECODE_UNMEASURED, registry_pb2.DECODE_GRAPH
+        rates = [f.prefill_tokens_per_s for f in fleet if f.prefill_tokens_per_s > 0]
+        fetches = [f.fetch_s_per_block for f in fleet if f.fetch_s_per_block > 0]
+        measured = [f for f in fleet if f.decode_path != unmeasured]
+        return cls(
+            statistics.median(rates) if rates else None,
+            statistics.median(fetches) if fetches else None,
+            PeerFigures.of([f for f in measured if f.decode_path == graph]),
+            PeerFigures.of([f for f in measured if f.decode_path != graph]),
+            PeerFigures.of(measured),
+        )
+
+
+def _decode_figures(load: Load, fleet: FleetFigures) -> tuple[float, float | None, int]:
     """(step_s, seq_s or None when no slope is known, batch the step was reported at): the engine's own
     figures, what it lacks from the peers timed on the same path; an unmeasured or provisional engine takes
     the graph peers' median, else every measured peer's."""
     unmeasured, graph = registry_pb2.DECODE_UNMEASURED, registry_pb2.DECODE_GRAPH
-    graph_peers = [f for f in fleet if f.decode_path == graph]
-    provisional = load.decode_path == registry_pb2.DECODE_EAGER_BEFORE_GRAPHS and graph_peers
+    provisional = load.decode_path == registry_pb2.DECODE_EAGER_BEFORE_GRAPHS and fleet.graph.size
     own = load.decode_path != unmeasured and not provisional
     if own:  # like with like: eager with eager, graph with graph
-        peers = [
-            f for f in fleet if f.decode_path != unmeasured and (f.decode_path == graph) == (load.decode_path == graph)
-        ]
+        peers = fleet.graph if load.decode_path == graph else fleet.other
     else:
-        peers = graph_peers or [f for f in fleet if f.decode_path != unmeasured]
-    step = load.decode_step_s if own else _median([f.decode_step_s for f in peers], DEFAULT_STEP_S)
-    slopes = [f.decode_seq_s for f in peers if f.decode_seq_measured]
-    if own and load.decode_seq_measured:
-        slopes = [load.decode_seq_s]
-    return step, statistics.median(slopes) if slopes else None, load.num_running if own else 0
+        peers = fleet.graph if fleet.graph.size else fleet.measured
+    step = load.decode_step_s if own else (peers.step_s if peers.step_s is not None else DEFAULT_STEP_S)
+    seq = load.decode_seq_s if own and load.decode_seq_measured else peers.seq_s
+    return step, seq, load.num_running if own else 0
 
 
-def calibrate(load: Load, fleet: Sequence[Load], block_size: int) -> Speed:
-    """The engine's own measurements; what it has not measured yet comes from the fleet, else defaults."""
-    rate = load.prefill_tokens_per_s or _median([f.prefill_tokens_per_s for f in fleet], DEFAULT_PREFILL_TOKENS_PER_S)
+def calibrate(load: Load, fleet: FleetFigures | Sequence[Load], block_size: int) -> Speed:
+    """The engine's own measurements; what it has not measured yet comes from the fleet (its loads, or their
+    FleetFigures), else defaults."""
+    if not isinstance(fleet, FleetFigures):
+        fleet = FleetFigures.of(fleet)
+    rate = load.prefill_tokens_per_s or fleet.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
     step, seq, batch = _decode_figures(load, fleet)
     if seq is None:  # no batch-size slope fitted here or on the peers: the default's share of the step
         seq = DEFAULT_SEQ_S * step / DEFAULT_STEP_S
-    fetch = load.fetch_s_per_block or _median(
-        [f.fetch_s_per_block for f in fleet], DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
-    )
+    fetch = load.fetch_s_per_block or fleet.fetch_s_per_block or DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
     budget = load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET
     return Speed(rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold)
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 from ragserve.chunks import chunk_record_keys
 from ragserve.keys import cacheable_blocks
 from ragserve.router_args import POLICIES, RouterConfig
-from ragserve_router.cost_model import Prediction, calibrate, offload_speed, output_tokens, predict
+from ragserve_router.cost_model import FleetFigures, Prediction, calibrate, offload_speed, output_tokens, predict
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
@@ -191,7 +191,7 @@ class KVAware(RoutingPolicy):
         offloaded = await self._offloaded_blocks(key, cands) if not key.chunk_tokens else {}
         bs = key.block_tokens or TEXT_CHUNK_TOKENS
         prompt = key.num_prompt_tokens if key.num_prompt_tokens is not None else (len(key.hashes) + 1) * bs
-        fleet, out = [r.load for r in cands], output_tokens(req.body)
+        fleet, out = FleetFigures.of([r.load for r in cands]), output_tokens(req.body)
 
         def prediction(r: EngineRecord) -> Prediction:
             local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)

@@ -335,15 +335,21 @@ class EnginePool:
         """Background upkeep: registry sync and heartbeat timeouts, probes."""
         sync_every = min(0.5, self.cfg.heartbeat_interval_ms / 2000)
         probes = asyncio.create_task(self._probe_loop())
+        late = 0.0
         try:
             while True:
                 try:
-                    await self.sweep()
+                    # a loop running behind by a heartbeat interval has heartbeats waiting to be read: an engine
+                    # is not dropped for the router's own lateness
+                    if late < self.cfg.heartbeat_interval_ms / 1000:
+                        await self.sweep()
                     await self.refresh()
                     await self.state.trim_approx()
                 except Exception as exc:  # shared state unreachable: keep the last view
                     log.warning("registry sync failed: %s", exc)
+                slept = time.monotonic()
                 await asyncio.sleep(sync_every)
+                late = time.monotonic() - slept - sync_every
         finally:
             probes.cancel()
 

@@ -16,6 +16,7 @@ from fastapi import Request
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
+from ragserve_router.engine_client import engine_http_client
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
@@ -44,15 +45,14 @@ def request_scoped(resp: httpx.Response) -> bool:
 
 
 class Upstream:
-    """The engines' side of the proxy: one HTTP client, the retry order, and each request's end."""
+    """The engines' side of the proxy: one HTTP client (a pool per engine), the retry order, and each request's
+    end."""
 
     def __init__(self, cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> None:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
-        timeout = httpx.Timeout(cfg.upstream_timeout, connect=cfg.connect_timeout)
-        limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=30)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self.client = engine_http_client(cfg)
 
     def _headers(self, r: Routed) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}

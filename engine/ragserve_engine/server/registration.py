@@ -156,6 +156,7 @@ class RegistrationClient:
         sender = asyncio.create_task(self._stream_events(stub, cursor))
         try:
             while not sender.done():
+                sent = time.monotonic()
                 request = registry_pb2.HeartbeatRequest(
                     engine_id=self.cfg.engine_id, load=self.load(), last_event_seq=self.events.last_seq
                 )
@@ -163,7 +164,9 @@ class RegistrationClient:
                 if not resp.known:
                     log.warning("router %s no longer knows this engine; registering again", self.cfg.router)
                     return
-                await asyncio.wait([sender], timeout=interval)
+                # one heartbeat an interval, however long the router took to answer (a busy router answers
+                # late: waiting a whole interval after that would miss its deadline)
+                await asyncio.wait([sender], timeout=max(0.0, interval - (time.monotonic() - sent)))
             sender.result()  # raises what ended the stream
         finally:
             sender.cancel()
