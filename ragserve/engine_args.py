@@ -39,11 +39,11 @@ class EngineConfig(FromArgs):
     model: str = option(DEFAULT_MODEL, "alias, HF directory or .gguf file", "model")
     task: str = option(
         "generate", f"generate: chat and completions; embed: embeddings, rerank, score ({DEFAULT_EMBED_MODEL} "
-        "unless --model names another encoder or decoder directory)", "model", choices=TASKS, spec=True,
+        "unless --model names another encoder or decoder directory)", "model", choices=TASKS,
     )  # fmt: skip
     pooling_type: str = option(
         "auto", "embed: token states to one vector (auto: the sentence-transformers config, else mean for "
-        "encoders, last token for decoders)", "model", choices=POOLING_TYPES, spec=True,
+        "encoders, last token for decoders)", "model", choices=POOLING_TYPES,
     )  # fmt: skip
     served_model_name: str | None = option(None, "name clients use (default: the model name)", "model")
     dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
