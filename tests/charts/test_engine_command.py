@@ -29,7 +29,9 @@ EXTRA = {
     },
     "no-router-no-cachestore": {"router": {"enabled": False}, "cachestore": {"enabled": False}},
     "pool-opts-out": {"engines": [{"name": "solo", "model": "m", "registerWithRouter": False, "useCachestore": False}]},
-    "embedding-pool": {"engines": [{"name": "default", "model": "m"}, {"name": "embed", "model": "e", "task": "embed"}]},
+    "embedding-pool": {
+        "engines": [{"name": "default", "model": "m"}, {"name": "embed", "model": "e", "task": "embed"}],
+    },
 }
 
 
