@@ -39,10 +39,9 @@ class DemoSession:
         with Progress(console=self.console, transient=True) as progress:
             task = progress.add_task(f"embedding {total} passages of {len(docs)} documents", total=total)
             retriever = Retriever(docs, embedder, progress=lambda n: progress.advance(task, n))
-        where = "in this process" if self.args.embedding_model == LOCAL else f"by {self.args.embedding_model}"
-        self.console.print(
-            f"corpus: {len(docs)} documents, {total} passages embedded {where}; model {self.model} at {self.url}"
-        )
+        self.console.print(f"corpus: {len(docs)} documents, {total} passages; model {self.model} at {self.url}")
+        embedding = self.args.embedding_model
+        self.console.print(f"embeddings: {embedding} " + ("in this process" if embedding == LOCAL else "via /v1/embeddings"))
         return retriever
 
     async def run(self) -> list[Answered]:
