@@ -41,7 +41,8 @@ class DemoSession:
             retriever = Retriever(docs, embedder, progress=lambda n: progress.advance(task, n))
         self.console.print(f"corpus: {len(docs)} documents, {total} passages; model {self.model} at {self.url}")
         embedding = self.args.embedding_model
-        self.console.print(f"embeddings: {embedding} " + ("in this process" if embedding == LOCAL else "via /v1/embeddings"))
+        where = "in this process" if embedding == LOCAL else "via /v1/embeddings"
+        self.console.print(f"embeddings: {embedding} {where}")
         return retriever
 
     async def run(self) -> list[Answered]:

@@ -29,7 +29,7 @@ def test_exit_after_demo_for_scripts(tmp_path):
         out = up.output()
         assert "ragserve is up" in out and "demo finished with exit code 0" in out
         assert "repeated context" in out and "prompt tokens served from cache" in out
-        assert "embeddings: all-minilm-l6-v2 via /v1/embeddings" in out  # the demo embedded through the stack's /v1/embeddings
+        assert "embeddings: all-minilm-l6-v2 via /v1/embeddings" in out  # the stack's embedding engine
         up.state = json.loads(up.state_file.read_text())
         assert wait_gone(up.child_pids, timeout=5) == []
     finally:
