@@ -182,7 +182,7 @@ def embedding_engine_spec(cfg: StackConfig, ports: Ports, index: int, token_file
     url = f"http://{LOOPBACK}:{port}"
     pod = EnginePod(
         model=cfg.embedding_model,
-        engine={"task": "embed"},
+        task="embed",
         host=LOOPBACK,
         port=port,
         engine_id=f"embed-{index}",
