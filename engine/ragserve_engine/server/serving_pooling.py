@@ -10,7 +10,6 @@ import asyncio
 import base64
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 import numpy as np
 from fastapi import Request
@@ -28,14 +27,11 @@ from ragserve_engine.server.pooling_protocol import (
 )
 from ragserve_engine.server.transport import ClientDisconnected, until_disconnect
 
-if TYPE_CHECKING:
-    from ragserve_engine.server.engine_server import EngineServer
-
 TOKENIZE_OFF_LOOP = 16  # inputs: more are tokenized on a worker thread
 
 
 class PoolingServing:
-    def __init__(self, server: EngineServer) -> None:
+    def __init__(self, server) -> None:  # the EngineServer (it holds this)
         self.server = server
 
     @property
