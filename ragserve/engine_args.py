@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ragserve.flags import FromArgs, add_options, fraction, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
-from ragserve.model_source import DEFAULT_MODEL
+from ragserve.model_source import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from ragserve.vllm_events.config import KVEventsConfig
@@ -26,6 +26,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+TASKS = ("generate", "embed")  # vLLM's --task: embed serves /v1/embeddings, /v1/rerank, /v1/score
+POOLING_TYPES = ("auto", "mean", "cls", "last")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 ENGINE_PORT = 8000
 ENGINE_GROUPS = ("model", "KV cache", "scheduler")
@@ -35,6 +37,14 @@ SERVER_GROUPS = ("server", "cluster")
 @dataclass
 class EngineConfig(FromArgs):
     model: str = option(DEFAULT_MODEL, "alias, HF directory or .gguf file", "model")
+    task: str = option(
+        "generate", f"generate: chat and completions; embed: embeddings, rerank, score ({DEFAULT_EMBED_MODEL} "
+        "unless --model names another encoder or decoder directory)", "model", choices=TASKS,
+    )  # fmt: skip
+    pooling_type: str = option(
+        "auto", "embed: token states to one vector (auto: the sentence-transformers config, else mean for "
+        "encoders, last token for decoders)", "model", choices=POOLING_TYPES,
+    )  # fmt: skip
     served_model_name: str | None = option(None, "name clients use (default: the model name)", "model")
     dtype: str = option("auto", "model dtype", "model", choices=DTYPES, spec=True)  # auto: fp32 CPU, bf16 GPU
     device: str = option("auto", "cpu, cuda, cuda:N or auto", "model", spec=True)
@@ -81,6 +91,8 @@ class EngineConfig(FromArgs):
 
     def __post_init__(self) -> None:
         self.check_choices()
+        if self.task == "embed" and self.model == DEFAULT_MODEL:
+            self.model = DEFAULT_EMBED_MODEL
         sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
         checks = [
             (self.block_size in BLOCK_SIZES, f"block_size must be {sizes}, got {self.block_size}"),

@@ -22,6 +22,7 @@ class EnginePod:
 
     model: str
     served_model_name: str | None = None
+    task: str = "generate"  # embed: an embedding pool (`--task embed`; no cachestore: nothing to cache)
     engine: Mapping[str, Any] = field(default_factory=dict)  # settings by camelCase key (spec_options())
     host: str = "0.0.0.0"
     port: int = ENGINE_PORT
@@ -49,15 +50,20 @@ def spec_flags(engine: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def task_flags(task: str) -> list[str]:
+    """--task for an embedding pool; a generating pool's command line leaves the default out."""
+    return [] if task == "generate" else arg("task", task)
+
+
 def engine_command(pod: EnginePod) -> list[str]:
     """`ragserve engine ...` arguments (the container's args; its command is `ragserve`)."""
     args = ["engine", *arg("host", pod.host), *arg("port", pod.port), *arg("model", pod.model)]
-    args += arg("served_model_name", pod.served_model_name) + spec_flags(pod.engine)
+    args += arg("served_model_name", pod.served_model_name) + task_flags(pod.task) + spec_flags(pod.engine)
     args += arg("engine_id", pod.engine_id)
     if pod.router:
         args += arg("router", pod.router) + arg("advertise_url", pod.advertise_url.format(port=pod.port))
         args += arg("registry_token_file", pod.registry_token_file) + tls_flags("router", pod.router_tls)
-    if pod.cachestore:
+    if pod.cachestore and pod.task != "embed":
         args += arg("cachestore", ",".join(pod.cachestore)) + tls_flags("cachestore", pod.cachestore_tls)
         args += arg("cachestore_token_file", pod.cachestore_token_file)
     args += arg("max_body_bytes", pod.max_body_bytes) + arg("log_level", pod.log_level)

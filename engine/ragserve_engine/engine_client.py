@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "KVEvent",
-    "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
+    "KVSnapshot", "PoolingClient", "PoolingInfo", "RequestError", "RequestOutput", "SamplingParams",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -149,3 +149,27 @@ class EngineClient(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PoolingInfo:
+    """An embedding engine's (`--task embed`) pooler: vector size, input limit, and whether `dimensions` may cut it."""
+
+    hidden_size: int
+    max_model_len: int
+    pooling_type: str
+    normalize: bool
+    matryoshka: bool
+
+
+class PoolingClient(EngineClient, Protocol):
+    """An engine serving embeddings (AsyncPooler): EngineClient's info, stats and registration duties, plus embed().
+
+    It generates nothing: generate(), hash_blocks() and pins are not called on it."""
+
+    @property
+    def pooling(self) -> PoolingInfo: ...
+
+    def embed(self, prompts: list[list[int]], request_id: str) -> Awaitable[list[list[float]]]:
+        """One unit vector (or raw pooled state) per prompt; cancelling aborts the inputs not yet run."""
+        ...

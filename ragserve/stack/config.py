@@ -17,12 +17,13 @@ from ragserve.command_line import ServingTLS, TLSFiles, arg, bool_flag
 from ragserve.engine_args import EngineConfig
 from ragserve.flags import default_of, parse_bytes
 from ragserve.logs import LOG_LEVELS
-from ragserve.model_source import DEFAULT_MODEL
+from ragserve.model_source import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
 from ragserve.router_args import DEFAULT_POLICY, POLICIES, ROUTER_PORT
 from ragserve.stack.passthrough import check_flags
 
 LOOPBACK = "127.0.0.1"
-ENGINE_OWN = {"model", "served_model_name"}  # engine flags `ragserve up` sets itself, per engine
+# engine flags `ragserve up` sets itself, per engine (the embedding engines' task and model: --embedding-*)
+ENGINE_OWN = {"model", "served_model_name", "task", "pooling_type"}
 
 
 @dataclass
@@ -30,6 +31,8 @@ class StackConfig:
     engines: int = 2
     model: str = DEFAULT_MODEL
     served_model_name: str | None = None
+    embedding_engines: int = 1  # `ragserve engine --task embed` processes: /v1/embeddings, /v1/rerank, /v1/score
+    embedding_model: str = DEFAULT_EMBED_MODEL
     host: str = LOOPBACK  # the router's bind address; everything else stays on loopback
     port: int = ROUTER_PORT  # router HTTP; 0 picks a free port
     policy: str = DEFAULT_POLICY
@@ -59,6 +62,7 @@ class StackConfig:
                 "ragserve up starts a router: install ragserve-router",
             ),
             (self.engines >= 1, f"--engines must be >= 1, got {self.engines}"),
+            (self.embedding_engines >= 0, f"--embedding-engines must be >= 0, got {self.embedding_engines}"),
             (self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}"),
             (
                 self.redis in ("auto", "off") or self.redis.startswith(("redis://", "rediss://", "unix://")),

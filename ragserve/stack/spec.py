@@ -57,18 +57,23 @@ class Ports:
     redis: int
     engines: list[int]
     kv_events: list[tuple[int, int]] = field(default_factory=list)  # external engines: (PUB, replay) each
+    embedding: list[int] = field(default_factory=list)  # the embedding engines'
 
     @classmethod
     def pick(cls, cfg: StackConfig) -> Ports:
         events = 2 * cfg.engines if cfg.external_engines else 0
-        router_grpc, cachestore, cachestore_metrics, redis, *engines = free_ports(4 + cfg.engines + events)
-        engines, rest = engines[: cfg.engines], engines[cfg.engines :]
+        count = 4 + cfg.engines + cfg.embedding_engines + events
+        router_grpc, cachestore, cachestore_metrics, redis, *engines = free_ports(count)
+        engines, embedding, rest = (
+            engines[: cfg.engines], engines[cfg.engines : cfg.engines + cfg.embedding_engines],
+            engines[cfg.engines + cfg.embedding_engines :],
+        )  # fmt: skip
         kv_events = list(zip(rest[::2], rest[1::2], strict=True))
-        taken = engines + rest + [router_grpc, cachestore, cachestore_metrics, redis]
+        taken = engines + embedding + rest + [router_grpc, cachestore, cachestore_metrics, redis]
         router_http = cfg.port
         while not router_http or router_http in taken:
             router_http = free_port(cfg.host)
-        return cls(router_http, router_grpc, cachestore, cachestore_metrics, redis, engines, kv_events)
+        return cls(router_http, router_grpc, cachestore, cachestore_metrics, redis, engines, kv_events, embedding)
 
     def kv_event_endpoints(self, index: int) -> tuple[str, str]:
         """Engine `index`'s KV-event PUB and replay endpoints (external engines)."""
@@ -169,6 +174,28 @@ def engine_spec(
     )
     env = {"OMP_NUM_THREADS": str(threads)} if (threads := engine_threads(cfg)) else {}
     return ChildSpec(f"engine-{index}", ragserve(*engine_command(pod)), url + "/ready", url, env)
+
+
+def embedding_engine_spec(cfg: StackConfig, ports: Ports, index: int, token_file: str = TOKEN_FILE) -> ChildSpec:
+    """An embedding engine (`--task embed`): registered with the router like the others, no cachestore."""
+    port = ports.embedding[index]
+    url = f"http://{LOOPBACK}:{port}"
+    pod = EnginePod(
+        model=cfg.embedding_model,
+        task="embed",
+        host=LOOPBACK,
+        port=port,
+        engine_id=f"embed-{index}",
+        router=f"{LOOPBACK}:{ports.router_grpc}",
+        advertise_url=url,
+        registry_token_file=token_file,
+        router_tls=cfg.client_tls,
+        log_level=cfg.log_level,
+        drain_timeout=5,
+        otlp_traces_endpoint=cfg.otlp_traces_endpoint,
+    )
+    env = {"OMP_NUM_THREADS": str(threads)} if (threads := engine_threads(cfg)) else {}
+    return ChildSpec(f"embed-{index}", ragserve(*engine_command(pod)), url + "/ready", url, env)
 
 
 def external_router_settings(cfg: StackConfig, ports: Ports) -> dict:

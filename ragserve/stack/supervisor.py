@@ -20,6 +20,7 @@ from ragserve.stack.process import Child, ChildSpec, LogSink, stop_all
 from ragserve.stack.spec import (
     Ports,
     cachestore_spec,
+    embedding_engine_spec,
     engine_spec,
     redis_spec,
     router_spec,
@@ -52,6 +53,11 @@ class Stack:
         return self.child("router").spec.url
 
     @property
+    def embedding_model_name(self) -> str | None:
+        """The model name the embedding engines serve (None without any)."""
+        return self.cfg.embedding_model if self.cfg.embedding_engines else None
+
+    @property
     def engine_urls(self) -> list[str]:
         return [c.spec.url for c in self.children if c.name.startswith("engine-")]
 
@@ -62,6 +68,8 @@ class Stack:
         return {
             "url": self.url,
             "engines": self.engine_urls,
+            "embedding_engines": [c.spec.url for c in self.children if c.name.startswith("embed-")],
+            "embedding_model": self.embedding_model_name,
             "cachestore": self.child("cachestore").spec.url if self.cfg.cachestore else None,
             "registry": f"127.0.0.1:{self.ports.router_grpc}",  # the router's gRPC registry (engines register)
             "cachestore_metrics": f"http://127.0.0.1:{self.ports.cachestore_metrics}" if self.cfg.cachestore else None,
@@ -96,6 +104,10 @@ class Stack:
         started = [self._spawn(spec, env) for spec in first]
         started += [
             self._spawn(engine_spec(self.cfg, self.ports, i, token, store_token), env) for i in range(self.cfg.engines)
+        ]
+        started += [
+            self._spawn(embedding_engine_spec(self.cfg, self.ports, i, token), env)
+            for i in range(self.cfg.embedding_engines)
         ]
         return self._wait(started, stop) and self._wait_registered(stop)
 
@@ -132,11 +144,12 @@ class Stack:
         while True:
             self.check_alive()
             status, body = health.http_get(self.url + "/ready")
-            if status == 200 and body.get("healthy_engines", 0) >= self.cfg.engines:
-                self.say(f"router has {body['healthy_engines']}/{self.cfg.engines} engines registered and healthy")
+            wanted = self.cfg.engines + self.cfg.embedding_engines
+            if status == 200 and body.get("healthy_engines", 0) >= wanted:
+                self.say(f"router has {body['healthy_engines']}/{wanted} engines registered and healthy")
                 return True
             if time.monotonic() - t0 > self.cfg.ready_timeout:
-                raise StackError(f"router sees {body.get('healthy_engines', 0)}/{self.cfg.engines} healthy engines")
+                raise StackError(f"router sees {body.get('healthy_engines', 0)}/{wanted} healthy engines")
             if stop.wait(POLL_S):
                 return False
 
@@ -162,7 +175,7 @@ class Stack:
         running = [c for c in self.children if c.poll() is None]
         if running:
             self.say(f"stopping {', '.join(c.name for c in running)}")
-        engines = [c for c in running if c.name.startswith("engine-")]
+        engines = [c for c in running if c.name.startswith(("engine-", "embed-"))]
         stop_all(engines, self.cfg.grace, self.say)
         stop_all([c for c in running if c not in engines], self.cfg.grace, self.say)
         if self._tmp:

@@ -61,11 +61,11 @@ def create_app(gw: Gateway) -> FastAPI:
     auth = require_api_key(gw.auth, rate_limit)
     generate = [Depends(assign_request_id), auth]  # in this order: a 401 or 429 carries the request id
 
-    async def route(request: Request, path: str, chat: bool) -> Response:
+    async def route(request: Request, path: str, chat: bool, pooling: bool = False) -> Response:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
         try:  # a client that leaves while its request waits in the router queue gives its place up
-            routed = await race_disconnect(request, _route(gw, request, path, raw, chat, started))
+            routed = await race_disconnect(request, _route(gw, request, path, raw, chat, started, pooling))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
@@ -79,6 +79,13 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/completions", dependencies=generate)
     async def completions(request: Request) -> Response:
         return await route(request, "/v1/completions", chat=False)
+
+    async def pool(request: Request) -> Response:
+        """Embeddings, rerank and score: to the least-loaded engine serving the model (an embedding engine)."""
+        return await route(request, request.url.path, chat=False, pooling=True)
+
+    for path in ("/v1/embeddings", "/v1/rerank", "/v1/score"):
+        app.add_api_route(path, pool, methods=["POST"], dependencies=generate)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> Response:
@@ -105,11 +112,12 @@ def create_app(gw: Gateway) -> FastAPI:
     return app
 
 
-async def _route(gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float) -> Routed:
+async def _route(
+    gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float, pooling: bool = False
+) -> Routed:
     """Decide where the request goes (routing.Routing.pick) and how it may resume."""
-    picked, body = await gw.pick(
-        request.headers, raw, chat, request.state, started, tenant=getattr(request.state, "tenant", "-")
-    )
+    tenant = getattr(request.state, "tenant", "-")
+    picked, body = await gw.pick(request.headers, raw, chat, request.state, started, tenant=tenant, pooling=pooling)
     stream = body.get("stream") is True
     first = picked.decision.order[0]
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))

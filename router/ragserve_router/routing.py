@@ -31,6 +31,7 @@ from ragserve_router.state import RouterState
 log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 POLICY_HEADER = "x-ragserve-policy"
+POOLING_POLICY = "least_loaded"  # embeddings, rerank and score: nothing cached to route to
 
 
 def valid_request_id(given: str | None) -> str | None:
@@ -122,17 +123,23 @@ class Routing:
         started: float,
         eligible: Callable[[EngineRecord], bool] | None = None,
         tenant: str = "-",
+        pooling: bool = False,
     ) -> tuple[Picked, dict]:
         """Decide where the request goes and reserve its slot on the first engine of that order, once the gate
-        admits it; also returns the parsed body."""
+        admits it; also returns the parsed body. `pooling` (embeddings, rerank, score): no KV cache to route
+        to, so the least-loaded engine serving the model; the engine checks the body."""
         body, model = parse_body(raw)
-        check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
+        if not pooling:
+            check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
         candidates = self.candidates(labels, model, eligible)
-        policy = self.policy(headers)
+        policy = POOLING_POLICY if pooling else self.policy(headers)
         cls = traffic_class(headers, body)
         self.shed(cls, model, candidates)
         t0 = time.monotonic()
-        key = await self.tokenizers.routing_key(self.pool.spec(model), model, body, chat, len(raw))
+        if pooling:
+            key = RoutingKey([], 0)
+        else:
+            key = await self.tokenizers.routing_key(self.pool.spec(model), model, body, chat, len(raw))
         spent = time.monotonic() - t0
         claim = await self.gate.enter(model, cls, tenant, prompt_estimate(key, raw))
         try:

@@ -29,6 +29,9 @@ EXTRA = {
     },
     "no-router-no-cachestore": {"router": {"enabled": False}, "cachestore": {"enabled": False}},
     "pool-opts-out": {"engines": [{"name": "solo", "model": "m", "registerWithRouter": False, "useCachestore": False}]},
+    "embedding-pool": {
+        "engines": [{"name": "default", "model": "m"}, {"name": "embed", "model": "e", "task": "embed"}],
+    },
 }
 
 
@@ -96,6 +99,7 @@ def expected(values: dict, pool: dict) -> list[str]:
     pod = EnginePod(
         model=model_path(pool),
         served_model_name=pool["servedModelName"],
+        task=pool["task"],
         engine=pool["engine"],
         port=pool["port"],
         router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,

@@ -43,6 +43,9 @@ SPECS = {
     "hpa": {**FULL, "autoscaling": {"mode": "hpa", "targetRunningRequests": 8}},
     "keda": {**FULL, "autoscaling": {"mode": "keda"}},
     "no-cachestore": {"engines": [{"name": "a", "model": "m"}], "cachestore": {"enabled": False}},
+    "embedding-pool": {
+        "engines": [{"name": "a", "model": "m"}, {"name": "embed", "model": "all-minilm-l6-v2", "task": "embed"}]
+    },
     "secure": {
         "engines": [{"name": "a", "model": "m"}],
         "router": {"registryAuth": {"tokenSecret": {"name": "registry"}}},
@@ -355,6 +358,15 @@ def test_no_cachestore():
     assert not [o for o in objs if o["metadata"]["name"].startswith("demo-cachestore")]
     engine = by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]["containers"][0]
     assert "--cachestore" not in engine["args"]
+
+
+def test_an_embedding_pool_runs_task_embed_without_the_cachestore():
+    objs = children("embedding-pool")
+    embed = parse(by_name(objs, "Deployment", "demo-engine-embed")["spec"]["template"]["spec"]["containers"][0])
+    assert (embed.task, embed.model, embed.cachestore) == ("embed", "all-minilm-l6-v2", None)
+    assert embed.router == "demo-router-registry.ns1.svc:50051"  # registered, routed by model like any pool
+    generate = parse(by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]["containers"][0])
+    assert generate.task == "generate" and generate.cachestore
 
 
 @pytest.mark.parametrize(

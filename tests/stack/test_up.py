@@ -38,11 +38,11 @@ def up(tmp_path_factory):
 
 def test_comes_up_with_every_process(up):
     state = up.state
-    assert set(state["pids"]) == {"redis", "cachestore", "router", "engine-0", "engine-1"}
+    assert set(state["pids"]) == {"redis", "cachestore", "router", "engine-0", "engine-1", "embed-0"}
     assert all(alive(pid) for pid in up.child_pids)
     assert state["redis"].startswith("redis://127.0.0.1:") and state["cachestore"].startswith("127.0.0.1:")
     ready = httpx.get(state["url"] + "/ready", timeout=10).json()
-    assert ready["healthy_engines"] == 2
+    assert ready["healthy_engines"] == 3  # and the embedding engine
     out = up.output()
     assert "ragserve is up" in out and f"{state['url']}/v1" in out and "curl" in out
     assert "engine-0  |" in out and "router    |" in out  # child logs, prefixed
@@ -66,7 +66,18 @@ def test_serves_a_request_through_the_router(up):
     assert resp.headers["x-ragserve-engine"] in ("engine-0", "engine-1")
     assert resp.json()["usage"]["completion_tokens"] == 4
     models = httpx.get(up.state["url"] + "/v1/models", timeout=10).json()
-    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert sorted(m["id"] for m in models["data"]) == ["all-minilm-l6-v2", "tiny"]
+
+
+def test_serves_embeddings_through_the_router(up):
+    """`ragserve up` starts an embedding engine (all-MiniLM-L6-v2) the router sends /v1/embeddings to."""
+    body = {"model": "all-minilm-l6-v2", "input": ["What is a KV cache?", "Paged attention"]}
+    resp = httpx.post(up.state["url"] + "/v1/embeddings", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-ragserve-engine"] == "embed-0"
+    assert [len(d["embedding"]) for d in resp.json()["data"]] == [384, 384]
+    assert up.state["embedding_model"] == "all-minilm-l6-v2" and len(up.state["embedding_engines"]) == 1
+    assert "/v1/embeddings" in up.output()  # the banner says where
 
 
 def test_health_probe_command(up):

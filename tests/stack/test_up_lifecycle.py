@@ -29,6 +29,7 @@ def test_exit_after_demo_for_scripts(tmp_path):
         out = up.output()
         assert "ragserve is up" in out and "demo finished with exit code 0" in out
         assert "repeated context" in out and "prompt tokens served from cache" in out
+        assert "embeddings: all-minilm-l6-v2 via /v1/embeddings" in out  # the stack's embedding engine
         up.state = json.loads(up.state_file.read_text())
         assert wait_gone(up.child_pids, timeout=5) == []
     finally:
@@ -41,7 +42,7 @@ def test_sigkill_of_up_takes_every_child_down(tmp_path):
     try:
         up.wait_ready()
         pids = up.child_pids
-        assert len(pids) == 3 and all(alive(p) for p in pids)  # cachestore, router, engine-0
+        assert len(pids) == 4 and all(alive(p) for p in pids)  # cachestore, router, engine-0, embed-0
         up.stop(signal.SIGKILL)
         assert wait_gone(pids, timeout=15) == []
     finally:
@@ -52,7 +53,7 @@ def test_a_crashed_child_is_reported_and_stops_the_stack(tmp_path):
     up = Up(tmp_path, *SMALL, "--no-cachestore", "--model", tiny())
     try:
         state = up.wait_ready()
-        assert set(state["pids"]) == {"router", "engine-0"}
+        assert set(state["pids"]) == {"router", "engine-0", "embed-0"}
         os.kill(state["pids"]["engine-0"], signal.SIGKILL)
         assert up.proc.wait(60) == 1
         out = up.output()

@@ -11,6 +11,7 @@ from ragserve_engine.engine_client import EngineClient, EngineStats
 from ragserve_engine.server.metrics import EngineMetrics
 from ragserve_engine.server.serving_chat import ChatServing
 from ragserve_engine.server.serving_completion import CompletionServing
+from ragserve_engine.server.serving_pooling import PoolingServing
 from ragserve_engine.server.warmup import WarmupManager
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class EngineServer:
         self.metrics = self.metrics or EngineMetrics(self.model_name)
         self.chat = ChatServing(self)
         self.completion = CompletionServing(self)
+        self.pooling = PoolingServing(self)
         self.warmups = WarmupManager(self)
 
     def attach(self, llm: EngineClient) -> None:
@@ -47,6 +49,11 @@ class EngineServer:
             self.kv_publisher.attach(llm)
             self.metrics.attach_kv_publisher(self.kv_publisher.stats)
         self.status = READY
+
+    @property
+    def embeds(self) -> bool:
+        """An embedding engine (--task embed): /v1/embeddings, /v1/rerank and /v1/score instead of generation."""
+        return self.engine_config.task == "embed"
 
     def stats(self) -> EngineStats | None:
         return self.llm.stats() if self.llm is not None else None

@@ -63,7 +63,7 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         log.exception("failed to load model %s", server.engine_config.model)
         server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
         return
-    if server.status != DRAINING:
+    if server.status != DRAINING and not server.embeds:
         from ragserve_engine.server.calibration import calibrate
 
         await calibrate(llm)  # measured speeds in the first heartbeat; not ready until done

@@ -14,6 +14,7 @@ from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_engine.server.engine_server import READY, EngineServer
 from ragserve_engine.server.errors import bad_request
+from ragserve_engine.server.pooling_routes import add_pooling_routes
 from ragserve_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,15 +36,10 @@ def create_app(server: EngineServer) -> FastAPI:
     created = int(time.time())
     auth = [require_api_key(ApiKeys.single(server.config.api_key))]
 
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat_completions(request: Request) -> Response:
-        server.check_accepting()
-        return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
-
-    @app.post("/v1/completions", dependencies=auth)
-    async def completions(request: Request) -> Response:
-        server.check_accepting()
-        return await server.completion.create(request, await parse(request, CompletionRequest, limit))
+    if server.embeds:
+        add_pooling_routes(app, server, auth, limit)
+    else:
+        add_generation_routes(app, server, auth, limit)
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> Response:
@@ -80,22 +76,6 @@ def create_app(server: EngineServer) -> FastAPI:
             raise ApiError(400, f"token ids must be in [0, {tok.vocab_size})", "invalid_value", "tokens")
         return JSONResponse({"prompt": tok.decode(req.tokens, skip_special_tokens=False)})
 
-    @app.post("/v1/warmup", dependencies=auth)
-    async def warmup(request: Request) -> Response:
-        server.check_accepting()
-        req = await parse(request, WarmupRequest, limit)
-        server.check_model(req.model)
-        return JSONResponse(await server.warmups.warm(req))
-
-    @app.get("/v1/warmup", dependencies=auth)
-    async def warmups() -> Response:
-        return JSONResponse(server.warmups.summary())
-
-    @app.delete("/v1/warmup/{warmup_id}", dependencies=auth)
-    async def unpin(warmup_id: str) -> Response:
-        server.check_loaded()
-        return JSONResponse(await server.warmups.release(warmup_id))
-
     @app.get("/health")
     async def health() -> Response:
         return JSONResponse({"status": "ok"})
@@ -116,3 +96,33 @@ def create_app(server: EngineServer) -> FastAPI:
         return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def add_generation_routes(app: FastAPI, server: EngineServer, auth: list, limit: int) -> None:
+    """Chat, completions and KV warm-up: what a generating engine (--task generate) serves."""
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(request: Request) -> Response:
+        server.check_accepting()
+        return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(request: Request) -> Response:
+        server.check_accepting()
+        return await server.completion.create(request, await parse(request, CompletionRequest, limit))
+
+    @app.post("/v1/warmup", dependencies=auth)
+    async def warmup(request: Request) -> Response:
+        server.check_accepting()
+        req = await parse(request, WarmupRequest, limit)
+        server.check_model(req.model)
+        return JSONResponse(await server.warmups.warm(req))
+
+    @app.get("/v1/warmup", dependencies=auth)
+    async def warmups() -> Response:
+        return JSONResponse(server.warmups.summary())
+
+    @app.delete("/v1/warmup/{warmup_id}", dependencies=auth)
+    async def unpin(warmup_id: str) -> Response:
+        server.check_loaded()
+        return JSONResponse(await server.warmups.release(warmup_id))

@@ -10,6 +10,9 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- include "ragserve.arg" (list "--port" $p.port) }}
 {{- include "ragserve.arg" (list "--model" (include "ragserve.modelPath" $p)) }}
 {{- include "ragserve.arg" (list "--served-model-name" $p.servedModelName) }}
+{{- if and $p.task (ne $p.task "generate") }}
+{{- include "ragserve.arg" (list "--task" $p.task) }}
+{{- end }}
 {{- include "ragserve.arg" (list "--dtype" $e.dtype) }}
 {{- include "ragserve.arg" (list "--device" $e.device) }}
 {{- include "ragserve.arg" (list "--block-size" $e.blockSize) }}
@@ -40,7 +43,7 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and $.Values.cachestore.enabled $p.useCachestore }}
+{{- if and $.Values.cachestore.enabled $p.useCachestore (ne $p.task "embed") }}
 {{- include "ragserve.arg" (list "--cachestore" (include "ragserve.cachestoreAddresses" $)) }}
 {{- include "ragserve.cachestoreClientArgs" $ }}
 {{- end }}
