@@ -35,14 +35,14 @@ class Holder:
     """A request the router admitted to the (frozen) engine, holding its only place until release(): a raw socket,
     so that leaving is closing it, whatever the engine is doing."""
 
-    def __init__(self, router_url: str, metrics, until, headers: dict | None = None) -> None:
+    def __init__(self, router_url: str, metrics, until, headers: dict | None = None, in_flight: int = 1) -> None:
         host, port = router_url.removeprefix("http://").split(":")
         data = json.dumps(completion("hold the engine", max_tokens=400, stream=True)).encode()
         lines = ["POST /v1/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json"]
         lines += [f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
         self.sock = socket.create_connection((host, int(port)))
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
-        until(lambda: metrics(router_url, IN_FLIGHT) == 1, message="the holder admitted")
+        until(lambda: metrics(router_url, IN_FLIGHT) == in_flight, message="the holder admitted")
 
     def release(self) -> None:
         self.sock.close()  # the client leaves: the router frees the place
