@@ -60,11 +60,13 @@ def start_stack(procs: Procs, name: str, model: str, flags: list[str]) -> str:
     argv += ["--router", f"127.0.0.1:{grpc_port}", "--advertise-url", f"http://127.0.0.1:{eport}"]
     procs.start(f"engine-{name}", [*argv, "--log-level", "warning"])
     wait_until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, f"engine of {name}", 600)
+    for i in range(8):  # warm-up: first requests pay one-off costs
+        httpx.post(url + "/v1/completions", json=body(f"warm-up {i}", 32, stream=False), timeout=120)
     return url
 
 
 class Load:
-    """Closed-loop clients: each sends its next request when the last one ended (after 0.1 s on a 429)."""
+    """Closed-loop clients: each sends its next request when the last one ended (a 429: after Retry-After)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str) -> None:
         self.client, self.url, self.stop = client, url, asyncio.Event()
@@ -92,8 +94,8 @@ class Load:
         while not self.stop.is_set():
             rec = await self.request(body(tag, max_tokens), headers)
             self.records.append(rec | {"tag": tag, "end": time.monotonic()})
-            if rec["status"] != 200:
-                await asyncio.sleep(0.1)
+            if rec["status"] != 200:  # a client that honours Retry-After
+                await asyncio.sleep(float(rec["retry_after"] or 1))
 
     def run(self, tag: str, clients: int, max_tokens: int, headers: dict) -> list[asyncio.Task]:
         return [asyncio.create_task(self.loop(tag, max_tokens, headers)) for _ in range(clients)]
