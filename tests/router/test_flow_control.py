@@ -165,3 +165,26 @@ def test_a_token_quota_admits_what_fits_and_answers_429_with_the_buckets_retry_a
         time.sleep(retry)
         again = client.post(router.url + "/v1/completions", json=body)
         assert again.status_code == 200, again.text  # the bucket held the prompt after Retry-After seconds
+
+
+def test_a_tenant_joining_late_starts_at_the_served_tenants_counter(one_engine, until, metrics):
+    """VTC's arrival rule: "early" was served alone (its counter grew); "late" arrives at an empty queue and starts
+    at early's counter, not at 0, so its backlog does not all run ahead of early's next request."""
+    router, engine = one_engine("--tenant-header", "X-Tenant")
+    early, late = {"X-Tenant": "early"}, {"X-Tenant": "late"}
+    long_prompt = " ".join(f"word{j}" for j in range(150))
+    for i in range(3):  # early alone: some 500 weighted tokens served
+        resp = httpx.post(router.url + "/v1/completions", json=completion(f"{i} {long_prompt}"), headers=early)
+        assert resp.status_code == 200
+    queue = Queue(router.url, metrics, until)
+    with frozen([engine]):
+        holder = Holder(router.url, metrics, until, late)
+        for i in range(3):
+            queue.send(f"late-{i}", completion(f"late {i}"), late)
+        queue.send("early", completion("early again"), early)
+        holder.release()
+        until(lambda: queue.depth() == 3, message="the freed place went to a waiter")
+    for name in queue.futures:
+        assert queue.result(name).status_code == 200
+    # starting at 0, late's three short requests would all run before early's; lifted, they take turns
+    assert queue.done == ["late-0", "early", "late-1", "late-2"]
