@@ -133,6 +133,7 @@ async def priority(url: str, n: int) -> dict:
     shed = [r for r in window if r["tag"] == "sheddable"]
     return {
         "critical_unloaded_p95_ms": 1000 * pct(unloaded, 0.95),
+        "critical_loaded_p50_ms": 1000 * pct(loaded, 0.5),
         "critical_loaded_p95_ms": 1000 * pct(loaded, 0.95),
         "ratio": pct(loaded, 0.95) / pct(unloaded, 0.95),
         "standard_ttft_p50_ms": 1000 * pct(std, 0.5),
@@ -171,6 +172,7 @@ async def fairness(url: str, seconds: float) -> dict:
     solo_p95, both_p95 = pct(ttfts(solo), 0.95), pct(ttfts(both), 0.95)
     return {
         "a_solo_p95_ms": 1000 * solo_p95,
+        "a_contended_p50_ms": 1000 * pct(ttfts(both), 0.5),
         "a_contended_p95_ms": 1000 * both_p95,
         "ratio": both_p95 / solo_p95,
         "a_tokens_per_s": tokens["A"],
