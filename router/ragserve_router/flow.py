@@ -7,8 +7,9 @@ room for a higher class) for at most --queue-timeout seconds (then 503 queue_tim
 waits: 429 saturated. A freed place goes to the highest class waiting; within a class, to the tenant with the
 fewest weighted tokens served (prompt tokens x 1 at admission, completion tokens x 2 when the usage comes back,
 as in Sheng et al., "Fairness in Serving Large Language Models"); within a tenant, first come first served.
-A tenant that starts waiting is lifted to the least counter of the tenants already waiting, so idle time banks
-no credit.
+A tenant with nothing waiting that sends a request is lifted to the least counter of the tenants waiting, or, when
+nobody waits, to the counter of the tenant served last (VTC's rule), so neither idle time nor arriving late banks
+credit: a tenant that joins while another is served alone does not start thousands of tokens behind it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FlowControl:
     counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
     inflight: Counter[str] = field(default_factory=Counter)  # model -> places taken
     waiting: list[Waiter] = field(default_factory=list)
+    last: float = 0.0  # the counter of the tenant charged last (where a tenant arriving at an empty queue starts)
     _seq: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -63,6 +65,7 @@ class FlowControl:
         """Return once the request holds a place (at once when one is free and nobody waits); raise a 429 or 503."""
         if not self.enabled:
             return
+        self._lift(tenant)
         if not any(w.model == model for w in self.waiting) and self.inflight[model] < self.capacity(model):
             self.inflight[model] += 1
             self.metrics.queue_wait.labels(cls).observe(0)
@@ -101,7 +104,7 @@ class FlowControl:
     def charge(self, tenant: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         """Tokens served to the tenant (its virtual token counter)."""
         cost = PROMPT_WEIGHT * prompt_tokens + COMPLETION_WEIGHT * completion_tokens
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
+        self.counters[tenant] = self.last = self.counters.get(tenant, 0.0) + cost
 
     def dispatch(self, model: str) -> None:
         """Admit waiters for the model while it has free places: highest class, then least-served tenant."""
@@ -117,15 +120,19 @@ class FlowControl:
     def _enqueue(self, model: str, cls: str, tenant: str) -> Waiter:
         if len(self.waiting) >= self.queue_size:
             self._make_room(cls)
-        active = [self.counters.get(w.tenant, 0.0) for w in self.waiting if w.tenant != tenant]
-        if active and not any(w.tenant == tenant for w in self.waiting):
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0), min(active))
         if len(self.counters) > MAX_TENANTS:
             self._forget_idle()
         waiter = Waiter(model, cls, tenant, next(self._seq), time.monotonic())
         self.waiting.append(waiter)
         self.metrics.queue_depth.labels(cls).inc()
         return waiter
+
+    def _lift(self, tenant: str) -> None:
+        """A tenant with nothing waiting: up to the least counter waiting, or the last served one's (VTC)."""
+        if any(w.tenant == tenant for w in self.waiting):
+            return
+        floor = min((self.counters.get(w.tenant, 0.0) for w in self.waiting), default=self.last)
+        self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
 
     def _make_room(self, cls: str) -> None:
         """Queue full: the newest waiter of the lowest class below `cls` leaves with a 429, else this request."""

@@ -17,15 +17,12 @@ import httpx
 
 from ragserve.http.errors import REQUEST_SCOPE, ApiError, error_body
 from ragserve_router.engines import CONNECT, SERVER_ERROR, EngineRecord
+from ragserve_router.stream_usage import sse
 from ragserve_router.upstream import Routed, Upstream
 
 log = logging.getLogger(__name__)
 DONE_EVENT = b"data: [DONE]\n\n"
 DONE, CUT, ENGINE_ERROR, REQUEST_ERROR = "done", "cut", "engine_error", "request_error"
-
-
-def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
 class Relay:
@@ -110,13 +107,21 @@ class Relay:
         return sse(obj) if changed else event + b"\n\n"
 
     def _chunk(self, obj: dict) -> bool | None:
-        """Collect token ids, hide what the client did not ask for, join resumed segments; None: drop it."""
+        """Collect token ids and usage, hide what the client did not ask for, join resumed segments; None: drop it."""
         changed = False
         if not self.first:
             self.first = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
         elif self.migrations:
             obj.update(self.first)
             changed = True
+        hidden = self.plan.hides_usage and "usage" in obj  # asked for the quotas, not by the client
+        usage = obj.pop("usage") if hidden else obj.get("usage")
+        if isinstance(usage, dict):
+            if self.prior:
+                usage["completion_tokens"] = usage.get("completion_tokens", 0) + self.prior
+                usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
+                changed = True
+            self.usage = usage
         choices = obj.get("choices")
         if isinstance(choices, list) and choices:
             kept = [c for c in choices if not isinstance(c, dict) or self._choice(c)]
@@ -124,13 +129,9 @@ class Relay:
             if not kept and obj.get("usage") is None:
                 return None
             obj["choices"] = kept
-        if isinstance(usage := obj.get("usage"), dict):
-            if self.prior:
-                usage["completion_tokens"] = usage.get("completion_tokens", 0) + self.prior
-                usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage["completion_tokens"]
-                changed = True
-            self.usage = usage
-        return changed
+        elif hidden and isinstance(choices, list):
+            return None  # the usage-only chunk
+        return changed or hidden
 
     def _choice(self, c: dict) -> bool:
         """Record one choice's token ids and finish; False drops a resumed segment's empty opening chunk."""

@@ -5,7 +5,7 @@ token ids); when its engine dies, the same request goes to another engine with `
 (the tokens already streamed) and what is left of `max_tokens` (the engine itself counts them toward
 `min_tokens`, penalties and stop strings). Only ragserve engines (registered over gRPC) understand
 `resume_token_ids`, and only a reproducible generation (greedy, or seeded) of one choice can continue
-without a seam.
+without a seam. A stream whose client did not ask for usage asks for it all the same (stream_usage.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from ragserve_router.engines import EngineRecord
+from ragserve_router.stream_usage import hides_usage, with_usage
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI (and engine) default when a completion names none
 
@@ -50,15 +51,24 @@ class ResumePlan:
     def client_wants_ids(self) -> bool:
         return self.body.get("return_token_ids") is True
 
+    @property
+    def hides_usage(self) -> bool:
+        return hides_usage(self.body)
+
+    def _asking(self) -> dict:
+        """The client's body, asking the engine for a stream's usage when the client did not."""
+        return with_usage(self.body) if self.hides_usage else self.body
+
     def upstream_body(self) -> bytes:
         """The first engine's request: the client's, asking for token ids when a resume may need them."""
-        if not self.active or self.client_wants_ids:
+        if (not self.active or self.client_wants_ids) and not self.hides_usage:
             return self.raw
-        return json.dumps({**self.body, "return_token_ids": True}).encode()
+        ids = {"return_token_ids": True} if self.active and not self.client_wants_ids else {}
+        return json.dumps({**self._asking(), **ids}).encode()
 
     def resumed_body(self, token_ids: list[int]) -> bytes | None:
         """The request that continues after token_ids; None when they used up the whole budget."""
-        body = {**self.body, "return_token_ids": True, "resume_token_ids": token_ids}
+        body = {**self._asking(), "return_token_ids": True, "resume_token_ids": token_ids}
         key = "max_completion_tokens" if self.chat and body.get("max_completion_tokens") is not None else "max_tokens"
         budget = body.get(key, None if self.chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
         if isinstance(budget, int):

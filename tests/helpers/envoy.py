@@ -100,8 +100,9 @@ class Pick:
 class Served:
     status: int
     endpoint: str
-    body: bytes
-    headers: dict[str, str]
+    body: bytes  # what the client got: the upstream's body as the picker passed it on
+    headers: dict[str, str]  # the upstream's
+    added: dict[str, str] = field(default_factory=dict)  # response headers the picker set
 
 
 class Envoy:
@@ -147,7 +148,8 @@ class Envoy:
         headers = {k: v for k, v in pick.set_headers.items() if not k.startswith(":")}
         for endpoint in pick.endpoints:
             try:
-                with client.stream("POST", f"http://{endpoint}{pick.path}", content=pick.body, headers=headers) as r:
+                url = f"http://{endpoint}{pick.path}"  # the body as the picker sent it back goes upstream
+                with client.stream("POST", url, content=pick.body_echo, headers=headers) as r:
                     return self._answer(pick, endpoint, r, cut_after)
             except httpx.ConnectError:
                 continue
@@ -157,20 +159,24 @@ class Envoy:
         stream = pick.stream
         pairs = {":status": str(r.status_code), "content-type": r.headers.get("content-type", "")}
         stream.send(response_headers=_headers(pairs), metadata_context=_metadata("envoy.lb", {SERVED: endpoint}))
-        assert stream.recv().HasField("response_headers")
+        answer = stream.recv()
+        assert answer.HasField("response_headers")
+        options = answer.response_headers.response.header_mutation.set_headers
+        added = {o.header.key: (o.header.raw_value or o.header.value.encode()).decode() for o in options}
         body = b""
         for n, chunk in enumerate(r.iter_raw()):
             if cut_after is not None and n >= cut_after:
                 stream.cut()
-                return Served(r.status_code, endpoint, body, dict(r.headers))
+                return Served(r.status_code, endpoint, body, dict(r.headers), added)
             stream.send(response_body=ext.HttpBody(body=chunk))
             passed = stream.recv().response_body.response.body_mutation.streamed_response
-            assert passed.body == chunk and not passed.end_of_stream
-            body += chunk
+            assert not passed.end_of_stream
+            body += passed.body
         stream.send(response_body=ext.HttpBody(body=b"", end_of_stream=True))
-        assert stream.recv().response_body.response.body_mutation.streamed_response.end_of_stream
+        passed = stream.recv().response_body.response.body_mutation.streamed_response
+        assert passed.end_of_stream
         stream.close()
-        return Served(r.status_code, endpoint, body, dict(r.headers))
+        return Served(r.status_code, endpoint, body + passed.body, dict(r.headers), added)
 
     def close(self) -> None:
         self.chan.close()

@@ -35,14 +35,14 @@ class Holder:
     """A request the router admitted to the (frozen) engine, holding its only place until release(): a raw socket,
     so that leaving is closing it, whatever the engine is doing."""
 
-    def __init__(self, router_url: str, metrics, until, headers: dict | None = None) -> None:
+    def __init__(self, router_url: str, metrics, until, headers: dict | None = None, in_flight: int = 1) -> None:
         host, port = router_url.removeprefix("http://").split(":")
         data = json.dumps(completion("hold the engine", max_tokens=400, stream=True)).encode()
         lines = ["POST /v1/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json"]
         lines += [f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
         self.sock = socket.create_connection((host, int(port)))
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
-        until(lambda: metrics(router_url, IN_FLIGHT) == 1, message="the holder admitted")
+        until(lambda: metrics(router_url, IN_FLIGHT) == in_flight, message="the holder admitted")
 
     def release(self) -> None:
         self.sock.close()  # the client leaves: the router frees the place
@@ -165,3 +165,26 @@ def test_a_token_quota_admits_what_fits_and_answers_429_with_the_buckets_retry_a
         time.sleep(retry)
         again = client.post(router.url + "/v1/completions", json=body)
         assert again.status_code == 200, again.text  # the bucket held the prompt after Retry-After seconds
+
+
+def test_a_tenant_joining_late_starts_at_the_served_tenants_counter(one_engine, until, metrics):
+    """VTC's arrival rule: "early" was served alone (its counter grew); "late" arrives at an empty queue and starts
+    at early's counter, not at 0, so its backlog does not all run ahead of early's next request."""
+    router, engine = one_engine("--tenant-header", "X-Tenant")
+    early, late = {"X-Tenant": "early"}, {"X-Tenant": "late"}
+    long_prompt = " ".join(f"word{j}" for j in range(150))
+    for i in range(3):  # early alone: some 500 weighted tokens served
+        resp = httpx.post(router.url + "/v1/completions", json=completion(f"{i} {long_prompt}"), headers=early)
+        assert resp.status_code == 200
+    queue = Queue(router.url, metrics, until)
+    with frozen([engine]):
+        holder = Holder(router.url, metrics, until, late)
+        for i in range(3):
+            queue.send(f"late-{i}", completion(f"late {i}"), late)
+        queue.send("early", completion("early again"), early)
+        holder.release()
+        until(lambda: queue.depth() == 3, message="the freed place went to a waiter")
+    for name in queue.futures:
+        assert queue.result(name).status_code == 200
+    # starting at 0, late's three short requests would all run before early's; lifted, they take turns
+    assert queue.done == ["late-0", "early", "late-1", "late-2"]

@@ -9,6 +9,7 @@ byte (TTFT), usage; the end releases the slot. close() releases it too when the 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
 from ragserve_router.priority import tenant_of
 from ragserve_router.routing import Picked, Routing, valid_request_id
+from ragserve_router.stream_usage import HiddenUsage, hides_usage, with_usage
 
 Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
 
@@ -56,6 +58,7 @@ class Exchange:
         self.picked: Picked | None = None
         self.engine: EngineRecord | None = None
         self.answer: Answer | None = None
+        self.hidden: HiddenUsage | None = None  # the stream's usage, asked for the quotas, not by the client
         self.over = False  # counted and released: the answer ended, was refused, or the stream was cut
         self.refused = False  # an immediate response was sent: the stream is done
 
@@ -113,10 +116,12 @@ class Exchange:
             raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
-        picked, _ = await self.routing.pick(
+        picked, body = await self.routing.pick(
             self.headers, raw, PATHS[path], self.labels, self.started, eligible, self.tenant
         )
         self.picked, self.engine = picked, picked.decision.order[0]
+        if hides_usage(body):  # the engine streams its usage for the quotas; the client gets none of it
+            raw, self.hidden = json.dumps(with_usage(body)).encode(), HiddenUsage(self.routing.cfg.max_body_bytes)
         endpoints = [protocol.endpoint(e) for e in picked.decision.order[: self.routing.cfg.max_attempts]]
         return [protocol.route_to(endpoints, self._upstream_headers(), len(raw)), protocol.request_body(raw)]
 
@@ -144,7 +149,8 @@ class Exchange:
         self.answer = Answer.of(headers, self.routing.cfg.max_body_bytes)
         if req.response_headers.end_of_stream:
             self._end()
-        return [protocol.headers_done(False)]
+        ratelimit = self.picked.claim.headers if self.picked is not None else None  # the tenant's x-ratelimit-*
+        return [protocol.headers_done(False, ratelimit)]
 
     def _served(self, served: str | None) -> None:
         """The gateway fell back to another endpoint of the list: the slot and the routing history follow."""
@@ -166,7 +172,8 @@ class Exchange:
             self.picked.first_token(self.routing.metrics, self.engine.engine_id)
         if body.end_of_stream:
             self._end()
-        return [protocol.response_body(body.body, body.end_of_stream)]
+        data = body.body if self.hidden is None else self.hidden.feed(body.body, body.end_of_stream)
+        return [protocol.response_body(data, body.end_of_stream)]
 
     def _end(self) -> None:
         """The answer is complete: usage, the slot, latency and the answer's count, once."""

@@ -99,9 +99,10 @@ def response_body(body: bytes, end_of_stream: bool) -> ext.ProcessingResponse:
     return ext.ProcessingResponse(response_body=ext.BodyResponse(response=common))
 
 
-def headers_done(request: bool) -> ext.ProcessingResponse:
-    """Headers left as they are."""
-    answer = ext.HeadersResponse(response=ext.CommonResponse())
+def headers_done(request: bool, add: dict[str, str] | None = None) -> ext.ProcessingResponse:
+    """Headers left as they are, but for those in `add` (set)."""
+    mutation = ext.HeaderMutation(set_headers=[_header(k, v) for k, v in (add or {}).items()]) if add else None
+    answer = ext.HeadersResponse(response=ext.CommonResponse(header_mutation=mutation))
     return ext.ProcessingResponse(**{"request_headers" if request else "response_headers": answer})
 
 
