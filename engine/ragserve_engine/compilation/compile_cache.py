@@ -1,0 +1,48 @@
+"""Where compiled artefacts live, keyed by what they depend on, and how to tell a cache hit from a compile.
+
+Inductor keeps its generated C++ (and the .so files, and AOTAutograd's graphs) under TORCHINDUCTOR_CACHE_DIR;
+its FX-graph cache key already holds the graph (the model's config constants and parameter shapes: the model
+signature, compilation/decode_graphs.py), the inductor config and torch's version. What it leaves out, and a
+cache that travels between machines needs, is the ISA: a .so generated for AVX512 on one node would crash
+on an AVX2 node that shares the volume. So the directory is RAGSERVE_CACHE_DIR/inductor/<torch>-<isa>.
+The thread count is not in the key: the decode graphs compile with cpp.dynamic_threads (docs/kernels.md,
+bench/results/cold-start.md), so a pod with another CPU request reuses another's graphs. A
+TORCHINDUCTOR_CACHE_DIR set by the user wins.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+
+from ragserve.model_source import cache_dir
+
+ENV = "TORCHINDUCTOR_CACHE_DIR"
+# every torch.compile of the engine: C++ that reads the thread count at run time (omp_get_max_threads), so
+# neither the code nor inductor's cache key depends on torch.get_num_threads()
+INDUCTOR_OPTIONS = {"cpp.dynamic_threads": True}
+
+
+def cache_key() -> str:
+    """torch's version and the CPU ISA inductor's vectorized C++ compiles to (AVX512, AVX2, ...)."""
+    return f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
+def compile_cache_dir() -> Path:
+    """The inductor cache this process uses: TORCHINDUCTOR_CACHE_DIR if set, else the keyed directory."""
+    return Path(os.environ.get(ENV) or cache_dir() / "inductor" / cache_key())
+
+
+def use_compile_cache() -> Path:
+    """Point inductor at compile_cache_dir() (before the first compile) and return it."""
+    path = compile_cache_dir()
+    os.environ.setdefault(ENV, str(path))
+    return path
+
+
+def cache_misses() -> int:
+    """Graphs inductor generated code for in this process (an FX-graph cache miss; a hit loads the .so)."""
+    return int(counters["inductor"]["fxgraph_cache_miss"])
