@@ -8,9 +8,10 @@ that directory, as a restarted pod or a second pod on a hostPath volume) and `sh
 another place, started with --shipped-threads torch threads: an image or volume that carries a cache
 built elsewhere). After /ready, rounds of probes run a decode at each batch size (one streamed completion
 per sequence, its inter-token latency being the decode step) until the engine reports no graph pending
-for ROUNDS_STEADY rounds; steady state is the median of those rounds. Time to full speed: from process
-start to the first round from which every size stays within 10 % of steady; worst slowdown: the slowest
-round after /ready over steady. Each start runs --repeats times, variants interleaved; medians reported.
+for ROUNDS_STEADY rounds (MIN_ROUNDS at least); steady state is the median of those rounds. Time to full
+speed: from process start to the first round, with no graph pending, where every size is within 10 % of
+steady; worst slowdown: the slowest probe after /ready over steady. Each start runs --repeats times,
+variants interleaved; medians reported.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from pathlib import Path
 import httpx
 
 RESULTS = Path(__file__).parent / "results"
-ROUNDS_STEADY, FULL_SPEED, MAX_S = 3, 1.10, 300.0
-NEW_TOKENS = 24
+ROUNDS_STEADY, MIN_ROUNDS, FULL_SPEED, MAX_S = 5, 8, 1.10, 300.0
+NEW_TOKENS = 48
 
 
 def start(model: str, cache: Path, threads: int, src: str | None, max_num_seqs: int, log: Path) -> tuple:
@@ -88,19 +89,21 @@ def gauges(url: str) -> dict[str, float]:
 async def probe(url: str, sizes: list[int], t_start: float) -> tuple[list[dict], dict]:
     rounds, quiet, rng = [], 0, random.Random(0)
     async with httpx.AsyncClient(timeout=120) as client:
-        while quiet < ROUNDS_STEADY and time.perf_counter() - t_start < MAX_S:
+        while (quiet < ROUNDS_STEADY or len(rounds) < MIN_ROUNDS) and time.perf_counter() - t_start < MAX_S:
             t = time.perf_counter() - t_start
             steps = {b: await step_seconds(client, url, b, rng) for b in sizes}
             g = gauges(url)
-            quiet = quiet + 1 if g.get("decode_graphs_pending", 0) == 0 else 0
-            rounds.append({"t": t, "steps": steps})
+            pending = g.get("decode_graphs_pending", 0) > 0
+            quiet = 0 if pending else quiet + 1
+            rounds.append({"t": t, "steps": steps, "pending": pending})
     return rounds, g
 
 
 def summarize(rounds: list[dict], sizes: list[int], t_ready: float) -> dict:
     steady = {b: statistics.median(r["steps"][b] for r in rounds[-ROUNDS_STEADY:]) for b in sizes}
+    compiled = max((i + 1 for i, r in enumerate(rounds) if r["pending"]), default=0)  # nothing pending from here
     ok = [all(r["steps"][b] <= FULL_SPEED * steady[b] for b in sizes) for r in rounds]
-    first = next(i for i in range(len(ok)) if all(ok[i:]))
+    first = next((i for i in range(compiled, len(ok)) if ok[i]), len(ok) - 1)
     worst = max(r["steps"][b] / steady[b] for r in rounds for b in sizes)
     return {"ready_s": t_ready, "full_speed_s": max(t_ready, rounds[first]["t"]), "worst_x": worst,
             "steady_ms": {b: 1000 * s for b, s in steady.items()}, "rounds": len(rounds)}  # fmt: skip
