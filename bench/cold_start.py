@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def start(model: str, cache: Path, threads: int, src: str | None, max_num_seqs: 
     env |= {"RAGSERVE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(threads)}
     if src:  # the other tree's packages first on the path (the venv's editable install points here)
         env["PYTHONPATH"] = f"{src}/engine:{src}"
-    port = random.randrange(20000, 40000)
+    with socket.socket() as sock:  # a port free now (a random one collided with another process's)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", model, "--served-model-name", "m"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--no-enforce-eager", "--max-num-seqs", str(max_num_seqs)]
     argv += ["--max-model-len", "512", "--num-gpu-blocks", "256"]

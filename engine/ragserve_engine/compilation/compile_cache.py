@@ -5,8 +5,8 @@ its FX-graph cache key already holds the graph (the model's config constants and
 signature, compilation/decode_graphs.py), the inductor config and torch's version. What it leaves out, and a
 cache that travels between machines needs, is the ISA: a .so generated for AVX512 on one node would crash
 on an AVX2 node that shares the volume. So the directory is RAGSERVE_CACHE_DIR/inductor/<torch>-<isa>.
-The thread count is not in the key: the decode graphs compile with cpp.dynamic_threads (docs/kernels.md,
-bench/results/cold-start.md), so a pod with another CPU request reuses another's graphs. A
+The thread count is not in the key: every compile sets cpp.dynamic_threads (no measurable step cost,
+bench/results/decode-graph-policy.md), so a pod with another CPU request reuses another's graphs. A
 TORCHINDUCTOR_CACHE_DIR set by the user wins.
 """
 
