@@ -39,7 +39,8 @@ NEW_TOKENS = 48
 
 def start(model: str, cache: Path, threads: int, src: str | None, max_num_seqs: int, log: Path) -> tuple:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGSERVE_", "TORCHINDUCTOR_"))}
-    env |= {"RAGSERVE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(threads)}
+    env |= {"RAGSERVE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(threads), "TMPDIR": str(cache / "tmp")}
+    (cache / "tmp").mkdir(parents=True, exist_ok=True)  # the pod's /tmp: main's inductor cache went there
     if src:  # the other tree's packages first on the path (the venv's editable install points here)
         env["PYTHONPATH"] = f"{src}/engine:{src}"
     with socket.socket() as sock:  # a port free now (a random one collided with another process's)
@@ -135,7 +136,11 @@ def main() -> None:
     ap.add_argument("--shipped-threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "cold-start"))
+    ap.add_argument("--table-only", action="store_true", help="rewrite the .md table from the .json (no run)")
     args = ap.parse_args()
+    if args.table_only:
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
+        return write(args, saved["results"], saved["argv"])
     variants = [("before", args.before_src)] if args.before_src else []
     variants.append(("after", None))
     results: dict[str, dict[str, list]] = {v: {"fresh": [], "warm": [], "shipped": []} for v, _ in variants}
@@ -152,25 +157,24 @@ def main() -> None:
                 r = run_once(args, variant, src, where, threads, log)
                 results[variant][start_kind].append(r)
                 print(variant, start_kind, rep, json.dumps({k: v for k, v in r.items() if k != "gauges"}), flush=True)
-    write(args, results)
+    Path(args.out).with_suffix(".json").write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
+    write(args, json.loads(json.dumps(results)), sys.argv)  # through JSON: the same keys as --table-only
 
 
-def write(args, results: dict) -> None:
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
+def write(args, results: dict, argv: list[str]) -> None:
     sizes = "/".join(map(str, args.sizes))
-    lines = [f"`python {' '.join(sys.argv)}`", "", f"sizes probed {sizes}; medians of {args.repeats} runs", "",
+    lines = [f"`python {' '.join(argv)}`", "", f"sizes probed {sizes}; medians of {args.repeats} runs", "",
              f"| code | start | threads | ready (s) | full speed (s) | worst step / steady | steady ms at {sizes} "
              "| graphs generated |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for variant, starts in results.items():
         for kind, runs in starts.items():
             med = {k: statistics.median(r[k] for r in runs) for k in ("ready_s", "full_speed_s", "worst_x")}
-            steady = "/".join(f"{statistics.median(r['steady_ms'][b] for r in runs):.1f}" for b in args.sizes)
+            steady = "/".join(f"{statistics.median(r['steady_ms'][str(b)] for r in runs):.1f}" for b in args.sizes)
             misses = [r["gauges"].get("decode_graph_cache_misses") for r in runs]
+            generated = "n/a" if None in misses else f"{statistics.median(misses):g}"
             lines.append(f"| {variant} | {kind} | {runs[0]['threads']} | {med['ready_s']:.1f} | "
-                         f"{med['full_speed_s']:.1f} | {med['worst_x']:.2f} | {steady} | "
-                         f"{'n/a' if None in misses else statistics.median(misses):g} |")  # fmt: skip
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+                         f"{med['full_speed_s']:.1f} | {med['worst_x']:.2f} | {steady} | {generated} |")  # fmt: skip
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from ragserve_engine.compilation.compile_cache import cache_key, compile_cache_dir
 from ragserve_engine.llm import LLM
@@ -81,6 +82,8 @@ def test_the_compile_cache_is_keyed_by_torch_and_isa_not_threads(monkeypatch, tm
     monkeypatch.setenv("RAGSERVE_CACHE_DIR", str(tmp_path))
     key = cache_key()
     assert torch.__version__ in key and torch.backends.cpu.get_cpu_capability().lower() in key
+    assert compile_cache_dir() == tmp_path / "inductor" / key
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what importing inductor sets
     assert compile_cache_dir() == tmp_path / "inductor" / key
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == tmp_path / "mine"  # the user's choice wins

@@ -32,14 +32,21 @@ def cache_key() -> str:
 
 
 def compile_cache_dir() -> Path:
-    """The inductor cache this process uses: TORCHINDUCTOR_CACHE_DIR if set, else the keyed directory."""
-    return Path(os.environ.get(ENV) or cache_dir() / "inductor" / cache_key())
+    """The inductor cache this process uses: TORCHINDUCTOR_CACHE_DIR if the user set it, else the keyed
+    directory. Importing inductor writes its own default (/tmp/torchinductor_<user>) into the variable, so
+    that value counts as unset: it is what made every engine share /tmp, whatever RAGSERVE_CACHE_DIR said."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    user = os.environ.get(ENV)
+    if user and os.path.abspath(user) != os.path.abspath(default_cache_dir()):
+        return Path(user)
+    return cache_dir() / "inductor" / cache_key()
 
 
 def use_compile_cache() -> Path:
     """Point inductor at compile_cache_dir() (before the first compile) and return it."""
     path = compile_cache_dir()
-    os.environ.setdefault(ENV, str(path))
+    os.environ[ENV] = str(path)
     return path
 
 
