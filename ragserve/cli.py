@@ -12,6 +12,7 @@ from ragserve import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("ragserve_engine.cli", "run an inference engine with an OpenAI-compatible API"),
+    "sim-engine": ("ragserve_engine.sim.cli", "run simulated engines (scale benchmarks and load tests only)"),
     "generate": ("ragserve_engine.generate_cli", "generate offline from a prompt (no server)"),
     "router": ("ragserve_router.cli", "run the prefix- and KV-aware gateway"),
     "cachestore": ("ragserve_cachestore.cli", "run the shared KV-block store"),

@@ -30,7 +30,7 @@ from ragserve.logs import LOG_LEVELS
 POLICIES: tuple[str, ...] = ("round_robin", "least_loaded", "session", "prefix", "kv_aware")
 DEFAULT_POLICY = "kv_aware"
 ROUTER_PORT, ROUTER_GRPC_PORT = 8080, 50051
-ROUTER_GROUPS = ("serving", "engines", "routing", "shared state", "reliability", "security and limits")
+ROUTER_GROUPS = ("serving", "engines", "routing", "flow control", "shared state", "reliability", "security and limits")
 ROUTER_GROUPS += ("endpoint picker",)  # the Gateway API Inference Extension EPP (docs/gateway.md)
 
 
@@ -94,13 +94,40 @@ class RouterConfig(FromArgs):
         0.8, "an engine using more of its KV cache (0-1) is saturated (sheddable requests get 429)", "routing",
         type=float,
     )  # fmt: skip
+    max_inflight_per_engine: int = option(
+        0, "requests this replica sends an engine at once; more wait in the router queue (0: no limit, no queue)",
+        "flow control", type=int,
+    )  # fmt: skip
+    queue_size: int = option(256, "requests that may wait in the router queue (full: 429)", "flow control",
+                             type=int)  # fmt: skip
+    queue_timeout: float = option(30.0, "seconds a request may wait in the router queue (then 503)", "flow control",
+                                  type=float)  # fmt: skip
+    tenant_header: str = option(
+        "", "header naming the tenant for quotas and fair queueing (default: the API key's name, else the client)",
+        "flow control",
+    )  # fmt: skip
+    tenant_tokens_per_minute: int = option(
+        0, "prompt + completion tokens per minute per tenant (0: no limit; over it: 429)", "flow control", type=int,
+    )  # fmt: skip
+    tenant_max_concurrent: int = option(0, "requests per tenant at once (0: no limit; over it: 429)", "flow control",
+                                        type=int)  # fmt: skip
+    tenant_quotas_file: str | None = option(
+        None, "per-tenant quotas, one a line: 'TENANT [tpm=N] [concurrent=M]' (others: the two flags above)",
+        "flow control",
+    )  # fmt: skip
     redis: str | None = option(None, "redis:// URL: share registry and KV index between replicas", "shared state")
     redis_prefix: str = option("ragserve:", "key prefix in Redis", "shared state")
     max_attempts: int = option(3, "engines tried before the first byte", "reliability", type=positive_int)
     retry_backoff: float = option(0.05, "seconds before the 1st retry, doubling", "reliability", type=float)
     connect_timeout: float = option(5.0, "engine connect timeout, seconds", "reliability", type=float)
     upstream_timeout: float = option(600.0, "engine read timeout, seconds", "reliability", type=float)
-    breaker_failures: int = option(3, "consecutive engine 5xx before a probe", "reliability", type=positive_int)
+    breaker_failures: int = option(
+        3, "consecutive engine failures (5xx, connection) that open its circuit breaker", "reliability",
+        type=positive_int,
+    )  # fmt: skip
+    breaker_cooldown: float = option(10.0, "seconds an open breaker keeps its engine out before probes",
+                                     "reliability", type=float)  # fmt: skip
+    breaker_probes: int = option(1, "requests let through a half-open breaker", "reliability", type=positive_int)
     migration_limit: int = option(3, "times a stream may move to another engine (0: off)", "reliability", type=int)
     probe_interval: float = option(2.0, "health probe interval, seconds", "reliability", type=float)
     api_keys_file: str | None = option(None, "one key per line, optional 'rps=N burst=M'", "security and limits")
@@ -141,6 +168,10 @@ class RouterConfig(FromArgs):
             (not (self.epp_plaintext and self.epp_cert_file), "--epp-plaintext excludes --epp-cert-file"),
             (self.saturation_queue_depth >= 0, "--saturation-queue-depth must be >= 0"),
             (self.saturation_kv_usage >= 0, "--saturation-kv-usage must be >= 0"),
+            (self.max_inflight_per_engine >= 0, "--max-inflight-per-engine must be >= 0"),
+            (self.queue_size >= 0 and self.queue_timeout > 0, "--queue-size must be >= 0, --queue-timeout > 0"),
+            (min(self.tenant_tokens_per_minute, self.tenant_max_concurrent) >= 0, "tenant quotas must be >= 0"),
+            (self.breaker_cooldown >= 0, "--breaker-cooldown must be >= 0"),
             (self.max_attempts >= 1, "--max-attempts must be >= 1"),
             (self.migration_limit >= 0, "--migration-limit must be >= 0"),
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
@@ -155,6 +186,7 @@ class RouterConfig(FromArgs):
             if not ok:
                 raise ValueError(message)
         paths = (self.tls_cert, self.tls_key, self.tls_client_ca, self.api_keys_file, self.cachestore_token_file)
+        paths += (self.tenant_quotas_file,)
         if self.tokenizer and not os.path.exists(self.tokenizer):
             raise FileNotFoundError(f"--tokenizer: no such file or directory: {self.tokenizer}")
         for path in (*paths, self.registry_token_file, self.epp_cert_file, self.epp_key_file):

@@ -56,6 +56,17 @@ class FreeBlockQueue:
 
 
 @dataclass
+class KVCacheBlocks:
+    """Blocks one call handed out: the new blocks of an allocation, or a pinned prefix."""
+
+    blocks: list[KVCacheBlock] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass
 class KVSnapshot:
     """Every cached block hash, and how many pool events are not yet taken (the snapshot covers them)."""
 

@@ -11,19 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout, block_hashes, cacheable_blocks, root_hash
-from ragserve_engine.block_pool import BlockPool, KVCacheBlock
+from ragserve_engine.block_pool import BlockPool, KVCacheBlock, KVCacheBlocks
 from ragserve_engine.sequence import Sequence
 
-
-@dataclass
-class KVCacheBlocks:
-    """Blocks one call handed out: the new blocks of an allocation, or a pinned prefix."""
-
-    blocks: list[KVCacheBlock] = field(default_factory=list)
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
+__all__ = ["KVCacheBlocks", "KVCacheManager"]  # KVCacheBlocks lives in block_pool (torch-free: the sim engine's too)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,13 +16,13 @@ from ragserve.http.body import read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.proxy import Proxy
+from ragserve_router.priority import tenant_of
+from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
-from ragserve_router.routing import Routing
+from ragserve_router.routing import Routing, valid_request_id
 from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass
@@ -45,8 +44,7 @@ class Gateway(Routing):
 
 async def assign_request_id(request: Request) -> None:
     """The client's X-Request-Id when well formed, else a new one; error answers carry it too."""
-    given = request.headers.get("x-request-id", "")
-    request.state.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    request.state.request_id = valid_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
 
 
 def create_app(gw: Gateway) -> FastAPI:
@@ -56,7 +54,9 @@ def create_app(gw: Gateway) -> FastAPI:
     app.add_middleware(CountResponses, count=gw.metrics.count)  # every answer once, by final status
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
-        gw.admit(request.client.host if request.client else "-", key)
+        client = request.client.host if request.client else "-"
+        gw.admit(client, key)
+        request.state.tenant = tenant_of(request.headers, gw.cfg.tenant_header, key.name if key else None, client)
 
     auth = require_api_key(gw.auth, rate_limit)
     generate = [Depends(assign_request_id), auth]  # in this order: a 401 or 429 carries the request id
@@ -64,7 +64,10 @@ def create_app(gw: Gateway) -> FastAPI:
     async def route(request: Request, path: str, chat: bool) -> Response:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
-        routed = await _route(gw, request, path, raw, chat, started)
+        try:  # a client that leaves while its request waits in the router queue gives its place up
+            routed = await race_disconnect(request, _route(gw, request, path, raw, chat, started))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
         with tracing.span("router.route", tracing.extract(request.headers), attributes):
             return await gw.proxy.forward(routed)
@@ -104,7 +107,9 @@ def create_app(gw: Gateway) -> FastAPI:
 
 async def _route(gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float) -> Routed:
     """Decide where the request goes (routing.Routing.pick) and how it may resume."""
-    picked, body = await gw.pick(request.headers, raw, chat, request.state, started)
+    picked, body = await gw.pick(
+        request.headers, raw, chat, request.state, started, tenant=getattr(request.state, "tenant", "-")
+    )
     stream = body.get("stream") is True
     first = picked.decision.order[0]
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,15 +20,20 @@ class LimitedKey(ApiKey):
     burst: int | None = None
 
 
+def option_lines(path: str) -> Iterator[tuple[int, str, list[str]]]:
+    """A `FIRST [name=value ...]` file ('#' starts a comment): (line number, first field, options) per line."""
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            yield lineno, fields[0], fields[1:]
+
+
 def parse_keys_file(path: str) -> list[LimitedKey]:
     """One key per line: `KEY [name=NAME] [rps=N] [burst=M]`; '#' starts a comment."""
     keys = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        key = LimitedKey(f"key{len(keys) + 1}", digest(fields[0]))
-        for option in fields[1:]:
+    for lineno, secret, options in option_lines(path):
+        key = LimitedKey(f"key{len(keys) + 1}", digest(secret))
+        for option in options:
             name, _, value = option.partition("=")
             try:
                 if name == "name" and value:
@@ -53,14 +59,18 @@ class Bucket:
     tokens: float
     stamp: float = field(default_factory=time.monotonic)
 
-    def take(self, now: float) -> float:
-        """0 if a token was taken, else the seconds until one is available."""
+    def refill(self, now: float) -> float:
+        """The tokens in the bucket now."""
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
+        return self.tokens
+
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """0 if `cost` tokens were taken, else the seconds until that many are available."""
+        if self.refill(now) >= cost:
+            self.tokens -= cost
             return 0.0
-        return (1 - self.tokens) / self.rate
+        return (cost - self.tokens) / self.rate
 
 
 class RateLimiter:

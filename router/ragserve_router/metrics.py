@@ -14,11 +14,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ragserve.http.outcomes import Outcome
 from ragserve.metric_names import LATENCY_BUCKETS
 from ragserve_router.engines import CONNECT, SERVER_ERROR, SOURCES, TIMEOUT
+from ragserve_router.priority import CLASSES
 from ragserve_router.state import CLEARED, REMOVED, STORED
 
 REGISTRATION_REFUSALS = ("invalid", "tokenizer", "key_scheme", "tokenizer_fingerprint", "block_size")
 REGISTRATION_REFUSALS += ("model_conflict", "probe_hashes")  # ragserve_router.admission.Refused reasons
 DROP_REASONS = ("heartbeat_timeout", "deregister")
+SHED_REASONS = ("saturated", "queue_full", "queue_timeout")  # ragserve_router.flow's refusals
+QUOTA_REASONS = ("tokens", "concurrency")  # ragserve_router.quotas' refusals
 
 
 class RouterMetrics:
@@ -90,7 +93,37 @@ class RouterMetrics:
         self.migrations = Counter(
             p + "migrations", "Broken engine answers resumed or resent elsewhere, or why not", ["outcome"], registry=r
         )
+        self._flow_control(p, r)
         self._zero()
+
+    def _flow_control(self, p: str, r: CollectorRegistry) -> None:
+        """The router queue, shedding, tenant quotas and circuit breakers (flow.py, quotas.py, breaker.py)."""
+        self.queue_depth = Gauge(p + "queue_depth", "Requests waiting in the router queue, by class", ["class"],
+                                 registry=r)  # fmt: skip
+        self.queue_wait = Histogram(
+            p + "queue_wait_seconds", "Time admitted requests waited in the router queue", ["class"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.shed = Counter(p + "shed", "Requests refused to protect the engines, by class and reason",
+                            ["class", "reason"], registry=r)  # fmt: skip
+        self.quota_limited = Counter(
+            p + "quota_limited", "Requests refused by their tenant's quota (tokens per minute, concurrency)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.breaker_state = Gauge(
+            p + "breaker_state", "Each engine's circuit breaker: 0 closed, 1 half-open, 2 open", ["engine"], registry=r
+        )
+        self.breaker_transitions = Counter(
+            p + "breaker_transitions", "Circuit breaker state changes, by engine and new state", ["engine", "state"],
+            registry=r,
+        )  # fmt: skip
+        for cls in CLASSES:
+            self.queue_depth.labels(cls)
+            self.queue_wait.labels(cls)
+            for reason in SHED_REASONS:
+                self.shed.labels(cls, reason)
+        for reason in QUOTA_REASONS:
+            self.quota_limited.labels(reason)
 
     def _zero(self) -> None:
         for family, values in (

@@ -3,7 +3,8 @@
 Also the local view of each engine's health: requests in flight from this replica (a slot is
 reserved at decision time, so a burst sees its own earlier choices) and health, which only
 connection errors, timeouts and failed /health probes take away; a request-scoped failure
-never does (a client must not be able to poison an engine).
+never does (a client must not be able to poison an engine). Beside health, each engine's circuit
+breaker (breaker.py) keeps an engine whose requests keep failing out of the candidates.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import httpx
 
 from ragserve.prom_text import engine_load
 from ragserve.router_args import RouterConfig
+from ragserve_router.breaker import STATE_VALUE, STATES, Breaker
 from ragserve_router.engines import CONNECT, EXTERNAL, GRPC, SOURCES, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
 from ragserve_router.external import ExternalEngines
 from ragserve_router.metrics import RouterMetrics
@@ -39,7 +41,6 @@ class Prefill:
 @dataclass
 class Health:
     inflight: int = 0
-    failures: int = 0  # consecutive engine-side 5xx: at --breaker-failures the engine is probed at once
     healthy: bool = True
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
     prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
@@ -62,9 +63,14 @@ class Slot:
     KV index can show what was just sent there."""
 
     def __init__(
-        self, pool: EnginePool, engine: EngineRecord, prefill_tokens: int = 0, hashes: Sequence[bytes] = ()
+        self,
+        pool: EnginePool,
+        engine: EngineRecord,
+        prefill_tokens: int = 0,
+        hashes: Sequence[bytes] = (),
+        on_release: Callable[[], None] | None = None,
     ) -> None:
-        self.pool, self.engine, self.held = pool, engine, True
+        self.pool, self.engine, self.held, self.on_release = pool, engine, True, on_release
         self.prefill: Prefill | None = Prefill(time.time(), prefill_tokens, tuple(hashes))
         pool.metrics.inflight.inc()
         self._join()
@@ -87,6 +93,8 @@ class Slot:
             self._leave()
             self.held = False
             self.pool.metrics.inflight.dec()
+            if self.on_release is not None:
+                self.on_release()
 
     def _health_prefills(self) -> dict[int, Prefill]:
         health = self.pool.health.get(self.engine.engine_id)
@@ -95,6 +103,7 @@ class Slot:
     def _join(self) -> None:
         health = self.pool.health[self.engine.engine_id]
         health.inflight += 1
+        self.pool.breaker(self.engine.engine_id).sent()
         if self.prefill is not None:
             health.prefills[id(self)] = self.prefill
 
@@ -118,7 +127,7 @@ class EnginePool:
         self.discovered: dict[str, EngineRecord] = {}
         self.health: defaultdict[str, Health] = defaultdict(Health)
         self.served_models: set[str] = set()  # every model an engine has served: none now is a 503, not a 404
-        self._probing: set[str] = set()
+        self.breakers: dict[str, Breaker] = {}
         headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
         self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers)
         for i, url in enumerate(cfg.static_engines):
@@ -139,17 +148,48 @@ class EnginePool:
         return [r for r in self.all() if self.health[r.engine_id].healthy]
 
     def candidates(self, model: str) -> list[EngineRecord]:
-        return [r for r in self.healthy() if model in r.models]
+        """Healthy engines serving the model whose breaker lets a request through."""
+        return [r for r in self.healthy() if model in r.models and self.breaker(r.engine_id).allows()]
+
+    def breaker(self, engine_id: str) -> Breaker:
+        breaker = self.breakers.get(engine_id)
+        if breaker is None:
+            cfg, gauge = self.cfg, self.metrics.breaker_state.labels(engine_id)
+            transitions = self.metrics.breaker_transitions
+
+            def changed(state: str) -> None:
+                gauge.set(STATE_VALUE[state])
+                transitions.labels(engine_id, state).inc()
+                log.warning("engine %s: circuit breaker %s", engine_id, state.replace("_", "-"))
+
+            breaker = self.breakers[engine_id] = Breaker(
+                cfg.breaker_failures, cfg.breaker_cooldown, cfg.breaker_probes, on_change=changed
+            )
+            gauge.set(0)
+            for state in STATES:
+                transitions.labels(engine_id, state)
+        return breaker
+
+    def breaker_retry_after(self, model: str) -> float:
+        """Seconds until an open breaker of a healthy engine serving the model lets a probe through (0: none)."""
+        waits = [self.breaker(r.engine_id).retry_after() for r in self.healthy() if model in r.models]
+        return min((w for w in waits if w > 0), default=0.0)
 
     def models(self) -> list[str]:
         models = {m for r in self.all() for m in r.models}
         self.served_models |= models
         return sorted(models)
 
-    def reserve(self, engine: EngineRecord, prefill_tokens: int = 0, hashes: Sequence[bytes] = ()) -> Slot:
+    def reserve(
+        self,
+        engine: EngineRecord,
+        prefill_tokens: int = 0,
+        hashes: Sequence[bytes] = (),
+        on_release: Callable[[], None] | None = None,
+    ) -> Slot:
         """Count a request (the prompt tokens it makes the engine compute, the blocks it will leave there)
-        against the engine now, before any await, so the next decision sees it."""
-        return Slot(self, engine, prefill_tokens, hashes)
+        against the engine now, before any await, so the next decision sees it; on_release runs when it ends."""
+        return Slot(self, engine, prefill_tokens, hashes, on_release)
 
     def prefilling(self, record: EngineRecord) -> int:
         """Prompt tokens of this replica's requests on the engine that have not produced a first token."""
@@ -214,19 +254,16 @@ class EnginePool:
         return record.load.kv_usage
 
     def mark_failure(self, record: EngineRecord, kind: str) -> None:
-        """Connection errors and timeouts take the engine out; engine-side 5xx only get it probed now."""
+        """Every engine failure counts against its breaker; connection errors and timeouts also take it out
+        until a probe brings it back."""
         health = self.health[record.engine_id]
-        health.failures += 1
+        self.breaker(record.engine_id).failure()
         self.metrics.engine_errors.labels(record.engine_id, kind).inc()
         if kind in (CONNECT, TIMEOUT):
             if health.healthy:
                 log.warning("engine %s marked unhealthy after %s", record.engine_id, kind)
                 self._unreachable(record, kind == CONNECT)
             health.healthy = False
-        elif health.failures >= self.cfg.breaker_failures and record.engine_id not in self._probing:
-            self._probing.add(record.engine_id)
-            task = asyncio.ensure_future(self.probe(record))
-            task.add_done_callback(lambda _: self._probing.discard(record.engine_id))
 
     def _unreachable(self, record: EngineRecord, gone: bool) -> None:
         """A healthy engine stopped answering. An external engine that may have restarted (anything but a
@@ -235,7 +272,7 @@ class EnginePool:
             self.external.lost(record.engine_id)
 
     def mark_success(self, record: EngineRecord) -> None:
-        self.health[record.engine_id].failures = 0
+        self.breaker(record.engine_id).success()
 
     async def refresh(self) -> None:
         """Re-read registered engines from the shared state."""
@@ -252,6 +289,7 @@ class EnginePool:
                 log.warning("engine %s missed its heartbeats: dropped", engine_id)
                 self.metrics.engines_dropped.labels("heartbeat_timeout").inc()
             self.health.pop(engine_id, None)
+            self.breakers.pop(engine_id, None)
 
     async def probe(self, record: EngineRecord) -> None:
         """Health (and, for engines that do not register, models and load) from the engine's HTTP API."""
@@ -269,7 +307,7 @@ class EnginePool:
             return
         if not health.healthy:
             log.info("engine %s is healthy", record.engine_id)
-        health.healthy, health.failures = True, 0
+        health.healthy = True
 
     async def _probe_openai(self, record: EngineRecord) -> None:
         resp = await self.probe_client.get(record.url + "/v1/models")
@@ -289,7 +327,7 @@ class EnginePool:
             )
 
     async def probe_due(self) -> None:
-        """Probe engines whose breaker is open, and every engine that does not heartbeat."""
+        """Probe unhealthy engines, and every engine that does not heartbeat."""
         due = [r for r in self.all() if r.source != GRPC or not self.health[r.engine_id].healthy]
         await asyncio.gather(*(self.probe(r) for r in due))
 

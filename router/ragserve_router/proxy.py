@@ -59,6 +59,7 @@ class Proxy:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_HEADERS}
         headers["X-Ragserve-Engine"] = engine.engine_id
         headers["X-Request-Id"] = r.request_id
+        headers.update(r.claim.headers)  # the tenant's x-ratelimit-* (quotas.py), when it has a token quota
         # why it went there, and kv_aware's prediction (the model's error, per request)
         headers["X-Ragserve-Route-Reason"] = r.decision.reason
         if (p := r.decision.predictions.get(engine.engine_id)) is not None:

@@ -1,13 +1,15 @@
 """Where one request goes: the routing path both front ends call, the HTTP gateway (app.py) and the Gateway API
 endpoint picker (epp/). Parse and check the OpenAI body, find the candidates, shed a sheddable request when every
-candidate is saturated, ask the policy, reserve the slot on the first engine, count the decision; and, once the
-engine answered, account its first token, usage and latency (Picked)."""
+candidate is saturated, admit it (its tenant's quota, its turn in the router queue: gate.py), ask the policy,
+reserve the slot on the first engine, count the decision; and, once the engine answered, account its first
+token, usage and latency (Picked)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,16 +20,22 @@ from ragserve.http.errors import ApiError
 from ragserve.http.limits import check_request
 from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.engines import EngineRecord
+from ragserve_router.gate import Claim, Gate
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decider, Decision, RouteRequest
 from ragserve_router.pool import EnginePool, Slot
+from ragserve_router.priority import SHEDDABLE, traffic_class
 from ragserve_router.prompt import RoutingKey, Tokenizers
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 POLICY_HEADER = "x-ragserve-policy"
-# A request's priority, as a Gateway API InferenceObjective's: below 0 it is sheddable (429 when saturated).
-PRIORITY_HEADER = "x-ragserve-priority"
+
+
+def valid_request_id(given: str | None) -> str | None:
+    """The client's X-Request-Id when well formed (it goes into logs and headers), else None."""
+    return given if given and _REQUEST_ID.fullmatch(given) else None
 
 
 def parse_body(raw: bytes) -> tuple[dict, str]:
@@ -38,15 +46,9 @@ def parse_body(raw: bytes) -> tuple[dict, str]:
     return body, model
 
 
-def priority(headers: Mapping[str, str]) -> int:
-    """X-Ragserve-Priority (default 0); a value that is not an integer is a 400."""
-    text = headers.get(PRIORITY_HEADER, "").strip()
-    if not text:
-        return 0
-    try:
-        return int(text)
-    except ValueError:
-        raise ApiError(400, f"{PRIORITY_HEADER} must be an integer, got {text[:32]!r}", "invalid_priority") from None
+def prompt_estimate(key: RoutingKey, raw: bytes) -> int:
+    """The prompt's tokens as the router counted them, else a guess from the body's size (4 bytes a token)."""
+    return key.num_prompt_tokens if key.num_prompt_tokens is not None else max(1, len(raw) // 4)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Picked:
     key: RoutingKey
     started: float  # when the request arrived (monotonic)
     slot: Slot
+    claim: Claim  # its quota and queue place (released with the slot)
 
     def fields(self) -> dict[str, Any]:
         """This decision's fields, to build a subclass (upstream.Routed) from it."""
@@ -73,6 +76,7 @@ class Picked:
     def finish(self, metrics: RouterMetrics, engine_id: str, usage: dict | None = None) -> None:
         """The request is over on the engine: its usage accounted, its slot released, its latency observed."""
         self.account_usage(metrics, engine_id, usage)
+        self.claim.settle(usage)
         self.slot.release()
         metrics.latency.labels(self.model).observe(time.monotonic() - self.started)
 
@@ -100,6 +104,7 @@ class Routing:
     tokenizers: Tokenizers
     decider: Decider
     metrics: RouterMetrics
+    gate: Gate
     draining: bool = field(default=False, kw_only=True)  # SIGTERM: not ready, finishing what is in flight
     _tasks: set[asyncio.Task] = field(default_factory=set, kw_only=True)
 
@@ -116,27 +121,37 @@ class Routing:
         labels: Any,  # request.state or the EPP's labels: .model and .policy are set here (metric labels)
         started: float,
         eligible: Callable[[EngineRecord], bool] | None = None,
+        tenant: str = "-",
     ) -> tuple[Picked, dict]:
-        """Decide where the request goes and reserve its slot on the first engine of that order; also returns
-        the parsed body."""
+        """Decide where the request goes and reserve its slot on the first engine of that order, once the gate
+        admits it; also returns the parsed body."""
         body, model = parse_body(raw)
         check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
         candidates = self.candidates(labels, model, eligible)
         policy = self.policy(headers)
-        self.shed(headers, model, candidates)
+        cls = traffic_class(headers, body)
+        self.shed(cls, model, candidates)
         t0 = time.monotonic()
         key = await self.tokenizers.routing_key(self.pool.spec(model), model, body, chat, len(raw))
-        decision = await self.decider.decide(policy, RouteRequest(model, body, chat, headers, key), candidates)
+        spent = time.monotonic() - t0
+        claim = await self.gate.enter(model, cls, tenant, prompt_estimate(key, raw))
+        try:
+            t0 = time.monotonic()
+            candidates = self.room(self.candidates(labels, model, eligible))  # the engines now, after any wait
+            decision = await self.decider.decide(policy, RouteRequest(model, body, chat, headers, key), candidates)
+        except BaseException:
+            claim.release()
+            raise
         first = decision.order[0]
         chosen = decision.predictions.get(first.engine_id)
-        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes)  # no await since decide
-        self.metrics.routing_latency.observe(time.monotonic() - t0)
+        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes, claim.release)
+        self.metrics.routing_latency.observe(spent + time.monotonic() - t0)
         self.metrics.decisions.labels(decision.policy, decision.reason).inc()
         if chosen:
             self.metrics.observe_prediction(first.engine_id, chosen)
         labels.policy = decision.policy
         self.remember(key, first.engine_id)
-        return Picked(model, decision, key, started, slot), body
+        return Picked(model, decision, key, started, slot, claim), body
 
     def candidates(
         self, labels: Any, model: str, eligible: Callable[[EngineRecord], bool] | None = None
@@ -167,9 +182,17 @@ class Routing:
             self.pool.kv_usage(engine) > cfg.saturation_kv_usage
         )
 
-    def shed(self, headers: Mapping[str, str], model: str, candidates: list[EngineRecord]) -> None:
-        """A sheddable request (priority < 0) is refused with 429 while every candidate is saturated."""
-        if priority(headers) < 0 and all(self.saturated(e) for e in candidates):
+    def room(self, candidates: list[EngineRecord]) -> list[EngineRecord]:
+        """The candidates below --max-inflight-per-engine (all of them when it is off, or when none is: the
+        queue's places follow the candidates, so that only happens while engines come and go)."""
+        cap = self.cfg.max_inflight_per_engine
+        under = [e for e in candidates if self.pool.health[e.engine_id].inflight < cap]
+        return under if cap and under else candidates
+
+    def shed(self, cls: str, model: str, candidates: list[EngineRecord]) -> None:
+        """A sheddable request is refused with 429 while every candidate is saturated."""
+        if cls == SHEDDABLE and all(self.saturated(e) for e in candidates):
+            self.metrics.shed.labels(cls, "saturated").inc()
             raise ApiError(
                 429, f"every engine serving `{model}` is saturated and this request is sheddable (priority < 0); "
                 "try again later", "saturated", None, {"Retry-After": "1"},

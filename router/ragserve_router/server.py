@@ -19,12 +19,15 @@ from ragserve.router_args import RouterConfig
 from ragserve_router.app import Gateway, create_app
 from ragserve_router.auth import RateLimiter, parse_keys_file
 from ragserve_router.external import ExternalEngines, load_tokenizer
+from ragserve_router.flow import FlowControl
+from ragserve_router.gate import Gate
 from ragserve_router.memory_state import MemoryState
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decider
 from ragserve_router.pool import EnginePool
 from ragserve_router.prompt import Tokenizers
 from ragserve_router.proxy import Proxy
+from ragserve_router.quotas import Quota, Quotas, parse_quotas_file
 from ragserve_router.registry import RegistryServicer, build_grpc_server
 from ragserve_router.state import RouterState
 
@@ -57,6 +60,17 @@ def external_engines(cfg: RouterConfig) -> ExternalEngines | None:
     tokenizer = load_tokenizer(cfg.tokenizer)
     _ = tokenizer.tokenizer  # parse tokenizer.json now, not on the first request
     return ExternalEngines(cfg.external_engine, tokenizer, cfg.external_block_size)
+
+
+def gate(cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> Gate:
+    """Tenant quotas and the router queue (a bad --tenant-quotas-file stops start-up)."""
+    tenants = parse_quotas_file(cfg.tenant_quotas_file) if cfg.tenant_quotas_file else {}
+    quotas = Quotas(Quota(cfg.tenant_tokens_per_minute, cfg.tenant_max_concurrent), tenants, metrics)
+
+    def engines(model: str) -> int:
+        return len(pool.candidates(model))
+
+    return Gate(quotas, FlowControl(cfg.max_inflight_per_engine, cfg.queue_size, cfg.queue_timeout, metrics, engines))
 
 
 class RouterServer(DrainingServer):
@@ -117,6 +131,7 @@ async def serve(cfg: RouterConfig) -> int:
         auth=ApiKeys(keys),
         limiter=RateLimiter(cfg.rate_limit_rps, cfg.rate_limit_burst),
         metrics=metrics,
+        gate=gate(cfg, pool, metrics),
     )
     grpc_server, grpc_port, grpc_health = build_grpc_server(
         cfg, RegistryServicer(cfg, state, pool, tokenizers, metrics)
@@ -180,5 +195,6 @@ async def serve(cfg: RouterConfig) -> int:
         for closer in (gateway.proxy.close, pool.close, state.close):
             with contextlib.suppress(Exception):
                 await closer()
+        gateway.decider.store.close()  # the cachestore lookup channels
         tracing.shutdown()
     return 0 if server.started else 1

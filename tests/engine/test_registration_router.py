@@ -9,11 +9,11 @@ import sys
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine
 from tests.helpers.net import free_port
 from tests.helpers.process import start, until
+from tests.helpers.prom import router_metric
 
 CHAT = {
     "model": MODEL_NAME,
@@ -21,15 +21,6 @@ CHAT = {
     "max_tokens": 2,
     "temperature": 0,
 }
-
-
-def router_metric(url: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 @pytest.fixture

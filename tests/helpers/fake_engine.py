@@ -2,7 +2,8 @@
 `ragserve engine` cannot do on demand. Routing, caching and discovery tests use real engines
 (tests/router/conftest.py).
 
-Faults: --fail-status (every completion answers that status, --fail-scope sets its error scope),
+Faults: --fail-status (every completion answers that status, --fail-scope sets its error scope; POST /control/fail
+{"status": N} changes it, 0 answers again; /control/stats "received" counts completion requests, failed ones too),
 --prefill-delay (slow prefills), /control/hold and /control/release (streams stop after their first
 chunk until released; a client that leaves is counted in /control/stats "aborted"). With --router it
 registers and heartbeats, so it can be a registered engine that dies or stalls; it has no prefix cache
@@ -33,6 +34,7 @@ class Engine:
         self.running = 0
         self.served = 0
         self.aborted = 0
+        self.received = 0  # completion requests, failed ones included
         self.release = asyncio.Event()
         self.release.set()
         self.compute = asyncio.Lock()
@@ -49,6 +51,7 @@ def build_app(engine: Engine) -> FastAPI:
     args = engine.args
 
     async def complete(request: Request, chat: bool):
+        engine.received += 1
         if args.fail_status:
             scope = {"x-ragserve-error-scope": args.fail_scope} if args.fail_scope else None
             return JSONResponse({"error": {"message": "injected failure"}}, status_code=args.fail_status, headers=scope)
@@ -153,11 +156,17 @@ def build_app(engine: Engine) -> FastAPI:
         engine.release.set()
         return {}
 
+    @app.post("/control/fail")
+    async def fail(request: Request):
+        args.fail_status = (await request.json())["status"]  # 0: answer normally again
+        return {}
+
     @app.get("/control/stats")
     async def stats():
         return {
             "served": engine.served,
             "aborted": engine.aborted,
+            "received": engine.received,
             "running": engine.running,
         }
 

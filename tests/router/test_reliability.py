@@ -1,5 +1,5 @@
-"""Retries before the first byte, circuit breaking and probing back, drain. (Engine death under load:
-test_e2e_engines, on real engines.)"""
+"""Retries before the first byte, circuit breakers (open, half-open probes, closed), probing back, drain.
+(Engine death under load: test_e2e_engines, on real engines.)"""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def test_dead_engine_is_retried_elsewhere_marked_unhealthy_and_probed_back(clust
     assert engines == {"static-0", "static-1"}
 
 
-def test_engine_5xx_is_retried_elsewhere_and_only_a_failed_probe_takes_the_engine_out(cluster, metrics, until):
-    """A 5xx not scoped to the request is retried on the next engine and gets its engine probed at once; the
-    probe, not the 5xx, decides health. With every engine failing the client gets a clean 502."""
+def test_engine_5xx_is_retried_elsewhere_and_opens_its_breaker_not_its_health(cluster, metrics, until):
+    """A 5xx not scoped to the request is retried on the next engine; --breaker-failures of them in a row open
+    the engine's breaker, which keeps it out while its health (its /health answers) stays. With every engine
+    failing the client gets a clean 502."""
     bad = cluster.engine("eng-bad", "--fail-status", "500")
     good = cluster.engine("eng-good")
     flags = f"--static-engines {bad.url},{good.url} --policy round_robin --breaker-failures 2 --probe-interval 30"
@@ -50,11 +51,9 @@ def test_engine_5xx_is_retried_elsewhere_and_only_a_failed_probe_takes_the_engin
     until(lambda: ready(router)["healthy_engines"] == 2, message="both engines probed")
     results = [post(router, chat(f"q{i}")) for i in range(6)]
     assert all(r.status_code == 200 and r.headers["x-ragserve-engine"] == "static-1" for r in results)
-    assert metrics(router.url, "ragserve_router_retries_total", reason="server_error") == 3
-    assert ready(router)["healthy_engines"] == 2  # its /health answers: it stays in
-    bad.stop()
-    post(router, chat("once more"))  # the dead engine now fails to connect: out at once
-    assert ready(router)["healthy_engines"] == 1
+    assert metrics(router.url, "ragserve_router_retries_total", reason="server_error") == 2  # then it was open
+    assert metrics(router.url, "ragserve_router_breaker_state", engine="static-0") == 2
+    assert ready(router)["healthy_engines"] == 2  # its /health answers: it stays healthy
 
     only_bad = cluster.engine("eng-bad-2", "--fail-status", "500")
     router = cluster.router("--static-engines", only_bad.url, "--max-attempts", "2", "--probe-interval", "30")
@@ -129,3 +128,36 @@ def test_sigterm_drains_in_flight_streams(cluster, until):
         lines += [line for line in it if line]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["choices"][0]["delta"]["content"] == "ok"
     assert router.popen.wait(20) == 0
+
+
+def received(engine) -> int:
+    return httpx.get(engine.url + "/control/stats", timeout=5).json()["received"]
+
+
+def test_a_failing_engines_breaker_opens_gets_no_request_while_open_and_closes_through_a_probe(cluster, metrics, until):
+    bad, good = cluster.engine("brk-bad", "--fail-status", "500"), cluster.engine("brk-good")
+    flags = f"--static-engines {bad.url},{good.url} --policy round_robin --breaker-failures 3 --breaker-cooldown 2"
+    router = cluster.router(*flags.split(), "--probe-interval", "30")
+    until(lambda: ready(router)["healthy_engines"] == 2, message="both engines probed")
+
+    def state() -> float:
+        return metrics(router.url, "ragserve_router_breaker_state", engine="static-0")
+
+    def transitions(to: str) -> float:
+        return metrics(router.url, "ragserve_router_breaker_transitions_total", engine="static-0", state=to)
+
+    served = [post(router, chat(f"q{i}")) for i in range(20)]
+    assert all(r.status_code == 200 and r.headers["x-ragserve-engine"] == "static-1" for r in served)
+    assert transitions("open") >= 1
+    # while open it got nothing: past its 3 failures, only half-open probes, one per reopening
+    assert received(bad) == 3 + transitions("open") - 1
+    assert transitions("half_open") >= transitions("open") - 1
+    assert ready(router)["healthy_engines"] == 2  # open breaker, healthy engine: separate
+
+    httpx.post(bad.url + "/control/fail", json={"status": 0}, timeout=5)  # the engine recovers
+    until(lambda: post(router, chat("probe?")).status_code == 200 and state() == 0, timeout=30,
+          message="breaker closed by a probe")  # fmt: skip
+    assert transitions("closed") == 1
+    before = received(bad)
+    engines = [post(router, chat(f"after {i}")).headers["x-ragserve-engine"] for i in range(4)]
+    assert set(engines) == {"static-0", "static-1"} and received(bad) == before + 2

@@ -206,6 +206,27 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Retries before the first byte; broken answers resumed or resent on another engine.",
             ),
             Panel("Healthy engines", [("healthy", f"max (ragserve_router_engines_healthy{{{NS}}})")]),
+            Panel(
+                "Router queue depth by class",
+                [("{{class}}", f"sum by (class) ({ROUTER}queue_depth{{{NS}}})")],
+                "short",
+                "Requests waiting for a place (--max-inflight-per-engine), critical first, fair between tenants.",
+            ),
+            Panel(
+                "Shed and quota-limited requests",
+                [
+                    ("shed {{class}} {{reason}}", rate(ROUTER + "shed_total", NS, "class, reason")),
+                    ("quota {{reason}}", rate(ROUTER + "quota_limited_total", NS, "reason")),
+                ],
+                "reqps",
+                "429/503 of flow control: saturated, queue full or timed out; tenant token or concurrency quota.",
+            ),
+            Panel(
+                "Circuit breakers",
+                [("{{engine}}", f"max by (engine) ({ROUTER}breaker_state{{{NS}}})")],
+                "short",
+                "0 closed, 1 half-open (probing), 2 open (no traffic).",
+            ),
         ],
     ),
     (

@@ -10,7 +10,6 @@ byte (TTFT), usage; the end releases the slot. close() releases it too when the 
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -25,13 +24,13 @@ from ragserve.http.outcomes import CLIENT_CLOSED, Outcome, error_reason
 from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
-from ragserve_router.routing import Picked, Routing
+from ragserve_router.priority import tenant_of
+from ragserve_router.routing import Picked, Routing, valid_request_id
 
 Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass
@@ -50,6 +49,7 @@ class Exchange:
         self.labels = Labels()
         self.headers = Headers()
         self.request_id = uuid.uuid4().hex
+        self.tenant = "-"
         self.subset: set[str] | None = None
         self.body = bytearray()
         self.routed = False  # the request side is answered
@@ -87,11 +87,12 @@ class Exchange:
 
     async def _request_headers(self, headers: ext.HttpHeaders) -> list[ext.ProcessingResponse]:
         self.headers = protocol.header_map(headers)
-        given = self.headers.get("x-request-id", "")
-        self.request_id = given if _REQUEST_ID.fullmatch(given) else self.request_id
+        self.request_id = valid_request_id(self.headers.get("x-request-id")) or self.request_id
         key = self.auth.check(self.headers.get("authorization"))  # --api-keys-file: the HTTP gateway's keys
+        client = self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-"
         if self.admit is not None:  # and its rate limits, per key, else per client (Envoy's x-forwarded-for)
-            self.admit(self.headers.get("x-forwarded-for", "-").split(",")[0].strip() or "-", key)
+            self.admit(client, key)
+        self.tenant = tenant_of(self.headers, self.routing.cfg.tenant_header, key.name if key else None, client)
         if headers.end_of_stream:  # no body (GET /v1/models ...): the least loaded engine, nothing reserved
             return [self._bodiless()]
         return []  # answered with the body, once it is routed
@@ -112,7 +113,9 @@ class Exchange:
             raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
-        picked, _ = await self.routing.pick(self.headers, raw, PATHS[path], self.labels, self.started, eligible)
+        picked, _ = await self.routing.pick(
+            self.headers, raw, PATHS[path], self.labels, self.started, eligible, self.tenant
+        )
         self.picked, self.engine = picked, picked.decision.order[0]
         endpoints = [protocol.endpoint(e) for e in picked.decision.order[: self.routing.cfg.max_attempts]]
         return [protocol.route_to(endpoints, self._upstream_headers(), len(raw)), protocol.request_body(raw)]

@@ -1,0 +1,137 @@
+"""Processes for bench/router_scale.py: a `ragserve sim-engine --count N` fleet and the router under test
+(`ragserve router`, `smg launch`, `vllm-router`), each on free loopback ports, with its CPU time from /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.net import free_port  # noqa: E402
+
+MODEL = "tiny"
+# GPU-like simulated speeds (an H100 serving a ~1B model, roughly): the hop is what is measured, not the engine
+SIM_COST = ("--prefill-tokens-per-s", "20000", "--decode-base-s", "0.008", "--decode-seq-s", "0.0001")
+ROUTERS = ("ragserve-kv_aware", "ragserve-round_robin", "smg-cache_aware", "vllm-router-cache_aware")
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen
+    log: Path
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far (children included once reaped: none here)."""
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+@dataclass
+class Procs:
+    """Several processes stopped together (a fleet of real engines)."""
+
+    procs: list[Proc]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+def spawn(name: str, argv: list[str], logs: Path, env: dict | None = None) -> Proc:
+    log = logs / f"{name}-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        return Proc(popen, log)
+
+
+def wait_until(check, what: str, proc: Proc, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise SystemExit(f"{what}: the process exited; see {proc.log}:\n{proc.log.read_text()[-2000:]}")
+        try:
+            if check():
+                return
+        except (httpx.HTTPError, ValueError, OSError):
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"timed out waiting for {what} (see {proc.log})")
+
+
+def start_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: str | None) -> tuple[Proc, list[str]]:
+    urls_file = logs / f"urls-{time.monotonic_ns()}.json"
+    argv = [sys.executable, "-m", "ragserve.cli", "sim-engine", "--model", model, "--served-model-name", MODEL]
+    argv += ["--host", "127.0.0.1", "--free-ports", "--count", str(count), "--engine-id", "sim"]
+    argv += ["--num-gpu-blocks", str(num_blocks), "--urls-file", str(urls_file), *SIM_COST]
+    argv += ["--router", registry] if registry else []
+    proc = spawn(f"sims-{count}", argv, logs)
+    wait_until(urls_file.exists, f"{count} sim engines", proc)
+    return proc, list(json.loads(urls_file.read_text()).values())
+
+
+def start_real_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: str | None):
+    """`count` real `ragserve engine` processes (one torch thread each), ready: (Procs, URLs)."""
+    procs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        urls.append(f"http://127.0.0.1:{port}")
+        argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", model, "--served-model-name", MODEL]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--num-gpu-blocks", str(num_blocks)]
+        argv += ["--engine-id", f"real-{i}", "--log-level", "warning"]
+        argv += ["--router", registry, "--advertise-url", urls[-1]] if registry else []
+        procs.append(spawn(f"engine-{i}", argv, logs, {"OMP_NUM_THREADS": "1"}))
+    for proc, url in zip(procs, urls, strict=True):
+        wait_until(lambda url=url: httpx.get(url + "/ready").status_code == 200, "real engine ready", proc, 600)
+    return Procs(procs), urls
+
+
+def probe(url: str) -> bool:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    return httpx.post(url + "/v1/completions", json=body, timeout=10).status_code == 200
+
+
+def start_router(
+    name: str, count: int, model: str, num_blocks: int, logs: Path, profile: bool = False, real: bool = False
+):
+    """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
+    router URL, engine URLs)."""
+    fleet_of = start_real_fleet if real else start_fleet
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if name.startswith("ragserve-"):
+        grpc_port = free_port()
+        prof = ["-m", "cProfile", "-o", str(logs / f"{name}-{count}.prof")] if profile else []
+        argv = [sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1], "--log-level", "warning"]
+        router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs)
+        fleet, urls = fleet_of(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")
+        wait_until(lambda: httpx.get(url + "/ready").json().get("healthy_engines") == count, f"{name} fleet", router)
+        return router, fleet, url, urls
+    fleet, urls = fleet_of(model, count, num_blocks, logs, None)
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware"]
+    common += ["--prometheus-port", str(free_port())]
+    binary = Path(sys.executable).parent
+    if name.startswith("smg"):
+        argv = [str(binary / "smg"), "launch", *common, "--log-level", "warn", "--disable-tokenizer-autoload"]
+    else:
+        argv = [str(binary / "vllm-router"), *common, "--log-level", "warning"]
+    router = spawn(name, argv, logs)
+    wait_until(lambda: probe(url), f"{name} serving", router)
+    return router, fleet, url, urls

@@ -1,0 +1,156 @@
+"""The router queue: flow control by priority class, fair between tenants (virtual token counters, VTC).
+
+With --max-inflight-per-engine N (0: off, nothing ever waits) a model has N x (its candidate engines) places.
+A request takes one when it is admitted and gives it back when its answer ends (the engine slot's release). When
+none is free it waits in a bounded queue (--queue-size; full: 429 queue_full, or the lowest-ranked waiter makes
+room for a higher class) for at most --queue-timeout seconds (then 503 queue_timeout). A sheddable request never
+waits: 429 saturated. A freed place goes to the highest class waiting; within a class, to the tenant with the
+fewest weighted tokens served (prompt tokens x 1 at admission, completion tokens x 2 when the usage comes back,
+as in Sheng et al., "Fairness in Serving Large Language Models"); within a tenant, first come first served.
+A tenant that starts waiting is lifted to the least counter of the tenants already waiting, so idle time banks
+no credit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ragserve.http.errors import ApiError
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.priority import RANK, SHEDDABLE
+
+PROMPT_WEIGHT, COMPLETION_WEIGHT = 1.0, 2.0
+MAX_TENANTS = 10_000  # counters kept; an idle tenant's is forgotten past this (the lift makes that harmless)
+RECHECK = 1.0  # seconds between a waiter's own looks at the capacity (engines that joined since)
+
+
+@dataclass(eq=False)
+class Waiter:
+    model: str
+    cls: str
+    tenant: str
+    seq: int
+    since: float
+    admitted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass
+class FlowControl:
+    per_engine: int  # --max-inflight-per-engine (0: off)
+    queue_size: int
+    queue_timeout: float
+    metrics: RouterMetrics
+    engines: Callable[[str], int]  # the model's candidate engines now
+    counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
+    inflight: Counter[str] = field(default_factory=Counter)  # model -> places taken
+    waiting: list[Waiter] = field(default_factory=list)
+    _seq: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def enabled(self) -> bool:
+        return self.per_engine > 0
+
+    def capacity(self, model: str) -> int:
+        return self.per_engine * self.engines(model)
+
+    async def acquire(self, model: str, cls: str, tenant: str) -> None:
+        """Return once the request holds a place (at once when one is free and nobody waits); raise a 429 or 503."""
+        if not self.enabled:
+            return
+        if not any(w.model == model for w in self.waiting) and self.inflight[model] < self.capacity(model):
+            self.inflight[model] += 1
+            self.metrics.queue_wait.labels(cls).observe(0)
+            return
+        if cls == SHEDDABLE:
+            self._refuse(cls, "saturated", 429, "every engine is at its in-flight limit and this request is sheddable")
+        waiter = self._enqueue(model, cls, tenant)
+        try:
+            await self._wait(waiter)
+        except BaseException:  # timed out, pushed out, or the client left (cancelled)
+            self._forget(waiter)
+            admitted = waiter.admitted
+            if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
+                self.release(model)  # admitted just as it was cancelled: the place goes to the next one
+            raise
+        self.metrics.queue_wait.labels(cls).observe(time.monotonic() - waiter.since)
+
+    async def _wait(self, waiter: Waiter) -> None:
+        deadline = waiter.since + self.queue_timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter.admitted), min(left, RECHECK))
+            except TimeoutError:
+                self.dispatch(waiter.model)
+        if waiter.admitted.done():
+            return waiter.admitted.result()
+        self._forget(waiter)
+        self._refuse(waiter.cls, "queue_timeout", 503, f"waited {self.queue_timeout:g} s in the router queue")
+
+    def release(self, model: str) -> None:
+        """A request's answer ended: its place goes to the next waiter."""
+        if self.enabled:
+            self.inflight[model] = max(0, self.inflight[model] - 1)
+            self.dispatch(model)
+
+    def charge(self, tenant: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        """Tokens served to the tenant (its virtual token counter)."""
+        cost = PROMPT_WEIGHT * prompt_tokens + COMPLETION_WEIGHT * completion_tokens
+        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
+
+    def dispatch(self, model: str) -> None:
+        """Admit waiters for the model while it has free places: highest class, then least-served tenant."""
+        while self.inflight[model] < self.capacity(model):
+            ready = [w for w in self.waiting if w.model == model]
+            if not ready:
+                return
+            best = min(ready, key=lambda w: (RANK[w.cls], self.counters.get(w.tenant, 0.0), w.seq))
+            self._forget(best)
+            self.inflight[model] += 1
+            best.admitted.set_result(None)
+
+    def _enqueue(self, model: str, cls: str, tenant: str) -> Waiter:
+        if len(self.waiting) >= self.queue_size:
+            self._make_room(cls)
+        active = [self.counters.get(w.tenant, 0.0) for w in self.waiting if w.tenant != tenant]
+        if active and not any(w.tenant == tenant for w in self.waiting):
+            self.counters[tenant] = max(self.counters.get(tenant, 0.0), min(active))
+        if len(self.counters) > MAX_TENANTS:
+            self._forget_idle()
+        waiter = Waiter(model, cls, tenant, next(self._seq), time.monotonic())
+        self.waiting.append(waiter)
+        self.metrics.queue_depth.labels(cls).inc()
+        return waiter
+
+    def _make_room(self, cls: str) -> None:
+        """Queue full: the newest waiter of the lowest class below `cls` leaves with a 429, else this request."""
+        lower = [w for w in self.waiting if RANK[w.cls] > RANK[cls]]
+        if not lower:
+            self._refuse(cls, "queue_full", 429, f"the router queue is full ({self.queue_size} waiting)")
+        victim = max(lower, key=lambda w: (RANK[w.cls], w.seq))
+        self._forget(victim)
+        self.metrics.shed.labels(victim.cls, "queue_full").inc()
+        victim.admitted.set_exception(self._error("queue_full", 429, "made room for a higher-priority request"))
+
+    def _forget(self, waiter: Waiter) -> None:
+        if waiter in self.waiting:
+            self.waiting.remove(waiter)
+            self.metrics.queue_depth.labels(waiter.cls).dec()
+
+    def _forget_idle(self) -> None:
+        busy = {w.tenant for w in self.waiting}
+        for tenant in [t for t in self.counters if t not in busy]:
+            del self.counters[tenant]
+
+    def _refuse(self, cls: str, reason: str, status: int, why: str) -> None:
+        self.metrics.shed.labels(cls, reason).inc()
+        raise self._error(reason, status, why)
+
+    def _error(self, reason: str, status: int, why: str) -> ApiError:
+        retry = str(max(1, math.ceil(min(self.queue_timeout, 5.0))))
+        return ApiError(status, f"{why}; try again later", reason, None, {"Retry-After": retry})
