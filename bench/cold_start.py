@@ -5,8 +5,9 @@
 For each variant (the code under test, and optionally a --before-src tree run through PYTHONPATH) and each
 start: `fresh` (an empty RAGSERVE_CACHE_DIR: no compile cache, no built C++ ops), `warm` (a second start on
 that directory, as a restarted pod or a second pod on a hostPath volume) and `shipped` (a copy of it in
-another place, started with --shipped-threads torch threads: an image or volume that carries a cache
-built elsewhere). After /ready, rounds of probes run a decode at each batch size (one streamed completion
+another place, started with --shipped-threads torch threads, --threads unless given: an image or volume that
+carries a cache built elsewhere; inductor's key holds the thread count, so another count recompiles).
+After /ready, rounds of probes run a decode at each batch size (one streamed completion
 per sequence, its inter-token latency being the decode step) until the engine reports no graph pending
 for ROUNDS_STEADY rounds (MIN_ROUNDS at least); steady state is the median of those rounds. Time to full
 speed: from process start to the first round, with no graph pending, where every size is within 10 % of
@@ -133,7 +134,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4], help="decode batch sizes probed")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--shipped-threads", type=int, default=1)
+    ap.add_argument("--shipped-threads", type=int, help="torch threads of the shipped start (default: --threads)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "cold-start"))
     ap.add_argument("--table-only", action="store_true", help="rewrite the .md table from the .json (no run)")
@@ -151,7 +152,7 @@ def main() -> None:
             for start_kind, threads in (("fresh", args.threads), ("warm", args.threads), ("shipped", 0)):
                 if start_kind == "shipped":
                     shutil.copytree(cache, shipped, symlinks=True)
-                    threads = args.shipped_threads
+                    threads = args.shipped_threads or args.threads
                 where = shipped if start_kind == "shipped" else cache
                 log = work / f"{variant}-{rep}-{start_kind}.log"
                 r = run_once(args, variant, src, where, threads, log)

@@ -1,6 +1,6 @@
 """Cold start (issue 37): an engine compiles its decode graphs before it reports ready, so a ready engine has
-no compile pending, and a second engine on the same compile cache, even with another thread count,
-generates no code. Offline, LLM compiles at construction unless told not to."""
+no compile pending, and a second engine on the same compile cache (and thread count: inductor's key holds
+it) generates no code. Offline, LLM compiles at construction unless told not to."""
 
 from __future__ import annotations
 
@@ -47,14 +47,18 @@ def _serve_once(tmp_path, threads: int) -> tuple[dict[str, float], str]:
 
 
 def test_a_ready_engine_compiles_nothing_and_a_second_engine_generates_nothing(tmp_path):
-    first, log = _serve_once(tmp_path, threads=2)
+    first, log = _serve_once(tmp_path, threads=1)
     # one line per size, then the wait ends, then calibration, then ready
     order = ["(generated; 2 of 2 sizes)", "decode graphs ready", "calibrated in", f"serving {MODEL_NAME}"]
     where = [log.find(line) for line in order]
     assert -1 not in where and where == sorted(where), (where, log[-3000:])
     assert first["decode_graphs_compiled"] == 2 and first["decode_graphs_pending"] == 0
     assert first["decode_graph_cache_misses"] == 2 and first["decode_graph_compile_seconds"] > 0
-    # another pod on the same cache volume, with another CPU request: every graph loads from the cache
+    # code generated for one thread runs no OpenMP region: cpp.dynamic_threads (no thread count in the cache
+    # key) would put one around every kernel, and made served decode steps 2.4x slower at 2 threads
+    code = [p.read_text() for p in (tmp_path / "inductor").rglob("*.cpp")]
+    assert code and not [c for c in code if "#pragma omp parallel" in c]
+    # another pod on the same cache volume, with the same CPU request: every graph loads from the cache
     second, log = _serve_once(tmp_path, threads=1)
     assert second["decode_graphs_compiled"] == 2 and second["decode_graphs_pending"] == 0
     assert second["decode_graph_cache_misses"] == 0, log[-3000:]
@@ -77,7 +81,7 @@ def test_offline_llm_compiles_at_construction_unless_told_not_to():
     assert graphs.stats.compiled == [2] and graphs.stats.steps > 0  # ran its graph, compiled nothing more
 
 
-def test_the_compile_cache_is_keyed_by_torch_and_isa_not_threads(monkeypatch, tmp_path):
+def test_the_compile_cache_directory_is_keyed_by_torch_and_isa(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("RAGSERVE_CACHE_DIR", str(tmp_path))
     key = cache_key()

@@ -5,9 +5,12 @@ its FX-graph cache key already holds the graph (the model's config constants and
 signature, compilation/decode_graphs.py), the inductor config and torch's version. What it leaves out, and a
 cache that travels between machines needs, is the ISA: a .so generated for AVX512 on one node would crash
 on an AVX2 node that shares the volume. So the directory is RAGSERVE_CACHE_DIR/inductor/<torch>-<isa>.
-The thread count is not in the key: every compile sets cpp.dynamic_threads (no measurable step cost,
-bench/results/decode-graph-policy.md), so a pod with another CPU request reuses another's graphs. A
-TORCHINDUCTOR_CACHE_DIR set by the user wins.
+The thread count stays in inductor's key (its C++ is generated for torch.get_num_threads(): which loops
+run in parallel, and on how many threads), so one directory holds a set of graphs per thread count and a pod
+with another CPU request than the cache's compiles its own. cpp.dynamic_threads would take the count out,
+but it puts an OpenMP parallel region around every kernel, however small: served decode steps of the tiny
+model took 2.4x as long at 2 threads (bench/results/decode-step-ab.md). A TORCHINDUCTOR_CACHE_DIR set by the
+user wins.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from torch._dynamo.utils import counters
 from ragserve.model_source import cache_dir
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
-# every torch.compile of the engine: C++ that reads the thread count at run time (omp_get_max_threads), so
-# neither the code nor inductor's cache key depends on torch.get_num_threads()
-INDUCTOR_OPTIONS = {"cpp.dynamic_threads": True}
+# inductor options of every torch.compile of the engine: none but inductor's defaults (not
+# cpp.dynamic_threads: see above); bench/decode_graph_policy.py sets some to compare
+INDUCTOR_OPTIONS: dict[str, object] = {}
 
 
 def cache_key() -> str:
