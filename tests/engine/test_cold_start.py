@@ -56,8 +56,8 @@ def test_a_ready_engine_compiles_nothing_and_a_second_engine_generates_nothing(t
     assert first["decode_graph_cache_misses"] == 2 and first["decode_graph_compile_seconds"] > 0
     # code generated for one thread runs no OpenMP region: cpp.dynamic_threads (no thread count in the cache
     # key) would put one around every kernel, and made served decode steps up to 1.4x slower at 2 threads
-    code = [p.read_text() for p in (tmp_path / "inductor").rglob("*.cpp")]
-    assert code and not [c for c in code if "#pragma omp parallel" in c]
+    code = {p.name: p.read_text() for p in (tmp_path / "inductor").rglob("*.cpp")}
+    assert code and not [name for name, c in code.items() if "#pragma omp parallel" in c]
     # another pod on the same cache volume, with the same CPU request: every graph loads from the cache
     second, log = _serve_once(tmp_path, threads=1)
     assert second["decode_graphs_compiled"] == 2 and second["decode_graphs_pending"] == 0
