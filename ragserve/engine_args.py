@@ -54,6 +54,13 @@ class EngineConfig(FromArgs):
     max_seq_len_to_capture: int = option(
         8192, "longest context a compiled decode graph serves (vLLM's; longer: eager)", "model", type=positive_int
     )
+    compile_at_start: bool = option(
+        True, "compile every decode-graph capture size before serving (a server: before /ready)", "model"
+    )
+    cuda_graph_sizes: list[int] = option(
+        [], "a decode-graph capture size (vLLM's; repeat it; default: 1, 2, 4, 8, 16, 24, 32, 64, ... up to "
+        "--max-num-seqs)", "model", type=positive_int, repeat=True,
+    )  # fmt: skip
     seed: int = option(0, "global seed", "model", type=int)
     block_size: int = option(
         16, "tokens per KV block", "KV cache", type=positive_int, spec=True, schema={"enum": list(BLOCK_SIZES)}

@@ -23,9 +23,13 @@ PREFILL_TOKENS_PER_SECOND = "ragserve:prefill_tokens_per_second"
 DECODE_STEP_SECONDS = "ragserve:decode_step_seconds"
 QUEUED_PREFILL_TOKENS = "ragserve:num_queued_prefill_tokens"
 CACHESTORE_FETCH_SECONDS_PER_BLOCK = "ragserve:cachestore_fetch_seconds_per_block"
-# Compiled decode graphs (docs/kernels.md): capture sizes compiled, and sizes still compiling in the background.
+# Compiled decode graphs (docs/kernels.md): capture sizes compiled, and sizes still compiling in the background;
+# seconds spent compiling them, and how many were generated rather than loaded from the compile cache.
 DECODE_GRAPHS_COMPILED = "ragserve:decode_graphs_compiled"
 DECODE_GRAPHS_PENDING = "ragserve:decode_graphs_pending"
+DECODE_GRAPH_COMPILE_SECONDS = "ragserve:decode_graph_compile_seconds"
+DECODE_GRAPH_CACHE_MISSES = "ragserve:decode_graph_cache_misses"
+WARMUP_DECODE_STEP_SECONDS = "ragserve:warmup_decode_step_seconds"  # histogram of the first decode steps
 
 # Engine counters.
 PROMPT_TOKENS = "vllm:prompt_tokens"

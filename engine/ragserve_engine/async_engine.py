@@ -40,8 +40,11 @@ class AsyncLLM:
         self._held = threading.Event()  # steps_held(): take submissions, run no step
         self._stop = False
         self._event_listeners: list[Callable[[list[KVEvent]], None]] = []
-        if (graphs := self.engine.runner.decode_graphs) is not None:
-            graphs.compile_in_background()  # a served request never waits for inductor
+        graphs = self.engine.runner.decode_graphs
+        if graphs is not None and self.engine.config.compile_at_start:
+            graphs.capture_in_background()  # every size, before the server reports ready (launcher)
+        elif graphs is not None:  # a size compiles beside the steps that run it eager
+            graphs.compile_in_background()
         self._thread = threading.Thread(target=self._run, name="ragserve-engine", daemon=True)
         self._thread.start()
 

@@ -20,6 +20,7 @@ from ragserve_engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
+    from ragserve_engine.compilation.warmup_steps import WarmupSteps
     from ragserve_engine.kv_cache_manager import KVCacheBlocks
 
 __all__ = [
@@ -76,7 +77,10 @@ class EngineStats:
     blend_computed_chunk_tokens: int = 0
     blend_recomputed_tokens: int = 0
     decode_graphs_compiled: int = 0  # decode-graph capture sizes compiled (compilation/decode_graphs.py)
-    decode_graphs_pending: int = 0  # sizes steps asked for that still compile (their steps run eager)
+    decode_graphs_pending: int = 0  # sizes queued that still compile (their steps run eager)
+    decode_graph_compile_seconds: float = 0.0  # spent compiling decode graphs (or loading them from the cache)
+    decode_graph_cache_misses: int = 0  # decode graphs whose code was generated, not found in the compile cache
+    warmup_decode_steps: WarmupSteps | None = None  # the first decode steps' times (compilation/warmup_steps.py)
 
     @property
     def used_blocks(self) -> int:

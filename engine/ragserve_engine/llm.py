@@ -13,9 +13,13 @@ from ragserve_engine.sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str | None = None, loaded_model=None, **kwargs) -> None:
-        """kwargs are EngineConfig fields; `loaded_model` shares weights with another LLM."""
+        """kwargs are EngineConfig fields; `loaded_model` shares weights with another LLM. The decode graphs
+        compile here unless compile_at_start=False (then each size compiles in the first step that needs it)."""
         config = EngineConfig(**({"model": model} if model else {}), **kwargs)
         self.engine = LLMEngine(config, loaded_model)
+        graphs = self.engine.runner.decode_graphs
+        if graphs is not None and config.compile_at_start:  # the first generate() runs at full speed
+            graphs.capture()
         self._ids = itertools.count()
 
     @property

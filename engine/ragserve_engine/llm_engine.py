@@ -19,6 +19,7 @@ from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.blend.spec import bind as bind_blend
 from ragserve_engine.block_pool import BlockPool
 from ragserve_engine.compilation.events import compile_epoch, quiet_since
+from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.load_stats import LoadTracker
@@ -51,6 +52,7 @@ class LLMEngine:
         self.pool = BlockPool(self.runner.num_blocks, config.enable_prefix_caching, external_keys=self._chunk_keys)
         self.kv_manager = KVCacheManager(self.pool, self.layout, self.runner.num_swap_blocks)
         self.load = LoadTracker(config.max_num_batched_tokens)
+        self.warmup_steps = WarmupSteps()  # the first decode steps' times (ragserve:warmup_decode_step_seconds)
         self.connector = None
         if config.cachestore:  # a fetch waits at most about as long as recomputing its blocks
             from ragserve_engine.kv_connector import CacheStoreConnector
@@ -201,6 +203,8 @@ class LLMEngine:
         timed = quiet_since(epoch)  # a step that compiled, or ran beside a compile, says nothing about speed
         graph = self._graph_steps() > graph_steps  # the step ran through a compiled decode graph
         self.load.observe(out, seconds, self.scheduler.queued_prefill_tokens(), timed, graph)
+        if all(s.num_new_tokens == 1 for s in out.scheduled):
+            self.warmup_steps.observe(seconds)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
         return self._process(out, model_out)
@@ -384,6 +388,9 @@ class LLMEngine:
             blend_recomputed_tokens=self.blender.counters.recomputed_tokens,
             decode_graphs_compiled=len(graphs.stats.compiled) if graphs else 0,
             decode_graphs_pending=graphs.num_pending if graphs else 0,
+            decode_graph_compile_seconds=graphs.stats.total_compile_seconds if graphs else 0.0,
+            decode_graph_cache_misses=graphs.stats.cache_misses if graphs else 0,
+            warmup_decode_steps=self.warmup_steps,
         )
 
 

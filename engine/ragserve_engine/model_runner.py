@@ -78,7 +78,7 @@ class ModelRunner:
         self.kv_layers = self.kv_cache.layers()
         self.decode_graphs = None
         if self._use_decode_graphs():
-            sizes = capture_sizes(config.max_num_seqs)
+            sizes = sorted(set(config.cuda_graph_sizes)) or capture_sizes(config.max_num_seqs)
             self.decode_graphs = DecodeGraphs(self.model, self.kv_cache.data, sizes, config.max_seq_len_to_capture)
         self.num_swap_blocks = int(config.swap_space * (1 << 30)) // self.bytes_per_block
         self.host_cache: KVCacheTensors | None = None  # allocated on first swap-out

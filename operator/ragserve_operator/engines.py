@@ -9,7 +9,8 @@ from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
 
-STARTUP_TIMEOUT_S = 1800  # model download + load + warm-up
+STARTUP_TIMEOUT_S = 1800  # model download + load + decode-graph compiles (cold: ~60-100 s a size) + warm-up
+COMPILE_DIRS = ("inductor", "extensions")  # under RAGSERVE_CACHE_DIR: what compileCachePVC holds
 
 
 def cachestore_addresses(owner: Owner, spec: RAGServeSpec) -> list[str]:
@@ -76,6 +77,9 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc["claimName"], "readOnly": True}})
         mount = {"name": "model", "mountPath": pvc["mountPath"], "readOnly": True}
         mounts.append({**mount, "subPath": pvc["subPath"]} if pvc.get("subPath") else mount)
+    if cache := raw.get("compileCachePVC"):  # compiled graphs shared by the pool's engines (docs/kernels.md)
+        volumes.append({"name": "compile-cache", "persistentVolumeClaim": {"claimName": cache["claimName"]}})
+        mounts += [{"name": "compile-cache", "mountPath": f"/cache/ragserve/{d}", "subPath": d} for d in COMPILE_DIRS]
     engine = container(
         "engine",
         pool.image,

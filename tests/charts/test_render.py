@@ -240,3 +240,27 @@ def test_engine_torch_threads_follow_the_cpu_request(render):
         env[pool] = [e for e in engine["env"] if e["name"] == "OMP_NUM_THREADS"]
     assert env["default"] == [{"name": "OMP_NUM_THREADS", "valueFrom": from_request}]  # requests.cpu "2"
     assert env["own"] == [{"name": "OMP_NUM_THREADS", "value": "3"}]
+
+
+def test_engine_compile_cache_volume(render):
+    """compileCache: emptyDir (default) keeps the compiled graphs in the pod's /cache scratch; hostPath and pvc
+    mount a shared volume over RAGSERVE_CACHE_DIR's inductor/ and extensions/ (docs/kernels.md, cold start)."""
+    engines = [
+        {"name": "pod", "model": "smollm2-135m"},
+        {"name": "node", "model": "smollm2-135m", "compileCache": {"type": "hostPath"}},
+        {"name": "shared", "model": "smollm2-135m", "compileCache": {"type": "pvc", "pvc": {"claimName": "graphs"}}},
+    ]
+    docs = render({"engines": engines})
+    volumes, mounts = {}, {}
+    for pool in ("pod", "node", "shared"):
+        spec = named(docs, "Deployment", f"rs-ragserve-engine-{pool}")["spec"]["template"]["spec"]
+        volumes[pool] = [v for v in spec["volumes"] if v["name"] == "compile-cache"]
+        mounts[pool] = [(m["mountPath"], m["subPath"]) for m in spec["containers"][0]["volumeMounts"]
+                        if m["name"] == "compile-cache"]  # fmt: skip
+    assert volumes["pod"] == [] and mounts["pod"] == []
+    assert volumes["node"] == [
+        {"name": "compile-cache", "hostPath": {"path": "/var/cache/ragserve", "type": "DirectoryOrCreate"}}
+    ]
+    assert volumes["shared"] == [{"name": "compile-cache", "persistentVolumeClaim": {"claimName": "graphs"}}]
+    expected = [("/cache/ragserve/inductor", "inductor"), ("/cache/ragserve/extensions", "extensions")]
+    assert mounts["node"] == expected and mounts["shared"] == expected

@@ -91,7 +91,7 @@ def test_models_share_graphs_only_with_their_own_signature():
 def test_compiled_decode_with_preemption():
     path = str(tiny_model("llama"))
     eager = LLM(path, num_gpu_blocks=9, enforce_eager=True)
-    graphs = LLM(path, num_gpu_blocks=9, loaded_model=eager.engine.runner.model)
+    graphs = LLM(path, num_gpu_blocks=9, loaded_model=eager.engine.runner.model, compile_at_start=False)
     prompts = _prompts(4)  # need 2+2+3+3 blocks at the end: the pool of 9 runs out while decoding
     assert _tokens(graphs, prompts) == _tokens(eager, prompts)
     assert graphs.engine.scheduler.num_preemptions > 0
@@ -100,7 +100,7 @@ def test_compiled_decode_with_preemption():
 
 def test_a_graph_step_writes_only_its_sequences_slots():
     path = str(tiny_model("llama"))
-    llm = LLM(path, num_gpu_blocks=32, max_num_seqs=8, block_size=16)
+    llm = LLM(path, num_gpu_blocks=32, max_num_seqs=8, block_size=16, compile_at_start=False)
     runner = llm.engine.runner
     kv = runner.kv_cache.data
     assert kv.shape[0] == runner.num_blocks  # no block past the scheduler's pool
@@ -124,7 +124,7 @@ def test_a_graph_step_writes_only_its_sequences_slots():
 def test_graphs_compile_past_dynamos_default_recompile_limit_on_an_engine_thread():
     """Nine capture sizes, stepped on a thread as the server's engine is: dynamo's config is thread-local
     and its default recompile limit is 8 graphs a function; one process holds more (sizes x models)."""
-    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=256, max_num_seqs=128, max_model_len=64)
+    llm = LLM(str(tiny_model("llama")), num_gpu_blocks=256, max_num_seqs=128, max_model_len=64, compile_at_start=False)
     graphs = llm.engine.runner.decode_graphs
     assert len(graphs.sizes) == 9
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
@@ -153,7 +153,8 @@ def test_a_server_engine_compiles_in_the_background_and_never_waits():
 
     path = str(tiny_model("llama"))
     eager = LLM(path, num_gpu_blocks=64, max_num_seqs=4, enforce_eager=True)
-    engine = LLMEngine(EngineConfig(model=path, num_gpu_blocks=64, max_num_seqs=4), eager.engine.runner.model)
+    config = EngineConfig(model=path, num_gpu_blocks=64, max_num_seqs=4, compile_at_start=False)
+    engine = LLMEngine(config, eager.engine.runner.model)
     graphs = engine.runner.decode_graphs
     graphs.sizes = [2]  # one capture size: both prompts decode at it
     release = threading.Event()
@@ -199,7 +200,7 @@ def test_a_size_whose_background_compile_fails_stays_eager_and_is_not_pending():
     """A compile that raises (here the graph call, injected: no real compile fails on demand) leaves its size
     eager and no longer pending, so nothing waiting for ragserve:decode_graphs_pending == 0 waits forever."""
     path = str(tiny_model("llama"))
-    graphs = LLM(path, num_gpu_blocks=64, max_num_seqs=4).engine.runner.decode_graphs
+    graphs = LLM(path, num_gpu_blocks=64, max_num_seqs=4, compile_at_start=False).engine.runner.decode_graphs
 
     def broken(inputs):
         raise RuntimeError("injected compile failure")

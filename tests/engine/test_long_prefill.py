@@ -16,13 +16,13 @@ LONG, SHORT = list(range(100, 700)), list(range(900, 912))
 
 @pytest.fixture(scope="module")
 def model():
-    return LLM(str(tiny_model("llama")), num_gpu_blocks=128).engine.runner.model
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=128, compile_at_start=False).engine.runner.model
 
 
 def first_token_steps(model, threshold: int) -> tuple[dict[str, int], dict[str, list[int]]]:
     """Steps until each request's first token, and the outputs; the short prompt arrives after step 1."""
     llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=256,
-              long_prefill_token_threshold=threshold)  # fmt: skip
+              long_prefill_token_threshold=threshold, compile_at_start=False)  # fmt: skip
     engine = llm.engine
     engine.add_request("long", LONG, GREEDY)
     first, outputs, step = {}, {}, 0
@@ -54,7 +54,7 @@ def test_the_threshold_holds_with_nobody_waiting(model):
     """vLLM's semantics: the cap applies to every step, so a prompt arriving during a cold prefill waits for at
     most one capped chunk, not for a step spending the whole budget on the cold one."""
     llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=256,
-              long_prefill_token_threshold=64)  # fmt: skip
+              long_prefill_token_threshold=64, compile_at_start=False)  # fmt: skip
     llm.engine.add_request("long", LONG, GREEDY)
     steps = 0
     while not any(out.outputs[0].token_ids for out in llm.engine.step()):

@@ -1,5 +1,6 @@
-"""A served engine and its decode graphs: requests never wait for a compile, and a SIGTERM while a graph
-compiles still drains and exits 0 (teardown under an in-flight inductor compile aborts the process)."""
+"""A served engine with --no-compile-at-start and its decode graphs: requests never wait for a compile (they
+run eager while it runs in the background), and a SIGTERM while a graph compiles still drains and exits 0
+(teardown under an in-flight inductor compile aborts the process)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from tests.helpers.engine_server import MODEL_NAME, start_engine
 def test_sigterm_during_a_background_compile_exits_cleanly(tmp_path):
     # an empty inductor cache: the tiny model's first graph takes seconds to compile, not milliseconds
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    engine = start_engine(tmp_path, "--no-enforce-eager", "--num-gpu-blocks", "64", "--max-model-len", "256", env=env)
+    flags = ("--no-enforce-eager", "--no-compile-at-start", "--num-gpu-blocks", "64", "--max-model-len", "256")
+    engine = start_engine(tmp_path, *flags, env=env)
     try:
         engine.wait_ready()
         body = {"model": MODEL_NAME, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}

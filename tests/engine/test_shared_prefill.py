@@ -17,13 +17,14 @@ PROMPTS = {"a": DOC + [901, 902, 903], "b": DOC + [911, 912], "c": DOC + [921, 9
 
 @pytest.fixture(scope="module")
 def model():
-    return LLM(str(tiny_model("llama")), num_gpu_blocks=128).engine.runner.model
+    return LLM(str(tiny_model("llama")), num_gpu_blocks=128, compile_at_start=False).engine.runner.model
 
 
 def run_together(model, **flags) -> tuple[dict[str, int], dict[str, list[int]], int]:
     """All prompts added at once; per request the prompt tokens it got from cache, the outputs, and the
     queued prefill tokens the engine reported before its first step."""
-    llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=2048, **flags)
+    llm = LLM(str(tiny_model("llama")), loaded_model=model, num_gpu_blocks=128, max_num_batched_tokens=2048,
+              compile_at_start=False, **flags)  # fmt: skip
     engine = llm.engine
     for rid, prompt in PROMPTS.items():
         engine.add_request(rid, prompt, GREEDY)

@@ -204,6 +204,23 @@ def test_engine_torch_threads_follow_the_cpu_request():
     assert env["c"] == []  # no CPU request: torch picks
 
 
+def test_engine_compile_cache_pvc():
+    """compileCachePVC: the pool's engines keep compiled graphs and C++ ops on a shared claim (docs/kernels.md);
+    without it they stay in the pod's /cache scratch."""
+    pools = [{"name": "a", "model": "m", "compileCachePVC": {"claimName": "graphs"}}, {"name": "b", "model": "m"}]
+    spec = parse_spec({"engines": pools}, OWNER.name)
+    objs = desired_children(OWNER, spec, {pool.name: 1 for pool in spec.pools})
+    a = by_name(objs, "Deployment", "demo-engine-a")["spec"]["template"]["spec"]
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "graphs"}} in a["volumes"]
+    mounts = [m for m in a["containers"][0]["volumeMounts"] if m["name"] == "compile-cache"]
+    assert mounts == [
+        {"name": "compile-cache", "mountPath": "/cache/ragserve/inductor", "subPath": "inductor"},
+        {"name": "compile-cache", "mountPath": "/cache/ragserve/extensions", "subPath": "extensions"},
+    ]
+    b = by_name(objs, "Deployment", "demo-engine-b")["spec"]["template"]["spec"]
+    assert all(v["name"] != "compile-cache" for v in b["volumes"])
+
+
 def test_engine_api_key_from_a_secret():
     """Engines require it (--api-key via RAGSERVE_API_KEY); the router sends it (--engine-api-key)."""
     expected = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}

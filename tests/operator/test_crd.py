@@ -174,6 +174,7 @@ def _schema_errors(spec: dict) -> list[str]:
         ({"engines": [{"name": "a", "model": "m"}], "autoscaling": {"targetKVCacheUsage": 0}}, "less than or equal"),
         ({"engines": [{"name": "a", "model": "m"}], "autoscaling": {"mode": "vpa"}}, "'vpa' is not one of"),
         ({"engines": [{"name": "a"}]}, "'model' is a required property"),
+        ({"engines": [{"name": "a", "model": "m", "compileCachePVC": {}}]}, "'claimName' is a required property"),
     ],
 )
 def test_schema_rejects(spec: dict, fragment: str):

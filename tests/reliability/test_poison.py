@@ -44,7 +44,8 @@ MATES = [
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = AsyncLLM(EngineConfig(model=str(tiny_model("llama")), num_gpu_blocks=96))
+    # graphs compile as steps need them (on its compile thread), as before compile_at_start: poison is tested
+    llm = AsyncLLM(EngineConfig(model=str(tiny_model("llama")), num_gpu_blocks=96, compile_at_start=False))
     yield llm
     llm.shutdown()
 

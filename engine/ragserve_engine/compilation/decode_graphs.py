@@ -14,11 +14,14 @@ dynamo's guards on the model (~5,000 on SmolLM2: every parameter's metadata, eve
 dropped: the signature already fixes them, and checking them cost ~0.7 ms of an int4 single-stream step
 (bench/results/decode-guards-ab.txt).
 
-Graphs compile lazily, the first time a step of that size runs; each compile is timed and logged, and
-inductor's on-disk cache (RAGSERVE_CACHE_DIR/inductor) makes a restart reuse the generated code. Offline
-(LLM) the step waits for its compile. A server compiles in the background instead (compile_in_background):
-a step of a size not compiled yet runs eager, and a thread compiles that size on an all-padding batch,
-so no request waits for inductor (a cold SmolLM2 graph takes 60-100 s on 2 cores). Steps
+Graphs compile before the engine serves (compile_at_start, vLLM's capture at start-up): LLM compiles every
+capture size at construction (capture()), a server queues them all on its compile thread and reports ready
+once none is pending (capture_in_background()), logging one line per size, so no request waits for a
+compile and none shares the cores with one. Inductor's on-disk cache (compilation/compile_cache.py) makes
+a restart, or another pod on the same cache volume, load the generated code instead of generating it.
+With --no-compile-at-start a size compiles the first time a step of that size runs: offline (LLM) the step
+waits for its compile, a server runs that step eager and compiles the size on its thread (compile_in_background;
+a cold SmolLM2 graph takes 60-100 s on 2 cores). Steps
 with a prefill, prompt logprobs, a quantized KV cache, more sequences than the largest capture size or
 a context over --max-seq-len-to-capture run the eager model. Off with --enforce-eager.
 """
@@ -39,6 +42,7 @@ import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
 from ragserve_engine.compilation import cpu_ops
+from ragserve_engine.compilation.compile_cache import INDUCTOR_OPTIONS, cache_misses
 from ragserve_engine.compilation.events import COMPILE_THREAD, compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache, write_new_kv
 from ragserve_engine.layers.attention import ForwardContext
@@ -63,6 +67,11 @@ class GraphStats:
     compiled: list[int] = field(default_factory=list)  # capture sizes compiled, in order
     compile_seconds: dict[int, float] = field(default_factory=dict)
     failed: set[int] = field(default_factory=set)  # sizes whose compile raised: they stay eager
+    cache_misses: int = 0  # compiles that generated code (an inductor cache miss) rather than loading it
+
+    @property
+    def total_compile_seconds(self) -> float:
+        return sum(self.compile_seconds.values())
 
 
 class DecodeGraphs:
@@ -101,6 +110,21 @@ class DecodeGraphs:
     def num_pending(self) -> int:
         """Sizes a step asked for that the background thread has not compiled (or failed to) yet."""
         return len(self._queued - self.stats.compile_seconds.keys() - self.stats.failed)
+
+    def capture(self) -> None:
+        """Compile every capture size now, on this thread (offline: before the first step)."""
+        with torch.inference_mode():  # as the step thread: dynamo guards on grad mode
+            for size in self.sizes:
+                if size not in self.stats.compile_seconds:
+                    self.run(size, [], np.zeros(0, np.int64), np.zeros((0, 2), np.int64))
+
+    def capture_in_background(self) -> None:
+        """Queue every capture size on the compile thread; ready to serve once num_pending is 0."""
+        self.compile_in_background()
+        for size in self.sizes:
+            if size not in self._queued and size not in self.stats.compile_seconds:
+                self._queued.add(size)
+                self._todo.put(size)
 
     def compile_in_background(self) -> None:
         """From now on a step never compiles: sizes compile on a thread of their own (one at a time)."""
@@ -143,17 +167,28 @@ class DecodeGraphs:
         if size in self.stats.compile_seconds:
             logits, keys, values = self._call(inputs)
         else:
-            t0 = time.perf_counter()
-            with compiling():
-                logits, keys, values = self._call(inputs)
-            self.stats.compile_seconds[size] = time.perf_counter() - t0
-            self.stats.compiled.append(size)
-            logger.info("compiled the decode graph for batch %d in %.1f s", size, self.stats.compile_seconds[size])
+            logits, keys, values = self._compile(size, inputs)
         if n:
             slots = slot_mapping(table, np.arange(n), pos[:n], bs)
             write_new_kv(self.kv_data, torch.from_numpy(slots).to(self.device), keys[:, :n], values[:, :n])
             self.stats.steps += 1
         return logits[:n]
+
+    def _compile(self, size: int, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The first call of a size: dynamo traces it, inductor generates (or loads from its cache) the code."""
+        t0, misses = time.perf_counter(), cache_misses()
+        with compiling():
+            out = self._call(inputs)
+        seconds = self.stats.compile_seconds[size] = time.perf_counter() - t0
+        self.stats.compiled.append(size)
+        missed = cache_misses() > misses
+        self.stats.cache_misses += missed
+        how = "generated" if missed else "from the compile cache"
+        logger.info(
+            "compiled the decode graph for batch %d in %.1f s (%s; %d of %d sizes)",
+            size, seconds, how, len(self.stats.compiled), len(self.sizes),
+        )  # fmt: skip
+        return out
 
     def _call(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
@@ -204,7 +239,7 @@ def _compiled(device: torch.device, signature: str) -> Callable:
         forward = types.FunctionType(code, decode_forward.__globals__, code.co_name)
         # Per compile, not via torch._dynamo.config: dynamo's config settings are thread-local, and
         # engines step on their own threads. Each capture size is one entry.
-        options = {"cpp_wrapper": device.type == "cpu", "guard_filter_fn": _unguarded_by_model}
+        options = {"cpp_wrapper": device.type == "cpu", "guard_filter_fn": _unguarded_by_model, **INDUCTOR_OPTIONS}
         fn = _COMPILED[(device.type, signature)] = torch.compile(
             forward, fullgraph=True, options=options, recompile_limit=RECOMPILE_LIMIT
         )

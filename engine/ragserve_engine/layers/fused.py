@@ -4,21 +4,20 @@ Eager, each is several passes over the activations; torch.compile (inductor: C++
 fuses each into one. A compiled call costs a fixed ~20-40 us more than its eager ops, which decode steps of
 a few dozen tokens do not win back, so the compiled versions run only on steps of at least MIN_TOKENS
 tokens (prefill). Off with --enforce-eager. Compiled lazily, once per process, the first time a step is
-large enough; the time it took is logged, and inductor's cache (RAGSERVE_CACHE_DIR/inductor unless
-TORCHINDUCTOR_CACHE_DIR is set) makes later starts reuse the kernels.
+large enough; the time it took is logged, and inductor's cache (compilation/compile_cache.py) makes later
+starts reuse the kernels.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ragserve.model_source import cache_dir
+from ragserve_engine.compilation.compile_cache import INDUCTOR_OPTIONS, use_compile_cache
 from ragserve_engine.compilation.events import compiling
 
 logger = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ _EAGER = {f.__name__: f for f in (rms_norm, add_rms_norm, rotate, silu_and_mul)}
 def set_compile(enabled: bool) -> None:
     """--enforce-eager turns it off; the engine turns it on at start-up otherwise."""
     if enabled:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+        use_compile_cache()
     _state["enabled"] = enabled
 
 
@@ -70,7 +69,7 @@ def call(name: str, num_tokens: int, *args):
         return _EAGER[name](*args)
     fn = _compiled.get(name)
     if fn is None:
-        fn = _compiled[name] = torch.compile(_EAGER[name], dynamic=True)
+        fn = _compiled[name] = torch.compile(_EAGER[name], dynamic=True, options=INDUCTOR_OPTIONS)
         t0 = time.perf_counter()
         try:
             with compiling():

@@ -1,5 +1,5 @@
-"""Run `ragserve engine`: HTTP up at once, the model loads (and calibrates) in the background, cluster duties
-once loaded.
+"""Run `ragserve engine`: HTTP up at once, the model loads, compiles its decode graphs and calibrates in the
+background, /ready once all are done, cluster duties once loaded.
 
 SIGTERM drains: /ready turns false and new requests get 503, the engine deregisters from the
 router, running requests finish (up to --drain-timeout), then the process exits 0. A second
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,7 @@ from ragserve_engine.server.routes import create_app
 
 log = logging.getLogger("ragserve_engine.server")
 DRAIN_POLL_S = 0.1
+GRAPHS_POLL_S = 0.1
 StartEngine = Callable[[EngineConfig], EngineClient]  # loads the model (on a worker thread), e.g. AsyncLLM
 
 
@@ -63,6 +65,8 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         log.exception("failed to load model %s", server.engine_config.model)
         server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
         return
+    if not server.embeds:
+        await wait_for_graphs(server, llm)
     if server.status != DRAINING and not server.embeds:
         from ragserve_engine.server.calibration import calibrate
 
@@ -83,6 +87,21 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
         server.registration = RegistrationClient(server.config, llm, server.model_name, KVEventLog(), cap)
         server.registration.start()
+
+
+async def wait_for_graphs(server: EngineServer, llm: EngineClient) -> None:
+    """Not ready while a decode graph compiles (--compile-at-start): a request never waits for one, nor shares
+    the cores with one. The compile thread logs each size; a drain stops the wait."""
+    t0, stats = time.perf_counter(), llm.stats()
+    if not stats.decode_graphs_pending:
+        return
+    log.info("compiling %d decode graphs before serving", stats.decode_graphs_pending)
+    while server.status != DRAINING and (stats := llm.stats()).decode_graphs_pending:
+        await asyncio.sleep(GRAPHS_POLL_S)
+    log.info(
+        "decode graphs ready in %.1f s: %d compiled, %d generated (the rest from the compile cache)",
+        time.perf_counter() - t0, stats.decode_graphs_compiled, stats.decode_graph_cache_misses,
+    )  # fmt: skip
 
 
 def start_kv_publisher(server: EngineServer) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ragserve import metric_names as m
 from ragserve.http.outcomes import Outcome
@@ -47,10 +47,17 @@ class EngineStateCollector:
             (m.CACHESTORE_FETCH_SECONDS_PER_BLOCK, "Measured cachestore fetch cost per block", stats.fetch_s_per_block),
             (m.DECODE_GRAPHS_COMPILED, "Decode-graph capture sizes compiled", stats.decode_graphs_compiled),
             (m.DECODE_GRAPHS_PENDING, "Decode-graph sizes still compiling", stats.decode_graphs_pending),
+            (m.DECODE_GRAPH_COMPILE_SECONDS, "Seconds compiling decode graphs", stats.decode_graph_compile_seconds),
+            (m.DECODE_GRAPH_CACHE_MISSES, "Decode graphs not in the compile cache", stats.decode_graph_cache_misses),
         ]
         for name, doc, value in gauges:
             family = GaugeMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
             family.add_metric(label, value)
+            yield family
+        if (warmup := stats.warmup_decode_steps) is not None:
+            doc = "Decode step time over the engine's first decode steps (compilation/warmup_steps.py)"
+            family = HistogramMetricFamily(m.WARMUP_DECODE_STEP_SECONDS, doc, labels=[m.MODEL_NAME_LABEL])
+            family.add_metric(label, warmup.cumulative(), warmup.total_seconds)
             yield family
         counters = [
             (m.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens", stats.prefix_cache_queries),
