@@ -17,14 +17,15 @@ from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.outputs import CompletionOutput, EngineError, RequestError, RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.structured.spec import GrammarError, GuidedDecoding
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
     from ragserve_engine.kv_cache_manager import KVCacheBlocks
 
 __all__ = [
-    "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "KVEvent",
-    "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
+    "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "GrammarError",
+    "GuidedDecoding", "KVEvent", "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
 ]  # fmt: skip
 
 T = TypeVar("T")
