@@ -57,7 +57,7 @@ class ChatServing(OpenAIServing):
         return await self.run(request, req, [prompt], params)
 
     def _tools(self, req: ChatCompletionRequest) -> ToolRequest:
-        return tool_request(req.tools, req.tool_choice)
+        return tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
 
     def _params(self, req: ChatCompletionRequest, tools: ToolRequest):
         params, forced = req.to_sampling_params(), forced_grammar(tools, self.parser)
@@ -69,11 +69,12 @@ class ChatServing(OpenAIServing):
         return dataclasses.replace(params, guided=forced)
 
     def _message(self, text: str, tools: ToolRequest) -> tuple[dict, list[ToolCall]]:
-        calls = self.parser.extract(text) if tools.active else (text, [])
-        message = {"role": "assistant", "content": calls[0]}
-        if calls[1]:
-            message["tool_calls"] = [c.to_dict() for c in calls[1]]
-        return message, calls[1]
+        content, calls = self.parser.extract(text) if tools.active else (text, [])
+        calls = tools.calls(calls)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.to_dict() for c in calls]
+        return message, calls
 
     def _logprobs(self, req: ChatCompletionRequest) -> LogprobFormatter | None:
         return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
@@ -113,6 +114,7 @@ class ChatServing(OpenAIServing):
                 calls: list[ToolCall] = []
                 if tools.active:
                     delta, calls = streams.setdefault(c.index, ToolStream(self.parser)).feed(delta, c.finished)
+                    calls = tools.calls(calls)
                 if c.finished:
                     done.add(c.index)
                 elif not delta and not ((fmt or ids) and tokens):

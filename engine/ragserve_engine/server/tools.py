@@ -30,6 +30,10 @@ class ToolRequest:
 
     functions: list[dict] = field(default_factory=list)
     choice: str = "none"
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call only
+
+    def calls(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return calls if self.parallel else calls[:1]
 
     @property
     def active(self) -> bool:
@@ -43,10 +47,10 @@ class ToolRequest:
         return self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
 
 
-def tool_request(tools: list | None, choice: Any) -> ToolRequest:
+def tool_request(tools: list | None, choice: Any, parallel: bool = True) -> ToolRequest:
     functions = [_function(i, t) for i, t in enumerate(tools or [])]
     if choice is None:
-        return ToolRequest(functions, "auto" if functions else "none")
+        return ToolRequest(functions, "auto" if functions else "none", parallel)
     if isinstance(choice, dict):
         fn = choice.get("function")
         if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -58,7 +62,7 @@ def tool_request(tools: list | None, choice: Any) -> ToolRequest:
         raise invalid("tool_choice", "must be none, auto, required or {'type': 'function', 'function': {'name'}}")
     elif choice != "none" and not functions:
         raise invalid("tool_choice", f"{choice!r} needs tools")
-    return ToolRequest(functions, choice)
+    return ToolRequest(functions, choice, parallel)
 
 
 def _function(i: int, tool: Any) -> dict:
