@@ -17,7 +17,7 @@ from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.outputs import CompletionOutput, EngineError, RequestError, RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
-from ragserve_engine.structured.spec import GrammarError, GuidedDecoding
+from ragserve_engine.structured.spec import JSON_FORMAT, GrammarError, GuidedDecoding
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "GrammarError",
-    "GuidedDecoding", "KVEvent", "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
+    "GuidedDecoding", "JSON_FORMAT", "KVEvent", "KVSnapshot", "RequestError", "RequestOutput", "SamplingParams",
 ]  # fmt: skip
 
 T = TypeVar("T")

@@ -13,6 +13,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from ragserve_engine.engine_client import JSON_FORMAT
+
 
 @dataclass
 class ToolCall:
@@ -64,7 +66,7 @@ class ToolParser:
             }
             for t in tools
         ]
-        return one[0] if len(one) == 1 else {"anyOf": one}
+        return {**(one[0] if len(one) == 1 else {"anyOf": one}), "x-guidance": JSON_FORMAT}
 
     def forced_grammar(self, tools: list[dict]) -> str:
         """A Lark grammar (llguidance's, with %json) of exactly one call to one of `tools`."""

@@ -15,7 +15,7 @@ import llguidance.torch as llg_torch
 import torch
 
 from ragserve.tokenizer import PromptTokenizer
-from ragserve_engine.structured.spec import GrammarError, GuidedDecoding
+from ragserve_engine.structured.spec import JSON_FORMAT, GrammarError, GuidedDecoding
 
 CACHE_SIZE = 256  # compiled grammars kept (by kind and spec)
 
@@ -39,7 +39,10 @@ class GrammarCompiler:
 
     def _compile(self, guided: GuidedDecoding) -> str:
         try:
-            grammar = llguidance.grammar_from(guided.kind, guided.spec)
+            if guided.kind == "json":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(guided.spec, defaults=JSON_FORMAT)
+            else:
+                grammar = llguidance.grammar_from(guided.kind, guided.spec)
         except (ValueError, TypeError) as exc:
             raise GrammarError(guided.param, str(exc)) from None
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)

@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+# JSON as json.dumps writes it: no free whitespace, so a small model cannot spend max_tokens on newlines
+# (a schema's own "x-guidance" object overrides it: llguidance's JSON options)
+JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GuidedKind = Literal["json", "regex", "choice", "grammar", "lark"]  # llguidance.grammar_from formats
 
 
