@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import jsonschema
 import openai
 import pytest
 
 from tests.helpers.engine_server import MODEL_NAME, running_engine
+from tests.helpers.openai_errors import assert_400
+from tests.helpers.openai_errors import post_chat as post
 
 ASK = [{"role": "user", "content": "Describe a city as JSON."}]
 SCHEMAS = {
@@ -126,15 +127,6 @@ def test_prefix_cached_and_resumed_requests_keep_the_grammar(engine):
     assert whole["message"]["content"].endswith(resumed["message"]["content"])
     off = post(engine, {**body, "resume_token_ids": [28, 28, 28]})  # not JSON: the grammar refuses them
     assert_400(off, "resume_token_ids")
-
-
-def post(engine, body: dict) -> httpx.Response:
-    return httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=120)
-
-
-def assert_400(resp: httpx.Response, param: str) -> None:
-    assert resp.status_code == 400, resp.text
-    assert resp.json()["error"]["param"] == param, resp.text
 
 
 BAD = [

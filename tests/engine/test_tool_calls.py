@@ -15,8 +15,9 @@ from ragserve.model_source import load_tokenizer, resolve_model
 from ragserve_engine.server.tool_parsers import PARSERS
 from ragserve_engine.structured.grammar import GrammarCompiler
 from ragserve_engine.structured.spec import GuidedDecoding
-from tests.engine.test_structured_outputs import assert_400, post
 from tests.helpers.engine_server import MODEL_NAME, running_engine
+from tests.helpers.openai_errors import assert_400
+from tests.helpers.openai_errors import post_chat as post
 
 SEARCH = {
     "name": "search_passages",
