@@ -23,7 +23,7 @@ def test_constrained_neighbours_do_not_change_greedy_tokens():
     alone = llm.generate(prompts[:2], plain)
     mixed = llm.generate(prompts + [prompts[2]], [plain, plain, greedy_json, sampled_json])
     assert [o.outputs[0].token_ids for o in mixed[:2]] == [o.outputs[0].token_ids for o in alone]
-    unconstrained = llm.generate(prompts[2], SamplingParams(temperature=0, max_tokens=24)).outputs[0].text
+    unconstrained = llm.generate(prompts[2], SamplingParams(temperature=0, max_tokens=24))[0].outputs[0].text
     answers = [c.text for o in mixed[2:] for c in o.outputs]
     assert all(json.loads(a)["answer"] in ("yes", "no") for a in answers), answers
     assert unconstrained not in answers  # the grammar did steer it

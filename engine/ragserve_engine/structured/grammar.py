@@ -11,6 +11,7 @@ import functools
 import threading
 
 import llguidance
+import numpy as np
 import llguidance.torch as llg_torch
 import torch
 
@@ -27,7 +28,6 @@ class GrammarCompiler:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self.executor = llguidance.LLExecutor()
         self.grammar = functools.lru_cache(CACHE_SIZE)(self._compile)
-        self._bits = torch.arange(32, dtype=torch.int32)
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -63,11 +63,14 @@ class GrammarCompiler:
         """Mask logits[rows] in place to the tokens each matcher allows."""
         mask = llg_torch.allocate_token_bitmask(len(rows), self.vocab_size)
         llg_torch.fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(matchers)], mask)
-        bits = (mask.unsqueeze(-1) >> self._bits) & 1  # [rows, words, 32]
-        allowed = bits.reshape(len(rows), -1)[:, : logits.shape[-1]].to(device=logits.device, dtype=torch.bool)
-        idx = torch.tensor(rows, device=logits.device)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
+        banned = torch.from_numpy(bits).to(logits.device) == 0
         with torch.inference_mode():  # the model's logits are inference tensors
-            logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+            if rows == list(range(logits.shape[0])):  # every row constrained: in place, no gather
+                logits.masked_fill_(banned, float("-inf"))
+            else:
+                idx = torch.tensor(rows, device=logits.device)
+                logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
 
 
 def _lltokenizer(tokenizer: PromptTokenizer, vocab_size: int, eos_ids: list[int]) -> llguidance.LLTokenizer:
