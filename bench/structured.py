@@ -2,7 +2,8 @@
 
 Both runs in the same process, interleaved repeats, median. Each run: BATCH chat requests prefilled
 together, then decoded to MAX_TOKENS (ignore_eos; a finished grammar ends its sequence early, so tok/s
-counts the tokens each run produced; the schema's long minimum answer keeps every sequence running). tok/s = output tokens / decode seconds (steps after the first).
+counts the tokens each run produced; the schema's long minimum answer keeps every sequence running).
+tok/s = output tokens / decode seconds (steps after the first).
 Run: flock /tmp/cpu.lock .venv/bin/python bench/structured.py [--out bench/results/structured.md]
 """
 

@@ -11,8 +11,8 @@ import functools
 import threading
 
 import llguidance
-import numpy as np
 import llguidance.torch as llg_torch
+import numpy as np
 import torch
 
 from ragserve.tokenizer import PromptTokenizer
