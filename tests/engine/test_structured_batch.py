@@ -9,7 +9,12 @@ from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.structured.spec import GuidedDecoding
 
-SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "Is water wet? Answer in JSON."]
 
 
