@@ -28,6 +28,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TASKS = ("generate", "embed")  # vLLM's --task: embed serves /v1/embeddings, /v1/rerank, /v1/score
 POOLING_TYPES = ("auto", "mean", "cls", "last")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # ragserve_engine.server.tool_parsers
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 ENGINE_PORT = 8000
 ENGINE_GROUPS = ("model", "KV cache", "scheduler")
@@ -142,6 +143,9 @@ class ServerConfig(FromArgs):
         negatable=False,
     )  # fmt: skip
     log_level: str = option("info", "log level", "server", choices=LOG_LEVELS)
+    tool_call_parser: str = option(
+        "hermes", "format of chat tool calls (docs/api.md)", "server", choices=TOOL_CALL_PARSERS
+    )
     otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "server")
 
     def __post_init__(self) -> None:

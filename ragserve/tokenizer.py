@@ -74,8 +74,9 @@ class PromptTokenizer:
         except TemplateError as exc:
             raise ValueError(f"chat template error: {exc}") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> list[int]:
+        """kwargs: further template variables (a chat's `tools`)."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256(self.tokenizer_json.encode())

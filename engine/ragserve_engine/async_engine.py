@@ -68,7 +68,11 @@ class AsyncLLM:
         blend: BlendSpec | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
-        req = self.engine.make_request(request_id, prompt, params, priority, cache_salt, resume_token_ids, blend)
+        args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend)
+        if params.guided is not None:  # grammar compilation: on a worker thread, not the event loop or step loop
+            req = await asyncio.to_thread(self.engine.make_request, *args)
+        else:
+            req = self.engine.make_request(*args)
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")

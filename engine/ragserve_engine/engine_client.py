@@ -17,6 +17,7 @@ from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.outputs import CompletionOutput, EngineError, RequestError, RequestOutput
 from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.structured.spec import JSON_FORMAT, GrammarError, GuidedDecoding
 
 if TYPE_CHECKING:
     from ragserve.tokenizer import PromptTokenizer
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
     from ragserve_engine.kv_cache_manager import KVCacheBlocks
 
 __all__ = [
-    "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "KVEvent",
-    "KVSnapshot", "PoolingClient", "PoolingInfo", "RequestError", "RequestOutput", "SamplingParams",
+    "BlendSpec", "CompletionOutput", "EngineClient", "EngineError", "EngineInfo", "EngineStats", "GrammarError",
+    "GuidedDecoding", "JSON_FORMAT", "KVEvent", "KVSnapshot", "PoolingClient", "PoolingInfo", "RequestError",
+    "RequestOutput", "SamplingParams",
 ]  # fmt: skip
 
 T = TypeVar("T")

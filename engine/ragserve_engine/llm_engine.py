@@ -31,6 +31,7 @@ from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
 from ragserve_engine.stop import StopCriteria, check_stop
+from ragserve_engine.structured.grammar import GrammarCompiler
 
 REMOTE_POLL_S = 0.05  # longest idle wait for a cachestore fetch before the step loop looks again
 
@@ -75,6 +76,7 @@ class LLMEngine:
         self.failed: dict[str, Exception] = {}  # request id -> what failed it during the last steps
         eos_ids = frozenset(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
         self.stop_criteria = StopCriteria(self.tokenizer, eos_ids, self.max_model_len)
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, sorted(eos_ids))
 
     def _chunk_keys(self) -> list[bytes]:
         """The blend chunk keys held (the pool reports them with its cached blocks)."""
@@ -115,6 +117,8 @@ class LLMEngine:
         params = self._validate(token_ids, params, resumed)
         self.kv_manager.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
         seq = Sequence(token_ids + resumed, len(token_ids))
+        if params.guided is not None:  # compiles (cached by spec): AsyncLLM calls this off the step loop
+            seq.matcher = self.grammars.matcher(params.guided, resumed)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             if not params.greedy:
@@ -283,6 +287,7 @@ class LLMEngine:
         ready: list[tuple[Request, list[tuple[Sequence, int, SamplingRow]]]] = []
         for req, rows in batch:
             self._guard(req, lambda r, rs: ready.append((r, self._sampling_rows(r, rs))), req, rows)
+        ready = self._apply_grammars(ready, logits)
         plain = []
         for req, rows in ready:
             if all(is_plain_greedy(s) for *_, s in rows):
@@ -300,6 +305,21 @@ class LLMEngine:
             return
         for (req, seq, _, _), res in zip(flat, results, strict=True):
             self._guard(req, self._append_token, req, seq, res)
+
+    def _apply_grammars(self, ready: list, logits: torch.Tensor) -> list:
+        """Mask the constrained rows to what their grammars allow, in one pass over the batch; if that fails,
+        the constrained requests fail (the others carry on)."""
+        rows = {row: seq.matcher for _, rs in ready for seq, row, _ in rs if seq.matcher is not None}
+        if not rows:
+            return ready
+        try:
+            self.grammars.apply(logits, list(rows), list(rows.values()))
+            return ready
+        except Exception as exc:
+            constrained = {req.request_id for req, rs in ready if any(seq.matcher for seq, *_ in rs)}
+            for rid in constrained:
+                self._guard(self.requests[rid], _raise, exc)
+            return [(req, rs) for req, rs in ready if req.request_id not in constrained]
 
     def _sampling_rows(self, req: Request, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int, SamplingRow]]:
         out = []
@@ -320,7 +340,11 @@ class LLMEngine:
         seq.cumulative_logprob += res.logprob
         if res.top_logprobs is not None:
             seq.logprobs.append(res.top_logprobs)
+        if seq.matcher is not None and not seq.matcher.consume_token(res.token_id):
+            raise RuntimeError(f"the grammar rejected token {res.token_id}: {seq.matcher.get_error()}")
         check_stop(req, seq, self.stop_criteria)
+        if not seq.finished and seq.matcher is not None and seq.matcher.is_stopped():
+            seq.finish_reason = "stop"  # the grammar is complete: nothing but EOS could follow
         if seq.finished and seq.blocks:
             self.kv_manager.free(seq)
 
@@ -392,6 +416,10 @@ class LLMEngine:
             decode_graph_cache_misses=graphs.stats.cache_misses if graphs else 0,
             warmup_decode_steps=self.warmup_steps,
         )
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ragserve_engine.structured.spec import GuidedDecoding
+
 
 @dataclass
 class SamplingParams:
@@ -28,6 +30,7 @@ class SamplingParams:
     length_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    guided: GuidedDecoding | None = None  # structured outputs: a grammar every sequence follows
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -58,6 +61,9 @@ class SamplingParams:
                 raise ValueError(f"invalid sampling parameter {name}={getattr(self, name)!r}: {message}")
         if self.use_beam_search and (self.top_p < 1.0 or self.top_k or self.min_p):
             raise ValueError("beam search does not combine with top_p, top_k or min_p")
+        if self.use_beam_search and self.guided is not None:
+            name = self.guided.param
+            raise ValueError(f"invalid sampling parameter use_beam_search=True: does not combine with {name}")
 
     @property
     def greedy(self) -> bool:

@@ -6,6 +6,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ class Sequence:
     generator: torch.Generator | None = None
     index: int = 0  # position in the request's outputs
     swapped_table: list[int] = field(default_factory=list)  # host slots while swapped out
+    matcher: Any = None  # guided decoding: the grammar state after token_ids (an llguidance.LLMatcher)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -68,6 +70,8 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
         child.output_text, child.detok = self.output_text, self.detok.copy()
+        if self.matcher is not None:
+            child.matcher = self.matcher.deep_copy()
         if self.generator is not None:
             child.generator = torch.Generator().set_state(self.generator.get_state())
         return child

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     add_flag(parser, "--timeout", type=float, default=300.0, help="seconds per request")
     add_flag(parser, "--json", default=None, help="also write the results as JSON to this file")
+    add_flag(
+        parser, "--json-answer", action="store_true", help="ask for a JSON answer citing passage ids (response_format)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

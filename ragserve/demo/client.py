@@ -30,6 +30,21 @@ def rag_messages(title: str, context: str, question: str, chunks: list[str] = ()
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
+def json_answer(passage_ids: list[str]) -> tuple[str, dict]:
+    """(system prompt addition, response_format): a JSON answer whose citations are the context's passage ids."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "maxLength": 400},
+            "cited_passages": {"type": "array", "items": {"enum": passage_ids}, "maxItems": len(passage_ids)},
+        },
+        "required": ["answer", "cited_passages"],
+        "additionalProperties": False,
+    }
+    hint = f"Answer in JSON; cite the passages you used by id. Passage ids, in context order: {', '.join(passage_ids)}"
+    return hint, {"type": "json_schema", "json_schema": {"name": "cited_answer", "schema": schema, "strict": True}}
+
+
 @dataclass
 class ChatResult:
     status: int = 0

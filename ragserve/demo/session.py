@@ -8,7 +8,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 
-from ragserve.demo.client import rag_messages, stream_chat
+from ragserve.demo.client import json_answer, rag_messages, stream_chat
 from ragserve.demo.corpus import CORPUS_DIR, load_corpus
 from ragserve.demo.questions import QUESTIONS
 from ragserve.demo.report import Answered, show_answer, show_summary
@@ -59,6 +59,9 @@ class DemoSession:
                 "max_tokens": self.args.max_tokens,
                 "temperature": self.args.temperature,
             }
+            if getattr(self.args, "json_answer", False):  # docs/api.md#structured-outputs
+                hint, body["response_format"] = json_answer(context.passage_ids)
+                body["messages"][0]["content"] += f"\n\n{hint}"
             result = await stream_chat(self.client, self.url, body, {"X-Context-Hash": context.hash})
             a = Answered(i, question, context, context.hash in seen, result)
             seen.add(context.hash)

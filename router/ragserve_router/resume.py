@@ -32,6 +32,10 @@ def unresumable(body: dict, chat: bool, stream: bool, limit: int, engine: Engine
         (not chat and body.get("logprobs") is not None, "logprobs"),
         (body.get("temperature") != 0 and body.get("seed") is None, "sampling_without_seed"),
         ("resume_token_ids" in body, "client_resume"),
+        (
+            chat and bool(body.get("tools")) and body.get("tool_choice") != "none",
+            "tools",
+        ),  # calls are held, parsed whole
     )
     return next((reason for failed, reason in checks if failed), "")
 

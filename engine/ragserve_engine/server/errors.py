@@ -16,6 +16,8 @@ _PARAM = re.compile(r"invalid sampling parameter (\w+)=")
 
 def bad_request(exc: ValueError, param: str | None = None) -> ApiError:
     message = str(exc)
+    if getattr(exc, "param", None):  # a GrammarError
+        return ApiError(400, message, "invalid_value", exc.param)
     match = _PARAM.match(message)
     if match:
         return ApiError(400, message, "invalid_value", match.group(1))

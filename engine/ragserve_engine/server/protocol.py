@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragserve.http.limits import check_json, check_request
 from ragserve.tokenizer import normalize_messages
-from ragserve_engine.engine_client import SamplingParams
+from ragserve_engine.engine_client import GuidedDecoding, SamplingParams
+from ragserve_engine.server.structured import guided_decoding
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
@@ -85,6 +86,11 @@ class SamplingRequest(ApiRequest):
     user: str | None = None
     return_token_ids: bool = False  # vLLM's: choices carry the token ids (of the chunk, when streaming)
     resume_token_ids: list[int] | None = None  # migration: continue after these output tokens
+    response_format: dict[str, Any] | None = None  # structured outputs (server/structured.py)
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -110,9 +116,14 @@ class SamplingRequest(ApiRequest):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def guided(self) -> GuidedDecoding | None:
+        """The grammar the output follows (raises ApiError naming the field)."""
+        return guided_decoding(self)
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None):
         """Raises ValueError naming the field on bad values (SamplingParams validates)."""
         return SamplingParams(
+            guided=self.guided(),
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=self.top_p,
@@ -147,15 +158,12 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None  # checked by server/tools.py
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _chat_supported(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
         return self

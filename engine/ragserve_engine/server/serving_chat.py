@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from ragserve.http.errors import ApiError
 from ragserve_engine.engine_client import RequestOutput
 from ragserve_engine.server.blend_api import chunked_chat
 from ragserve_engine.server.errors import bad_request
@@ -14,6 +16,9 @@ from ragserve_engine.server.logprobs import LogprobFormatter
 from ragserve_engine.server.protocol import ChatCompletionRequest
 from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
 from ragserve_engine.server.streaming import ChoiceCursor, unsent_text
+from ragserve_engine.server.structured import invalid
+from ragserve_engine.server.tool_parsers import PARSERS, ToolCall
+from ragserve_engine.server.tools import ToolRequest, ToolStream, forced_grammar, render_messages, tool_request
 
 OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop
 
@@ -24,46 +29,75 @@ class ChatServing(OpenAIServing):
     prompt_param = "messages"
     id_prefix = "chatcmpl"
 
+    def __init__(self, server) -> None:
+        super().__init__(server)
+        self.parser = PARSERS[getattr(server.config, "tool_call_parser", "hermes")]()
+
     async def create(self, request: Request, req: ChatCompletionRequest) -> Response:
         self.server.check_model(req.model)
+        tools = self._tools(req)
         try:
             # chunk parts first: a badly marked part is named (a non-text one too, which rendering refuses)
             blended = chunked_chat(self.tokenizer, [m.model_dump(exclude_unset=True) for m in req.messages], req)
             messages = req.render_messages() if blended is None else []
-            params = req.to_sampling_params()
+            params = self._params(req, tools)
         except ValueError as exc:  # template errors too
             raise bad_request(exc, "messages") from None
         if blended is not None:
+            if tools.active:
+                raise invalid("tools", "tools do not combine with blended chunks")
             return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
+            messages, kw = render_messages(messages, tools, self.parser, self.tokenizer.chat_template or "")
             size = sum(len(m.get("content") or "") for m in messages)
             encode = self.tokenizer.encode_chat
-            prompt = await asyncio.to_thread(encode, messages) if size > OFFLOAD_BYTES else encode(messages)
+            prompt = await asyncio.to_thread(encode, messages, **kw) if size > OFFLOAD_BYTES else encode(messages, **kw)
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
         return await self.run(request, req, [prompt], params)
+
+    def _tools(self, req: ChatCompletionRequest) -> ToolRequest:
+        return tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+
+    def _params(self, req: ChatCompletionRequest, tools: ToolRequest):
+        params, forced = req.to_sampling_params(), forced_grammar(tools, self.parser)
+        if forced is None:
+            return params
+        if params.guided is not None:
+            raise ApiError(400, f"tool_choice {tools.choice!r} does not combine with {params.guided.param}",
+                           "invalid_value", "tool_choice")  # fmt: skip
+        return dataclasses.replace(params, guided=forced)
+
+    def _message(self, text: str, tools: ToolRequest) -> tuple[dict, list[ToolCall]]:
+        content, calls = self.parser.extract(text) if tools.active else (text, [])
+        calls = tools.calls(calls)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.to_dict() for c in calls]
+        return message, calls
 
     def _logprobs(self, req: ChatCompletionRequest) -> LogprobFormatter | None:
         return LogprobFormatter(self.tokenizer, req.top_logprobs or 0) if req.logprobs else None
 
     def response(self, req, prompts, finals: dict[int, RequestOutput], header: dict) -> dict:
-        fmt, out = self._logprobs(req), finals[0]
+        fmt, out, tools = self._logprobs(req), finals[0], self._tools(req)
         holdback = stop_holdback(req.stop_strings)
-        choices = [
-            {
+        choices = []
+        for c in out.outputs:
+            message, calls = self._message(unsent_text(out.resumed_text, c.text, holdback), tools)
+            choice = {
                 "index": c.index,
-                "message": {"role": "assistant", "content": unsent_text(out.resumed_text, c.text, holdback)},
+                "message": message,
                 "logprobs": fmt.chat(c.token_ids, c.logprobs or []) if fmt else None,
-                "finish_reason": c.finish_reason,
+                "finish_reason": "tool_calls" if calls else c.finish_reason,
                 "stop_reason": c.stop_reason,
             }
-            | ({"token_ids": c.token_ids} if req.return_token_ids else {})
-            for c in out.outputs
-        ]
+            choices.append(choice | ({"token_ids": c.token_ids} if req.return_token_ids else {}))
         return {**header, "choices": choices, "usage": usage(finals)}
 
     async def chunks(self, gen, req: ChatCompletionRequest, prompts, last: dict):
-        fmt, ids = self._logprobs(req), req.return_token_ids
+        fmt, ids, tools = self._logprobs(req), req.return_token_ids, self._tools(req)
+        streams: dict[int, ToolStream] = {}
         cursors: dict[int, ChoiceCursor] = {}
         done: set[int] = set()
         holdback = stop_holdback(req.stop_strings)
@@ -77,13 +111,18 @@ class ChatServing(OpenAIServing):
                     if not req.resumed:  # a resumed stream continues one that said this already
                         yield _chunk(c.index, {"role": "assistant", "content": ""}, token_ids=[] if ids else None)
                 delta, tokens, entries = cursors[c.index].advance(c)
+                calls: list[ToolCall] = []
+                if tools.active:
+                    delta, calls = streams.setdefault(c.index, ToolStream(self.parser)).feed(delta, c.finished)
+                    calls = tools.calls(calls)
                 if c.finished:
                     done.add(c.index)
                 elif not delta and not ((fmt or ids) and tokens):
                     continue
                 logprobs = fmt.chat(tokens, entries) if fmt else None
-                delta = {"content": delta} if delta else {}
-                yield _chunk(c.index, delta, logprobs, c.finish_reason, tokens if ids else None)
+                delta = ({"content": delta} if delta else {}) | _tool_deltas(calls)
+                finish = "tool_calls" if calls else c.finish_reason
+                yield _chunk(c.index, delta, logprobs, finish, tokens if ids else None)
 
 
 def _chunk(
@@ -95,3 +134,8 @@ def _chunk(
 ) -> dict:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"choices": [choice | ({"token_ids": token_ids} if token_ids is not None else {})]}
+
+
+def _tool_deltas(calls: list[ToolCall]) -> dict:
+    """Each call whole in one delta entry (id, name and all its arguments): the openai SDK joins entries by index."""
+    return {"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]} if calls else {}

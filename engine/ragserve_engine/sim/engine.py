@@ -106,6 +106,8 @@ class SimEngine:
     def _request(self, prompt, params, request_id, cache_salt, resume_token_ids, blend) -> SimRequest:
         if resume_token_ids or blend is not None or params.logprobs is not None or params.prompt_logprobs is not None:
             raise ValueError("the sim engine does not simulate resume_token_ids, blend or logprobs")
+        if params.guided is not None:
+            raise ValueError(f"the sim engine does not enforce grammars ({params.guided.param})")
         ids = self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
         n, vocab = len(ids), self.tok.vocab_size
         if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):

@@ -1,0 +1,1 @@
+"""Structured outputs: grammar-constrained decoding with llguidance (docs/api.md says why llguidance)."""
