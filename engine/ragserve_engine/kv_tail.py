@@ -17,7 +17,6 @@ from ragserve_engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from ragserve_engine.kv_connector import CacheStoreConnector
-    from ragserve_engine.scheduler import SchedulerOutput
 
 
 def prompt_tail(kv_manager: KVCacheManager, seq: Sequence, cache_salt: str | None) -> tuple[int, bytes] | None:
@@ -27,16 +26,17 @@ def prompt_tail(kv_manager: KVCacheManager, seq: Sequence, cache_salt: str | Non
     return tail_block(prompt, kv_manager.block_size, kv_manager.root, hashes, cache_salt)
 
 
-def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, out: SchedulerOutput) -> None:
-    """Prefill role, after a step: queue the tail block of every prompt the step completed, then wait until
-    the store holds every queued block (so the decode engine finds them once the answer is out)."""
-    completed = [s for s in out.scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
+def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, scheduled: list) -> None:
+    """Prefill role, after a step (`scheduled`: its ScheduledSeqs): queue the tail block of every prompt the step
+    completed, then wait until the store holds every queued block (so the decode engine finds them once the answer
+    is out)."""
+    completed = [s for s in scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
     if not completed:
         return
     for s in completed:
         if (tail := prompt_tail(kv_manager, s.seq, s.request.cache_salt)) is not None:
             block = s.seq.blocks[cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)]
-            connector.offload([(block, tail[1])], out.scheduled)
+            connector.offload([(block, tail[1])], scheduled)
     connector.flush()
 
 

@@ -207,7 +207,7 @@ class LLMEngine:
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
         if self.connector is not None and self.config.role == "prefill":
-            offload_prompts(self.connector, self.kv_manager, out)  # tails too, in the store before the answer
+            offload_prompts(self.connector, self.kv_manager, out.scheduled)  # tails too, in the store before the answer
         return self._process(out, model_out)
 
     def _graph_steps(self) -> int:

@@ -32,9 +32,9 @@ class PD:
     store: CacheStoreProcess
 
 
-def start_pd(cluster: Cluster, tmp) -> PD:
+def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300) -> PD:
     store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
-    router = cluster.router("--heartbeat-interval-ms", "300", "--disagg-min-prompt-tokens", "64")
+    router = cluster.router("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64")
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
     prefill = cluster.real_engines(router, 1, *flags, "--role", "prefill", ids=["pd-prefill"])[0]
     decode = cluster.real_engines(router, 1, *flags, "--role", "decode", ids=["pd-decode"])[0]
@@ -132,7 +132,7 @@ def test_faults_lose_no_request(tmp_path, model_dir, until):
     """Store down: the prefill engine's writes and the decode engine's fetch miss, the decode engine computes.
     Prefill engine killed mid-prefill: the router falls back to the decode engine computing the prompt."""
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path)
+    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000)  # a frozen engine stays in the pool meanwhile
     try:
         body = rag(9, "Which item is heaviest?", max_tokens=8, temperature=0)
         expected, *_ = answer(fleet.router.url, body | {"cache_salt": "healthy"})
