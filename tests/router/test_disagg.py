@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
-from tests.helpers.process import frozen
+from tests.helpers.process import frozen, until
 from tests.router.conftest import Cluster, Server, case_file, scrape
 
 pytestmark = pytest.mark.slow  # several processes, each loading a model
@@ -49,6 +49,8 @@ def pd(tmp_path_factory, model_dir):
     cluster = Cluster(tmp, model_dir)
     fleet = start_pd(cluster, tmp)
     reference = cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["pd-both"])[0]
+    ready = lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200  # noqa: E731
+    until(ready, timeout=300, what="the reference engine ready", proc=reference)
     yield fleet, reference
     cluster.stop_all()
     fleet.store.stop()
