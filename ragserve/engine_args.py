@@ -29,6 +29,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 TASKS = ("generate", "embed")  # vLLM's --task: embed serves /v1/embeddings, /v1/rerank, /v1/score
 POOLING_TYPES = ("auto", "mean", "cls", "last")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # ragserve_engine.server.tool_parsers
+ROLES = ("both", "prefill", "decode")  # disaggregated prefill/decode (docs/disaggregation.md)
 DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 ENGINE_PORT = 8000
 ENGINE_GROUPS = ("model", "KV cache", "scheduler")
@@ -96,6 +97,9 @@ class EngineConfig(FromArgs):
     cachestore_tls_cert: str | None = option(None, "client certificate for mutual TLS with the cachestore", "cluster")
     cachestore_tls_key: str | None = option(None, "client key for mutual TLS with the cachestore", "cluster")
     cachestore_token_file: str | None = option(None, "file holding the cachestore's shared token", "cluster")
+    role: str = option(
+        "both", "prefill: compute prompts and store their KV; decode: fetch it and decode", "cluster", choices=ROLES
+    )
 
     def __post_init__(self) -> None:
         self.check_choices()
@@ -107,6 +111,7 @@ class EngineConfig(FromArgs):
             (self.max_num_seqs > 0, "max_num_seqs must be positive"),
             (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
             (self.swap_space >= 0, "swap_space must be >= 0"),
+            (self.role == "both" or bool(self.cachestore), f"role {self.role} needs --cachestore (its KV moves there)"),
             (self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold must be >= 0"),
             (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 KEY_SCHEME = "ragserve-kv-v1"
 CHUNK_SCHEME = "ragserve-chunk-v1"
+TAIL_SCHEME = "ragserve-tail-v1"
 HASH_BYTES = 32
 
 
@@ -81,6 +82,24 @@ def cacheable_blocks(num_tokens: int, block_size: int) -> int:
     """Full blocks of a prompt that may be cached, hit or fetched: the last token is never cached (a step must
     compute it for its logits), so a prompt of exactly k blocks caches k - 1."""
     return max(0, (num_tokens - 1) // block_size)
+
+
+def tail_block(
+    token_ids: Sequence[int], block_size: int, root: bytes, hashes: Sequence[bytes], cache_salt: str | None = None
+) -> tuple[int, bytes] | None:
+    """A prompt's tail: the tokens after its cacheable full blocks but its last one (which a step computes for
+    its logits), as (count, key); None when there are none. Disaggregated prefill stores the tail's block under
+    this key so the decode engine computes only the last token. `hashes`: the prompt's full-block hashes.
+    key = SHA-256("ragserve-tail-v1" | parent | lp(u32le(tail tokens)) | lp(salt when the tail is block 0)),
+    parent = the hash of the last cacheable block, or the root."""
+    start = cacheable_blocks(len(token_ids), block_size) * block_size
+    tail = token_ids[start : len(token_ids) - 1]
+    if not tail:
+        return None
+    parent = hashes[start // block_size - 1] if start else root
+    salt = cache_salt.encode() if cache_salt and not start else b""
+    data = _lp(TAIL_SCHEME.encode()) + parent + _lp(_pack_tokens(tail)) + _lp(salt)
+    return len(tail), hashlib.sha256(data).digest()
 
 
 def chunk_key(

@@ -94,6 +94,10 @@ class RouterConfig(FromArgs):
         0.8, "an engine using more of its KV cache (0-1) is saturated (sheddable requests get 429)", "routing",
         type=float,
     )  # fmt: skip
+    disagg_min_prompt_tokens: int = option(
+        512, "a prompt this long runs its prefill on a --role prefill engine when the model has one and a decode "
+        "engine (shorter ones go straight to a decode or both engine)", "routing", type=int,
+    )  # fmt: skip
     max_inflight_per_engine: int = option(
         0, "requests this replica sends an engine at once; more wait in the router queue (0: no limit, no queue)",
         "flow control", type=int,
@@ -174,6 +178,7 @@ class RouterConfig(FromArgs):
             (self.breaker_cooldown >= 0, "--breaker-cooldown must be >= 0"),
             (self.max_attempts >= 1, "--max-attempts must be >= 1"),
             (self.migration_limit >= 0, "--migration-limit must be >= 0"),
+            (self.disagg_min_prompt_tokens >= 0, "--disagg-min-prompt-tokens must be >= 0"),
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
             (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
             (self.work_weight >= 0, "--work-weight must be >= 0"),

@@ -41,6 +41,7 @@ class EngineInfo:
     max_model_len: int
     num_blocks: int
     cachestore: str = ""  # the --cachestore it fetches from and offloads to ("": none)
+    role: str = "both"  # --role (docs/disaggregation.md)
 
 
 @dataclass(frozen=True)

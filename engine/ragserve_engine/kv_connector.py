@@ -67,6 +67,9 @@ class PendingFetch:
     seconds: float = 0.0  # how long the download took, once settled
     token_ids: list[int] = field(default_factory=list)  # the request's tokens over `hashes` (for KV events)
     cache_salt: str | None = None
+    tail: tuple[int, bytes] | None = None  # (tokens, key) of the prompt's tail block to fetch too (kv_tail.py)
+    tail_arrived: list = field(default_factory=list)  # the tail block, once downloaded after the whole chain
+    tail_kv: tuple[int, bytes] | None = None  # (tokens, KV bytes) of the tail, once settled with the whole chain
 
     def done(self) -> bool:
         return self.future.done()
@@ -125,22 +128,25 @@ class CacheStoreConnector:
         request_id: str = "",
         token_ids: list[int] = (),
         cache_salt: str | None = None,
+        tail: tuple[int, bytes] | None = None,
     ) -> PendingFetch | None:
         """Download blocks hashes[num_local_hits:] in the background; None when there is nothing to ask.
-        `token_ids`/`cache_salt`: the request's, which the imported blocks' KV events carry."""
+        `token_ids`/`cache_salt`: the request's, which the imported blocks' KV events carry. `tail`: (tokens, key)
+        of the prompt's tail block, fetched after the whole chain (disaggregated decode: kv_tail.py)."""
         missing = hashes[num_local_hits:]
         self._fetching = {f for f in self._fetching if not f.done()}
-        if not missing or len(self._fetching) >= MAX_PENDING_FETCHES:
+        if (not missing and tail is None) or len(self._fetching) >= MAX_PENDING_FETCHES:
             return None
         self.stats.queries += len(missing) * self.kv_manager.block_size
-        arrived, stop = [], threading.Event()
-        future = self._fetch_pool.submit(self._download, missing, arrived, stop, tracing.live.get(request_id))
+        arrived, stop, tail_arrived = [], threading.Event(), []
+        span, tail_key = tracing.live.get(request_id), tail[1] if tail else None
+        future = self._fetch_pool.submit(self._download, missing, arrived, stop, span, tail_key, tail_arrived)
         self._fetching.add(future)
         now = time.monotonic()
         deadline = now + self.deadline_s(len(missing))
         return PendingFetch(
             hashes, num_local_hits, future, deadline, request_id, now, arrived, stop,
-            token_ids=list(token_ids), cache_salt=cache_salt,
+            token_ids=list(token_ids), cache_salt=cache_salt, tail=tail, tail_arrived=tail_arrived,
         )  # fmt: skip
 
     def deadline_s(self, num_blocks: int) -> float:
@@ -159,9 +165,12 @@ class CacheStoreConnector:
             return False
         return True
 
-    def _download(self, missing: list[bytes], arrived: list, stop: threading.Event, span=None) -> tuple[list, float]:
+    def _download(
+        self, missing: list[bytes], arrived: list, stop: threading.Event, span=None, tail_key=None, tail_arrived=None
+    ) -> tuple[list, float]:
         """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread. Chunk by chunk
-        into `arrived`, until the prefix ends or the step thread stops waiting (`stop`)."""
+        into `arrived`, until the prefix ends or the step thread stops waiting (`stop`); then the tail block
+        (`tail_key`) into `tail_arrived` when the whole chain arrived."""
         t0 = time.perf_counter()
         try:
             with tracing.use(span):  # the cachestore calls carry the request's traceparent
@@ -174,6 +183,8 @@ class CacheStoreConnector:
                     arrived.extend(got)
                     if len(got) < len(chunk):
                         break
+                if tail_key is not None and len(arrived) == len(missing) and not stop.is_set():
+                    tail_arrived.extend(self.client.get([tail_key]))
         except Exception:  # a broken store costs a miss, never a request
             log.exception("cachestore fetch failed")
         return list(arrived), time.perf_counter() - t0
@@ -189,6 +200,9 @@ class CacheStoreConnector:
                 self.abandon(pending)
             # a chain: a block that does not fit ends it (those after it would land under the wrong hashes)
             pending.blocks = list(itertools.takewhile(self._fits, blocks))
+            whole = len(pending.blocks) == len(pending.hashes) - pending.num_local
+            if pending.tail and whole and pending.tail_arrived and self._fits(pending.tail_arrived[0]):
+                pending.tail_kv = (pending.tail[0], pending.tail_arrived[0].data)
         return pending.blocks
 
     def room(self, pending: PendingFetch) -> int:

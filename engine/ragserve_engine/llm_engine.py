@@ -22,6 +22,7 @@ from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.kv_tail import offload_prompts
 from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
@@ -84,7 +85,9 @@ class LLMEngine:
 
     @property
     def info(self) -> EngineInfo:
-        return EngineInfo(self.layout, self.max_model_len, self.pool.num_blocks, self.config.cachestore or "")
+        return EngineInfo(
+            self.layout, self.max_model_len, self.pool.num_blocks, self.config.cachestore or "", self.config.role
+        )
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -211,6 +214,8 @@ class LLMEngine:
             self.warmup_steps.observe(seconds)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
+        if self.connector is not None and self.config.role == "prefill":
+            offload_prompts(self.connector, self.kv_manager, out.scheduled)  # tails too, in the store before the answer
         return self._process(out, model_out)
 
     def _graph_steps(self) -> int:

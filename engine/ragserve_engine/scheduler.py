@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ragserve.engine_args import EngineConfig
 from ragserve.keys import cacheable_blocks
 from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.kv_tail import land_tail, prompt_tail
 from ragserve_engine.sequence import Request, Sequence, Status
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.remote: dict[Request, PendingFetch] = {}  # WAITING_FOR_REMOTE_KVS
+        self.tails: dict[Request, tuple[int, bytes]] = {}  # --role decode: fetched prompt tails (kv_tail.py)
         self.num_preemptions = 0
 
     def _key(self, req: Request):
@@ -203,7 +205,8 @@ class Scheduler:
             if self._next_block_in_prefill(req, len(hits[0]), computing):
                 deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
                 continue
-            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size
+            tail = self._tail(req, len(hits[0]))
+            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size - tail
             chunk = min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining))
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
@@ -211,14 +214,17 @@ class Scheduler:
                 if remaining <= self.config.max_num_batched_tokens:
                     break
                 req.blend = None  # too long for one step: an exact chunked prefill instead
-            needed = sum(self.kv_manager.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
+            pairs = zip(seqs, hits, strict=True)
+            needed = sum(self.kv_manager.num_blocks_needed(s, chunk + tail, len(h)) for s, h in pairs)
             if not self.kv_manager.can_allocate(needed, [b for h in hits for b in h]):
                 break
             self.waiting.pop(0)
             for seq, seq_hits in zip(seqs, hits, strict=True):
-                self.kv_manager.allocate_slots(seq, chunk, seq_hits)
+                self.kv_manager.allocate_slots(seq, chunk + tail, seq_hits)
+            if tail:
+                land_tail(self.connector, seqs[0], len(hits[0]), self.tails.pop(req))
             if req.num_cached_tokens < 0:
-                req.num_cached_tokens = len(hits[0]) * self.kv_manager.block_size
+                req.num_cached_tokens = len(hits[0]) * self.kv_manager.block_size + tail  # a fetched tail too
                 self.kv_manager.record_query(seqs[0].num_tokens, req.num_cached_tokens)
             req.status = Status.RUNNING
             self.running.append(req)
@@ -266,7 +272,8 @@ class Scheduler:
         seq = req.live_seqs[0]
         hashes = seq.block_hashes[: cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)]
         tokens = seq.token_ids[: len(hashes) * self.kv_manager.block_size]
-        pending = self.connector.start_fetch(hashes, num_local, req.request_id, tokens, req.cache_salt)
+        tail = prompt_tail(self.kv_manager, seq, req.cache_salt) if self._fetches_tail(req) else None
+        pending = self.connector.start_fetch(hashes, num_local, req.request_id, tokens, req.cache_salt, tail)
         if pending is None:
             return 0
         if self.connector.wait(pending, INLINE_FETCH_WAIT_S) and self._room_for(pending):
@@ -284,7 +291,24 @@ class Scheduler:
     def _finish_fetch(self, req: Request, pending: PendingFetch) -> int:
         num_fetched = self.connector.finish_fetch(pending)
         req.external_blocks = pending.num_local + num_fetched
+        if pending.tail_kv and req.external_blocks == len(pending.hashes):
+            self.tails[req] = pending.tail_kv
         return num_fetched
+
+    def _fetches_tail(self, req: Request) -> bool:
+        """A decode engine fetches a fresh prompt's tail block (kv_tail.py); no one else stores tails."""
+        seq = req.live_seqs[0]
+        return self.config.role == "decode" and seq.num_tokens == seq.num_prompt_tokens
+
+    def _tail(self, req: Request, num_hits: int) -> int:
+        """Tokens of the fetched tail that land at admission: with every cacheable block hit, else none."""
+        if req not in self.tails:
+            return 0
+        seq = req.live_seqs[0]
+        if len(req.live_seqs) > 1 or num_hits != cacheable_blocks(seq.num_tokens, self.kv_manager.block_size):
+            del self.tails[req]
+            return 0
+        return self.tails[req][0]
 
     def _poll_remote(self) -> None:
         """Fetched requests (and those past their deadline, with what arrived) go back to waiting once their
@@ -344,6 +368,7 @@ class Scheduler:
             out.newly_cached += self.kv_manager.cache_blocks(s.seq, s.request.cache_salt)
 
     def finish(self, req: Request) -> None:
+        self.tails.pop(req, None)
         self.kv_manager.free_seqs(req.seqs)
         for queue in (self.waiting, self.running, self.swapped):
             if req in queue:

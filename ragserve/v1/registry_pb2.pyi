@@ -19,7 +19,7 @@ DECODE_EAGER_BEFORE_GRAPHS: DecodePath
 DECODE_GRAPH: DecodePath
 
 class EngineIdentity(_message.Message):
-    __slots__ = ("engine_id", "url", "served_model_name", "model_id", "key_scheme", "block_size", "layout_fingerprint", "tokenizer_fingerprint", "version", "labels", "cachestore")
+    __slots__ = ("engine_id", "url", "served_model_name", "model_id", "key_scheme", "block_size", "layout_fingerprint", "tokenizer_fingerprint", "version", "labels", "cachestore", "role")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class EngineIdentity(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     CACHESTORE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     url: str
     served_model_name: str
@@ -49,7 +50,8 @@ class EngineIdentity(_message.Message):
     version: str
     labels: _containers.ScalarMap[str, str]
     cachestore: str
-    def __init__(self, engine_id: _Optional[str] = ..., url: _Optional[str] = ..., served_model_name: _Optional[str] = ..., model_id: _Optional[str] = ..., key_scheme: _Optional[str] = ..., block_size: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cachestore: _Optional[str] = ...) -> None: ...
+    role: str
+    def __init__(self, engine_id: _Optional[str] = ..., url: _Optional[str] = ..., served_model_name: _Optional[str] = ..., model_id: _Optional[str] = ..., key_scheme: _Optional[str] = ..., block_size: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cachestore: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("identity", "tokenizer_json", "chat_template", "special_tokens_json", "num_blocks", "max_model_len", "probe_block_hashes")

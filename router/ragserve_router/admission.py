@@ -49,6 +49,7 @@ def _record(req: registry_pb2.RegisterRequest) -> EngineRecord:
         version=ident.version,
         labels=dict(ident.labels),
         cachestore=ident.cachestore,
+        role=ident.role or "both",
         num_blocks=req.num_blocks,
         max_model_len=req.max_model_len,
     )

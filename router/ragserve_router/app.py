@@ -16,6 +16,7 @@ from ragserve.http.body import read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.auth import LimitedKey, RateLimiter
+from ragserve_router.disagg import DisaggMetrics, run_prefill
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
@@ -52,6 +53,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app.state.gateway = gw
     install_error_handlers(app, "router", log)
     app.add_middleware(CountResponses, count=gw.metrics.count)  # every answer once, by final status
+    disagg_metrics = DisaggMetrics(gw.metrics.registry)
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
         client = request.client.host if request.client else "-"
@@ -70,6 +72,11 @@ def create_app(gw: Gateway) -> FastAPI:
             return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
         with tracing.span("router.route", tracing.extract(request.headers), attributes):
+            try:  # a long prompt for a decode engine: its prefill leg first, on a prefill engine (disagg.py)
+                await race_disconnect(request, run_prefill(gw, routed, disagg_metrics))
+            except ClientGone:
+                routed.slot.release()
+                return Response(status_code=CLIENT_CLOSED)
             return await gw.proxy.forward(routed)
 
     @app.post("/v1/chat/completions", dependencies=generate)

@@ -50,6 +50,7 @@ class EngineRecord:
     version: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     cachestore: str = ""  # the cachestore it fetches from and offloads to ("": none)
+    role: str = "both"  # --role: "both", "prefill" (computes prompts into the cachestore) or "decode"
     num_blocks: int = 0
     max_model_len: int = 0
     load: Load = field(default_factory=Load)

@@ -19,6 +19,7 @@ from ragserve.http.body import parse_json_object
 from ragserve.http.errors import ApiError
 from ragserve.http.limits import check_request
 from ragserve.router_args import POLICIES, RouterConfig
+from ragserve_router.disagg import decodes
 from ragserve_router.engines import EngineRecord
 from ragserve_router.gate import Claim, Gate
 from ragserve_router.metrics import RouterMetrics
@@ -167,7 +168,7 @@ class Routing:
         if model not in self.pool.models() and model not in self.pool.served_models:
             raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
         labels.model = model  # a served model: a bounded metric label
-        candidates = [e for e in self.pool.candidates(model) if eligible is None or eligible(e)]
+        candidates = [e for e in self.pool.candidates(model) if decodes(e) and (eligible is None or eligible(e))]
         if not candidates:  # a model the cluster serves, with no engine up right now: come back soon
             retry = {"Retry-After": str(max(1, round(self.cfg.probe_interval)))}
             message = f"no healthy engine serves model `{model}` right now; try again"

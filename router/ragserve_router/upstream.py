@@ -96,7 +96,7 @@ class Upstream:
     def fallbacks(self, r: Routed, tried: set[str], only_registered: bool = False) -> list[EngineRecord]:
         """Healthy engines for the model not tried yet: the decision's order first, then the least loaded."""
         rank = {e.engine_id: i for i, e in enumerate(r.decision.order)}
-        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried]
+        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried and e.role != "prefill"]
         if only_registered:
             left = [e for e in left if e.has_events]
         return sorted(left, key=lambda e: (rank.get(e.engine_id, len(rank)), self.pool.load(e)))

@@ -15,6 +15,7 @@ from ragserve.keys import (
     hash_block,
     root_hash,
     store_key,
+    tail_block,
 )
 
 ROOT = "b47c8b0d332603626220dbda1b6809e57e06d6560dffb1e8b234d038f73f24d4"
@@ -148,3 +149,20 @@ def test_chunk_key_is_content_only_and_framed():
 def test_the_last_token_is_never_cached():
     """A prompt of exactly k blocks caches k - 1 (the step computes its last token for the logits)."""
     assert [cacheable_blocks(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 0, 0, 1, 1, 2]
+
+
+def test_tail_block_definition():
+    """Disaggregated decode's tail (docs/disaggregation.md): the tokens after the cacheable blocks but the last."""
+    root = root_hash("m")
+    tokens = list(range(40))  # 2 cacheable blocks, tail = tokens 32..38, token 39 computed by the decode engine
+    hashes = block_hashes(tokens, 16, root)
+    count, key = tail_block(tokens, 16, root, hashes)
+    lp = lambda b: struct.pack("<I", len(b)) + b  # noqa: E731
+    manual = lp(b"ragserve-tail-v1") + hashes[1] + lp(struct.pack("<7I", *range(32, 39))) + lp(b"")
+    assert (count, key) == (7, hashlib.sha256(manual).digest())
+    assert tail_block(list(range(33)), 16, root, hashes) is None  # the last token alone: no tail
+    assert tail_block(list(range(32)), 16, root, hashes)[0] == 15  # a full last block: its first 15 tokens
+    # the salt is in block 0's hash, so it enters a tail key only when the tail is block 0
+    assert tail_block([1, 2, 3], 16, root, [], "a") != tail_block([1, 2, 3], 16, root, [])
+    assert tail_block(tokens, 16, root, hashes, "a") == tail_block(tokens, 16, root, hashes)
+    assert key not in hashes

@@ -81,6 +81,7 @@ class RegistrationClient:
             tokenizer_fingerprint=tok.fingerprint(),
             version=__version__,
             cachestore=info.cachestore,
+            role=info.role,
         )
         return registry_pb2.RegisterRequest(
             identity=identity,

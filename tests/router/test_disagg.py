@@ -1,0 +1,159 @@
+"""Disaggregated prefill/decode through the router, real processes: a cachestore, a --role prefill and a --role
+decode engine on the tiny model, and a `both` engine alone for reference. Greedy answers through 1P1D equal the
+reference token for token; the decode engine fetched the prompt (it computed the last token only); faults (store
+down, prefill engine killed mid-prefill) lose no request."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.helpers.cachestore import CacheStoreProcess
+from tests.helpers.net import free_port
+from tests.helpers.process import frozen, until
+from tests.router.conftest import Cluster, Server, case_file, scrape
+
+pytestmark = pytest.mark.slow  # several processes, each loading a model
+ENGINE_FLAGS = ["--num-gpu-blocks", "1024", "--max-model-len", "4096"]
+LEGS = "ragserve_router_disagg_prefill_legs_total"
+FETCHED = "vllm:external_prefix_cache_hits_total"
+
+
+@dataclass
+class PD:
+    router: Server
+    prefill: Server
+    decode: Server
+    store: CacheStoreProcess
+
+
+def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300) -> PD:
+    store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
+    router = cluster.router("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64")
+    flags = [*ENGINE_FLAGS, "--cachestore", store.address]
+    prefill = cluster.real_engines(router, 1, *flags, "--role", "prefill", ids=["pd-prefill"])[0]
+    decode = cluster.real_engines(router, 1, *flags, "--role", "decode", ids=["pd-decode"])[0]
+    for engine in (prefill, decode):
+        cluster.wait_registered(engine)
+    return PD(router, prefill, decode, store)
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory, model_dir):
+    tmp = tmp_path_factory.mktemp("pd")
+    cluster = Cluster(tmp, model_dir)
+    fleet = start_pd(cluster, tmp)
+    reference = cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["pd-both"])[0]
+    ready = lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200  # noqa: E731
+    until(ready, timeout=300, what="the reference engine ready", proc=reference)
+    yield fleet, reference
+    cluster.stop_all()
+    fleet.store.stop()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in scrape(url).items() if n == name and all((k, v) in ls for k, v in labels.items()))
+
+
+def rag(i: int, question: str, **extra) -> dict:
+    messages = [{"role": "system", "content": f"Answer from the context.\n\n{case_file(i)}"}]
+    return {"model": "tiny", "messages": [*messages, {"role": "user", "content": question}], **extra}
+
+
+SHORT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a colour."}]}
+MULTI_TURN = rag(2, "Which item weighs 13 grams?") | {"messages": [
+    *rag(2, "Which item weighs 13 grams?")["messages"],
+    {"role": "assistant", "content": "Item 2-1 weighs 13 grams."},
+    {"role": "user", "content": "And which weighs 26 grams?"},
+]}  # fmt: skip
+PROMPTS = {"short": SHORT, "rag_2k": rag(1, "Which item weighs 39 grams?"), "multi_turn": MULTI_TURN}
+
+
+def answer(url: str, body: dict) -> tuple[list[str], dict, httpx.Headers]:
+    """(each choice's text by index, usage, headers), streamed or not."""
+    if not body.get("stream"):
+        resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+        assert resp.status_code == 200, resp.text
+        data = resp.json()
+        return (
+            [c["message"]["content"] for c in sorted(data["choices"], key=lambda c: c["index"])],
+            data["usage"],
+            (resp.headers),
+        )
+    texts: dict[int, str] = {}
+    usage, ids = {}, set()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            ids.add(chunk["id"])
+            usage = chunk.get("usage") or usage
+            for c in chunk["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
+        headers = resp.headers
+    assert len(ids) == 1, ids  # one response
+    return [texts[i] for i in sorted(texts)], usage, headers
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_1p1d_equals_one_engine(pd, name, stream, n):
+    fleet, reference = pd
+    body = PROMPTS[name] | {"max_tokens": 12, "temperature": 0, "n": n, "stream": stream, "ignore_eos": True}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    legs = metric(fleet.router.url, LEGS, outcome="ok")
+    texts, usage, headers = answer(fleet.router.url, body)
+    expected, ref_usage, _ = answer(reference.url, body)
+    assert texts == expected and len(texts) == n
+    assert headers["x-ragserve-engine"] == "pd-decode"
+    assert usage["prompt_tokens"] == ref_usage["prompt_tokens"]
+    long = usage["prompt_tokens"] >= 64
+    assert metric(fleet.router.url, LEGS, outcome="ok") == legs + long  # short prompts skip the prefill leg
+    if long:  # the decode engine computed the last prompt token only: the rest was fetched (or held since)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_decode_engine_fetched_the_prompt(pd):
+    fleet, _ = pd
+    body = rag(7, "What does item 7-3 weigh?", max_tokens=4, temperature=0)
+    before = metric(fleet.decode.url, FETCHED)
+    _, usage, _ = answer(fleet.router.url, body)
+    assert metric(fleet.decode.url, FETCHED) - before == usage["prompt_tokens"] - 1
+
+
+def test_faults_lose_no_request(tmp_path, model_dir, until):
+    """Store down: the prefill engine's writes and the decode engine's fetch miss, the decode engine computes.
+    Prefill engine killed mid-prefill: the router falls back to the decode engine computing the prompt."""
+    cluster = Cluster(tmp_path, model_dir)
+    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000)  # a frozen engine stays in the pool meanwhile
+    try:
+        body = rag(9, "Which item is heaviest?", max_tokens=8, temperature=0)
+        expected, *_ = answer(fleet.router.url, body | {"cache_salt": "healthy"})
+
+        fleet.store.stop()
+        texts, usage, _ = answer(fleet.router.url, body | {"cache_salt": "store-down"})
+        assert texts == expected
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # computed on the decode engine
+
+        results: list = []
+        with frozen([fleet.prefill]):  # the prefill leg is sent and hangs there: mid-prefill
+            worker = threading.Thread(target=lambda: results.append(answer(fleet.router.url, body | {"stream": True})))
+            worker.start()
+            until(lambda: metric(fleet.router.url, "ragserve_router_requests_in_flight") >= 2, timeout=60,
+                  message="the prefill leg in flight")  # fmt: skip
+            fleet.prefill.popen.send_signal(signal.SIGKILL)
+        worker.join(timeout=300)
+        assert results and results[0][0] == expected
+        assert metric(fleet.router.url, LEGS, outcome="failed") == 1
+    finally:
+        cluster.stop_all()
+        fleet.store.stop()
