@@ -78,7 +78,7 @@ async def run_prefill(gw, r, metrics: DisaggMetrics) -> PrefillLeg:
     decision = await gw.decider.decide(gw.policy(r.request.headers), RouteRequest(r.model, body, r.plan.chat,
                                        r.request.headers, r.key), engines)  # fmt: skip
     raw, upstream = prefill_body(body), gw.proxy.upstream
-    headers = upstream._headers(r) | {"X-Request-Id": f"{r.request_id}-prefill", "Accept": "application/json"}
+    headers = upstream.headers(r) | {"X-Request-Id": f"{r.request_id}-prefill", "Accept": "application/json"}
     for engine in decision.order[: gw.cfg.max_attempts]:
         t0 = time.monotonic()
         predicted = decision.predictions.get(engine.engine_id)

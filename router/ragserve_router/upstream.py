@@ -54,7 +54,7 @@ class Upstream:
         self.metrics = metrics
         self.client = engine_http_client(cfg)
 
-    def _headers(self, r: Routed) -> dict[str, str]:
+    def headers(self, r: Routed) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}
         if accept := r.request.headers.get("accept"):
             headers["Accept"] = accept
@@ -73,7 +73,7 @@ class Upstream:
             if r.slot.engine.engine_id != engine.engine_id:
                 r.slot.move(engine)
             try:
-                req = self.client.build_request("POST", engine.url + r.path, content=body, headers=self._headers(r))
+                req = self.client.build_request("POST", engine.url + r.path, content=body, headers=self.headers(r))
                 resp = await self.client.send(req, stream=True)
             except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
                 raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
