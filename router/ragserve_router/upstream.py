@@ -16,10 +16,12 @@ from fastapi import Request
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
+from ragserve_router.engine_tls import engine_verify
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
 from ragserve_router.resume import ResumePlan
+from ragserve_router.retry import backoff
 from ragserve_router.routing import Picked
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class Upstream:
         self.metrics = metrics
         timeout = httpx.Timeout(cfg.upstream_timeout, connect=cfg.connect_timeout)
         limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=30)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=engine_verify(cfg))
 
     def _headers(self, r: Routed) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}
@@ -69,7 +71,7 @@ class Upstream:
         for attempt, engine in enumerate(engines[: self.cfg.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(failure).inc()
-                await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(backoff(self.cfg, attempt))
             if r.slot.engine.engine_id != engine.engine_id:
                 r.slot.move(engine)
             try:
