@@ -5,9 +5,11 @@ local state. Every call needs `Authorization: Bearer <admin key>` (401 otherwise
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hmac
 import itertools
+import json
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -60,14 +62,13 @@ def install_admin(app: FastAPI, pool: EnginePool, key_file: str) -> None:
 
     @api.post("/engines")
     async def add(request: Request) -> JSONResponse:
-        body = await request.json() if await request.body() else {}
-        url = body.get("url") if isinstance(body, dict) else None
         try:
-            (url,) = url_list(url) if isinstance(url, str) else (None,)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), code="invalid_url", param="url") from None
-        if url is None:
-            raise ApiError(400, "'url' must be one http(s):// engine base URL", code="invalid_url", param="url")
+            body = json.loads(await request.body() or b"{}")
+            (url,) = url_list(body["url"])
+        except (ValueError, TypeError, KeyError, argparse.ArgumentTypeError):
+            raise ApiError(
+                400, "'url' must be one http(s):// engine base URL", code="invalid_url", param="url"
+            ) from None
         if any(r.url == url for r in pool.all()):
             raise ApiError(409, f"an engine at {url} is already known", code="engine_exists", param="url")
         record = EngineRecord(f"admin-{next(added)}", url, [], source=STATIC)
