@@ -65,7 +65,7 @@ def install_admin(app: FastAPI, pool: EnginePool, key_file: str) -> None:
         try:
             body = json.loads(await request.body() or b"{}")
             (url,) = url_list(body["url"])
-        except (ValueError, TypeError, KeyError, argparse.ArgumentTypeError):
+        except (ValueError, TypeError, KeyError, AttributeError, argparse.ArgumentTypeError):
             raise ApiError(
                 400, "'url' must be one http(s):// engine base URL", code="invalid_url", param="url"
             ) from None

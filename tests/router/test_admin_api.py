@@ -61,8 +61,9 @@ def test_admin_api_drains_removes_and_adds_engines(cluster, tmp_path, until):
     assert admin.delete("/engines/static-0").json()["removed"] is True
     assert set(engines()) == {"static-1"}
     assert {post(f"one left {i}").headers["x-ragserve-engine"] for i in range(3)} == {"static-1"}
-    bad = admin.post("/engines", json={"url": "ftp://x"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+    for bad in ({"json": {"url": "ftp://x"}}, {"json": {"url": 7}}, {"json": ["x"]}, {"content": b"{not json"}):
+        answer = admin.post("/engines", **bad)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "url", bad
     added = admin.post("/engines", json={"url": a.url})
     assert added.status_code == 201, added.text
     assert added.json()["healthy"] is True and added.json()["models"] == ["tiny"]
