@@ -131,9 +131,13 @@ class ServerConfig(FromArgs):
     host: str = option("0.0.0.0", "HTTP bind address", "server")
     port: int = option(ENGINE_PORT, "HTTP port", "server", type=positive_int)
     router: str | None = option(None, "router gRPC registry HOST:PORT to register with", "cluster")
-    advertise_url: str | None = option(None, "URL the router sends traffic to (default http://HOST:PORT)", "cluster")
+    advertise_url: str | None = option(None, "URL the router sends traffic to (default http(s)://HOST:PORT)", "cluster")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize", "server")
     max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "request body limit", "server", type=parse_bytes)
+    tls_cert_file: str | None = option(None, "HTTP TLS certificate (PEM): serve HTTPS", "server")
+    tls_key_file: str | None = option(None, "HTTP TLS private key (PEM)", "server")
+    tls_client_ca_file: str | None = option(None, "require HTTPS clients (the router) to present a certificate "
+                                            "signed by this CA", "server")  # fmt: skip
     engine_id: str = option("", "unique engine id (default hostname-pid-starttime)", "cluster")
     drain_timeout: float = option(60.0, "seconds running requests get after SIGTERM", "server", type=float)
     router_tls_ca: str | None = option(None, "CA bundle to verify the router's registry (enables TLS)", "cluster")
@@ -162,6 +166,8 @@ class ServerConfig(FromArgs):
             (self.drain_timeout >= 0, "--drain-timeout must be >= 0"),
             (bool(self.router_tls_cert) == bool(self.router_tls_key), "--router-tls-cert needs --router-tls-key"),
             (not self.router or ":" in self.router, f"--router must be HOST:PORT, got {self.router!r}"),
+            (bool(self.tls_cert_file) == bool(self.tls_key_file), "--tls-cert-file and --tls-key-file go together"),
+            (not self.tls_client_ca_file or bool(self.tls_cert_file), "--tls-client-ca-file needs --tls-cert-file"),
             (
                 not self.advertise_url or self.advertise_url.startswith(("http://", "https://")),
                 f"--advertise-url must be an http(s) URL, got {self.advertise_url!r}",
@@ -170,7 +176,8 @@ class ServerConfig(FromArgs):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key, self.registry_token_file):
+        tls = (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        for path in (self.router_tls_ca, self.router_tls_cert, self.router_tls_key, self.registry_token_file, *tls):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"file {path} does not exist")
         self.kv_events()  # a bad --kv-events-config fails at start (ValueError naming the problem)
@@ -194,7 +201,7 @@ class ServerConfig(FromArgs):
                 host = socket.gethostbyname(socket.gethostname())
             except OSError:
                 host = "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls_cert_file else 'http'}://{host}:{self.port}"
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

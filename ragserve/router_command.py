@@ -31,6 +31,8 @@ class RouterLaunch:
     drain_delay: float | None = None
     drain_timeout: float | None = None
     tls: ServingTLS = ServingTLS()  # the gRPC registry's certificate; client_ca: engines must present one
+    tls_cert_file: str | None = None  # HTTPS on the client-facing HTTP API ...
+    tls_key_file: str | None = None  # ... with this key
     registry_token_file: str | None = None
     registry_allow_unauthenticated: bool = False  # no token, no mTLS: say so, or every registration is refused
     cachestore_tls: TLSFiles = TLSFiles()  # the router's cachestore lookups
@@ -43,6 +45,7 @@ class RouterLaunch:
     epp_cert_file: str | None = None
     epp_key_file: str | None = None
     otlp_traces_endpoint: str | None = None
+    settings: tuple[tuple[str, object], ...] = ()  # router_args.group_settings: flow control, quotas, breaker, ...
     extra_args: tuple[str, ...] = ()  # passed through last (a later flag wins)
 
 
@@ -57,10 +60,12 @@ def router_command(launch: RouterLaunch) -> list[str]:
     args += arg("k8s_selector", r.k8s_selector) + arg("k8s_namespace", r.k8s_namespace)
     args += arg("max_body_bytes", r.max_body_bytes) + arg("drain_delay", r.drain_delay)
     args += arg("drain_timeout", r.drain_timeout) + serving_tls_flags(r.tls)
+    args += arg("tls_cert_file", r.tls_cert_file) + arg("tls_key_file", r.tls_key_file)
     args += arg("registry_token_file", r.registry_token_file)
     args += switch("registry_allow_unauthenticated", r.registry_allow_unauthenticated)
     args += tls_flags("cachestore", r.cachestore_tls) + arg("cachestore_token_file", r.cachestore_token_file)
     args += arg("api_keys_file", r.api_keys_file) + arg("epp_port", r.epp_port)
     args += switch("epp_plaintext", r.epp_plaintext) + arg("epp_cert_file", r.epp_cert_file)
     args += arg("epp_key_file", r.epp_key_file) + arg("otlp_traces_endpoint", r.otlp_traces_endpoint)
+    args += [a for name, value in r.settings for a in arg(name, value)]
     return args + list(r.extra_args)

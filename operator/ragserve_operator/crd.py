@@ -63,6 +63,15 @@ def router_properties() -> dict[str, dict[str, Any]]:
     return {key: property_schema(f) for key, f in router_args.spec_options()}
 
 
+def router_groups() -> dict[str, dict[str, Any]]:
+    """spec.router's grouped router flags (flowControl.queueSize, ...): no defaults (unset: the flag is left out)."""
+    out = {}
+    for group, keys in router_args.group_options():
+        fields = {key: {k: v for k, v in property_schema(f).items() if k != "default"} for key, f in keys}
+        out[group] = {"type": "object", "properties": fields}
+    return out
+
+
 def fill(properties: dict[str, Any], generated: dict[str, dict[str, Any]]) -> None:
     """Generated properties in the template's places; a template entry's own keys (a description) win."""
     for key, schema in generated.items():
@@ -80,7 +89,7 @@ def crd() -> dict:
     spec = out["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     spec["properties"]["engines"]["items"]["properties"]["engine"]["properties"] = engine_properties()
     fill(spec["properties"]["cachestore"]["properties"], cachestore_properties())
-    fill(spec["properties"]["router"]["properties"], router_properties())
+    fill(spec["properties"]["router"]["properties"], router_properties() | router_groups())
     return out
 
 

@@ -28,9 +28,9 @@ SCRATCH_MOUNTS = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mount
 SCRATCH_VOLUMES = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
 
 
-def http_probe(path: str, period: int, failures: int, timeout: int = 3) -> dict:
+def http_probe(path: str, period: int, failures: int, timeout: int = 3, https: bool = False) -> dict:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": "http", **({"scheme": "HTTPS"} if https else {})},
         "periodSeconds": period,
         "timeoutSeconds": timeout,
         "failureThreshold": failures,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ragserve.router_args import group_settings
 from ragserve.router_command import RouterLaunch, router_command
 from ragserve_operator.inference_pool import epp_launch, epp_ports
 from ragserve_operator.mounts import Mounts, cachestore_client, registry_token, registry_token_file, serving_tls_files
@@ -19,6 +20,7 @@ from ragserve_operator.spec import RAGServeSpec
 from ragserve_operator.vllm import external_block_size, router_external_engines
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
+HTTP_TLS_DIR = "/etc/ragserve/http-tls"
 
 
 def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
@@ -34,6 +36,9 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         mounts.secret("api-keys", secret["name"], API_KEYS_DIR)
         api_keys = f"{API_KEYS_DIR}/{secret['key']}"
     mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
+    https = r["httpTls"]["enabled"]
+    if https:
+        mounts.secret("http-tls", r["httpTls"]["secretName"], HTTP_TLS_DIR)
     external = router_external_engines(owner, spec)
     epp = epp_launch(spec, mounts)
     launch = RouterLaunch(
@@ -46,6 +51,8 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         external_block_size=external_block_size(spec) if external else None,
         max_body_bytes=r.get("maxBodyBytes") or None,
         tls=tls,
+        tls_cert_file=f"{HTTP_TLS_DIR}/tls.crt" if https else None,
+        tls_key_file=f"{HTTP_TLS_DIR}/tls.key" if https else None,
         registry_token_file=token,
         # without a token or mutual TLS anyone in the cluster may register an engine: said explicitly, as asked
         registry_allow_unauthenticated=not token and not mutual_tls,
@@ -53,6 +60,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         cachestore_token_file=store_token,
         api_keys_file=api_keys,
         **epp,
+        settings=group_settings(r),
     )
     return launch, mounts.add(tokenizer_mount(r["tokenizer"]))
 
@@ -69,6 +77,7 @@ def tokenizer_mount(tokenizer: dict) -> Mounts:
 
 def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
     r = spec.router
+    https = r["httpTls"]["enabled"]
     launch, secrets = router_pod(owner, spec)
     volumes, mounts = secrets.volumes, secrets.mounts
     router = container(
@@ -83,9 +92,9 @@ def router_deployment(owner: Owner, spec: RAGServeSpec) -> dict:
             {"name": "grpc", "containerPort": r["grpcPort"], "protocol": "TCP"},
             *epp_ports(spec),
         ],
-        startupProbe=http_probe("/health", 2, 60),
-        livenessProbe=http_probe("/health", 10, 3, timeout=5),
-        readinessProbe=http_probe("/ready", 5, 2),
+        startupProbe=http_probe("/health", 2, 60, https=https),
+        livenessProbe=http_probe("/health", 10, 3, timeout=5, https=https),
+        readinessProbe=http_probe("/ready", 5, 2, https=https),
     )
     pod = {
         "part": r,

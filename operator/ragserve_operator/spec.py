@@ -38,6 +38,10 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         lambda s: not s["router"]["tls"]["enabled"] or bool(s["router"]["tls"].get("secretName")),
     ),
     (
+        "router.httpTls.enabled needs router.httpTls.secretName",
+        lambda s: not s["router"]["httpTls"]["enabled"] or bool(s["router"]["httpTls"].get("secretName")),
+    ),
+    (
         "router.tls.clientAuth needs router.tls.engineClientSecret",
         lambda s: not s["router"]["tls"]["clientAuth"] or bool(s["router"]["tls"].get("engineClientSecret")),
     ),

@@ -15,6 +15,7 @@ from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import read_body
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
+from ragserve_router.admin import install_admin
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.disagg import DisaggMetrics, run_prefill
 from ragserve_router.priority import tenant_of
@@ -116,6 +117,8 @@ def create_app(gw: Gateway) -> FastAPI:
     async def metrics() -> Response:
         return Response(gw.metrics.render(gw.pool.models()), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if gw.cfg.admin_api_key_file:
+        install_admin(app, gw.pool, gw.cfg.admin_api_key_file)
     return app
 
 

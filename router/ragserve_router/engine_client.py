@@ -8,12 +8,14 @@ connections. Transports are made in one place (`_transport`), where connection o
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass
 
 import httpx
 
 from ragserve.router_args import RouterConfig
+from ragserve_router.engine_tls import engine_verify
 
 MAX_CONNECTIONS = 2048  # per engine
 MAX_KEEPALIVE = 256  # per engine
@@ -54,6 +56,7 @@ class PerEngineTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
+        self.verify = engine_verify(cfg)  # one SSL context (the engines' CA, the router's client certificate)
         self.pools: dict[Origin, _Pool] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -62,7 +65,7 @@ class PerEngineTransport(httpx.AsyncBaseTransport):
         pool = self.pools.get(origin)
         if pool is None:
             await self._close_unused()
-            pool = self.pools[origin] = _Pool(_transport(self.cfg))
+            pool = self.pools[origin] = _Pool(_transport(self.verify))
         pool.used = time.monotonic()
         pool.active += 1
         try:
@@ -84,11 +87,11 @@ class PerEngineTransport(httpx.AsyncBaseTransport):
             await pool.transport.aclose()
 
 
-def _transport(cfg: RouterConfig) -> httpx.AsyncHTTPTransport:
+def _transport(verify: ssl.SSLContext | bool) -> httpx.AsyncHTTPTransport:
     limits = httpx.Limits(
         max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE, keepalive_expiry=KEEPALIVE_EXPIRY_S
     )
-    return httpx.AsyncHTTPTransport(limits=limits)
+    return httpx.AsyncHTTPTransport(limits=limits, verify=verify)
 
 
 def engine_http_client(cfg: RouterConfig) -> httpx.AsyncClient:

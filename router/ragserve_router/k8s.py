@@ -1,7 +1,7 @@
 """Kubernetes pod discovery: watch pods matching a label selector; ready pods become engines.
 
---k8s-selector: ragserve engine pods. The engine URL is http://<pod IP>:<port>, the port from the pod
-annotation `ragserve.io/port` or --k8s-port.
+--k8s-selector: ragserve engine pods. The engine URL is http://<pod IP>:<port> (https:// with the pod annotation
+`ragserve.io/scheme: https`), the port from the pod annotation `ragserve.io/port` or --k8s-port.
 
 --external-k8s-selector: external (vLLM) engine pods, followed from their KV events as --external-engine
 ones are (`pod_external_spec` for the ports). The engine id is `external-<pod name>`; a pod whose IP or ports
@@ -28,6 +28,7 @@ from ragserve_router.pool import EnginePool, Health
 
 log = logging.getLogger(__name__)
 PORT_ANNOTATION = "ragserve.io/port"
+SCHEME_ANNOTATION = "ragserve.io/scheme"  # "https": the engine serves TLS (--tls-cert-file)
 EVENTS_PORT_ANNOTATION = "ragserve.io/kv-events-port"
 REPLAY_PORT_ANNOTATION = "ragserve.io/kv-replay-port"
 DP_ANNOTATION = "ragserve.io/data-parallel-size"
@@ -80,8 +81,10 @@ def pod_engine(pod: dict, default_port: int) -> EngineRecord | None:
     host = ready_host(pod)
     if host is None:
         return None
-    port = int((meta.get("annotations") or {}).get(PORT_ANNOTATION, default_port))
-    return EngineRecord(f"{meta.get('name')}", f"http://{host}:{port}", [], source=K8S)
+    annotations = meta.get("annotations") or {}
+    port = int(annotations.get(PORT_ANNOTATION, default_port))
+    scheme = "https" if annotations.get(SCHEME_ANNOTATION) == "https" else "http"  # an engine serving TLS
+    return EngineRecord(f"{meta.get('name')}", f"{scheme}://{host}:{port}", [], source=K8S)
 
 
 def named_ports(pod: dict) -> dict[str, int]:

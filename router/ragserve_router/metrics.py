@@ -82,6 +82,10 @@ class RouterMetrics:
         )
         self.engines_registered = Gauge(p + "engines_registered", "Known engines", ["source"], registry=r)
         self.engines_healthy = Gauge(p + "engines_healthy", "Engines accepting traffic", registry=r)
+        self.health_transitions = Counter(
+            p + "engine_health_transitions", "Engines turning healthy or unhealthy (probes, failed connections)",
+            ["engine", "state"], registry=r,
+        )  # fmt: skip
         self.registrations = Counter(p + "registrations", "Engine registrations accepted", registry=r)
         self.registrations_refused = Counter(
             p + "registrations_refused", "Engine registrations refused", ["reason"], registry=r

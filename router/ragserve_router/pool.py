@@ -21,8 +21,10 @@ import httpx
 from ragserve.prom_text import engine_load
 from ragserve.router_args import RouterConfig
 from ragserve_router.breaker import STATE_VALUE, STATES, Breaker
+from ragserve_router.engine_tls import engine_verify
 from ragserve_router.engines import CONNECT, EXTERNAL, GRPC, SOURCES, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
 from ragserve_router.external import ExternalEngines
+from ragserve_router.health import judge
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.state import RouterState
 
@@ -42,6 +44,7 @@ class Prefill:
 class Health:
     inflight: int = 0
     healthy: bool = True
+    streak: int = 0  # health probes passed (> 0) or failed (< 0) in a row (health.judge)
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
     prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
 
@@ -128,8 +131,9 @@ class EnginePool:
         self.health: defaultdict[str, Health] = defaultdict(Health)
         self.served_models: set[str] = set()  # every model an engine has served: none now is a 503, not a 404
         self.breakers: dict[str, Breaker] = {}
+        self.draining: set[str] = set()  # engines the admin API drains: no new requests (admin.py)
         headers = {"Authorization": f"Bearer {cfg.engine_api_key}"} if cfg.engine_api_key else {}
-        self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers)
+        self.probe_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), headers=headers, verify=engine_verify(cfg))
         for i, url in enumerate(cfg.static_engines):
             self.discovered[f"static-{i}"] = EngineRecord(f"static-{i}", url, [], source=STATIC)
             self.health[f"static-{i}"] = Health(healthy=False)  # until the first probe answers
@@ -148,8 +152,9 @@ class EnginePool:
         return [r for r in self.all() if self.health[r.engine_id].healthy]
 
     def candidates(self, model: str) -> list[EngineRecord]:
-        """Healthy engines serving the model whose breaker lets a request through."""
-        return [r for r in self.healthy() if model in r.models and self.breaker(r.engine_id).allows()]
+        """Healthy engines serving the model, not draining, whose breaker lets a request through."""
+        live = [r for r in self.healthy() if model in r.models and r.engine_id not in self.draining]
+        return [r for r in live if self.breaker(r.engine_id).allows()]
 
     def breaker(self, engine_id: str) -> Breaker:
         breaker = self.breakers.get(engine_id)
@@ -263,7 +268,8 @@ class EnginePool:
             if health.healthy:
                 log.warning("engine %s marked unhealthy after %s", record.engine_id, kind)
                 self._unreachable(record, kind == CONNECT)
-            health.healthy = False
+                self.metrics.health_transitions.labels(record.engine_id, "unhealthy").inc()
+            health.healthy, health.streak = False, 0
 
     def _unreachable(self, record: EngineRecord, gone: bool) -> None:
         """A healthy engine stopped answering. An external engine that may have restarted (anything but a
@@ -300,14 +306,19 @@ class EnginePool:
             else:
                 await self._probe_openai(record)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            if health.healthy:
-                log.warning("engine %s failed its probe: %s", record.engine_id, type(exc).__name__)
+            if self._judge(record, health, False):
+                log.warning("engine %s failed %d probes: %s", record.engine_id, -health.streak, type(exc).__name__)
                 self._unreachable(record, not isinstance(exc, httpx.TimeoutException))
-            health.healthy = False
             return
-        if not health.healthy:
+        if self._judge(record, health, True):
             log.info("engine %s is healthy", record.engine_id)
-        health.healthy = True
+
+    def _judge(self, record: EngineRecord, health: Health, passed: bool) -> bool:
+        cfg = self.cfg
+        changed = judge(health, passed, cfg.health_failure_threshold, cfg.health_success_threshold)
+        if changed:
+            self.metrics.health_transitions.labels(record.engine_id, "healthy" if passed else "unhealthy").inc()
+        return changed
 
     async def _probe_openai(self, record: EngineRecord) -> None:
         resp = await self.probe_client.get(record.url + "/v1/models")

@@ -16,6 +16,7 @@ from ragserve.http.auth import ApiKeys
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
 from ragserve.router_args import RouterConfig
+from ragserve.tls import uvicorn_tls
 from ragserve_router.app import Gateway, create_app
 from ragserve_router.auth import RateLimiter, parse_keys_file
 from ragserve_router.external import ExternalEngines, load_tokenizer
@@ -169,11 +170,13 @@ async def serve(cfg: RouterConfig) -> int:
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=cfg.drain_timeout,
         lifespan="off",
+        **uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file),
     )
     server = RouterServer(config, gateway, on_drain)
     log.info(
-        "router %s: http %s:%d, grpc registry %s:%d, policy %s, state %s",
+        "router %s: %s %s:%d, grpc registry %s:%d, policy %s, state %s",
         cfg.router_id,
+        "https" if cfg.tls_cert_file else "http",
         cfg.host,
         cfg.port,
         cfg.host,

@@ -21,6 +21,7 @@ from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
 from ragserve_router.resume import ResumePlan
+from ragserve_router.retry import backoff
 from ragserve_router.routing import Picked
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class Upstream:
         for attempt, engine in enumerate(engines[: self.cfg.max_attempts]):
             if attempt:
                 self.metrics.retries.labels(failure).inc()
-                await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(backoff(self.cfg, attempt))
             if r.slot.engine.engine_id != engine.engine_id:
                 r.slot.move(engine)
             try:

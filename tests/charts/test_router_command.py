@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ragserve.command_line import TLSFiles
+from ragserve.router_args import group_settings
 from ragserve.router_command import RouterLaunch, router_command
 from tests.charts.conftest import NAMESPACE, RELEASE
 from tests.charts.test_engine_command import DEFAULTS, FULLNAME, merged, redis_url, rendered_args, serving_tls, tls
@@ -37,6 +38,17 @@ EXTRA = {
     },
     "epp-plaintext": {"gateway": {"inferencePool": {"enabled": True, "eppPort": 9102, "tls": {"mode": "plaintext"}}}},
     "epp-secret": {"gateway": {"inferencePool": {"enabled": True, "tls": {"mode": "secret", "secretName": "epp"}}}},
+    "flow-control-quotas-breaker-retry-health": {
+        "router": {
+            "flowControl": {"maxInflightPerEngine": 4, "queueSize": 0, "queueTimeout": 2.5, "saturationQueueDepth": 0},
+            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8},
+            "breaker": {"failures": 5, "cooldown": 1.5, "probes": 2},
+            "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 0.25},
+            "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
+            "extraArgs": ["--queue-size", "8"],
+        },
+    },
+    "https-api": {"router": {"httpTls": {"enabled": True, "secretName": "router-https"}}},
     "mtls-instead-of-token": {
         "router": {
             "registryAuth": {"enabled": False},
@@ -81,6 +93,8 @@ def expected(values: dict) -> list[str]:
         drain_delay=r["drainDelaySeconds"],
         drain_timeout=max(0, r["terminationGracePeriodSeconds"] - r["drainDelaySeconds"] - 5),
         tls=serving_tls(r["tls"]),
+        tls_cert_file="/etc/ragserve/http-tls/tls.crt" if r["httpTls"]["enabled"] else None,
+        tls_key_file="/etc/ragserve/http-tls/tls.key" if r["httpTls"]["enabled"] else None,
         registry_token_file=f"/etc/ragserve/registry-token/{auth['key']}" if auth["enabled"] else None,
         registry_allow_unauthenticated=not auth["enabled"] and auth["allowUnauthenticated"],
         cachestore_tls=tls(store, "cachestore") if store["enabled"] else TLSFiles(),
@@ -89,6 +103,7 @@ def expected(values: dict) -> list[str]:
         else None,
         api_keys_file=f"/etc/ragserve/api-keys/{keys['key']}" if keys["existingSecret"] else None,
         **epp_launch(values),
+        settings=group_settings(r),
         extra_args=tuple(r["extraArgs"]),
     )
     return router_command(launch)
@@ -107,3 +122,16 @@ def test_chart_router_args_are_router_command(render, values):
 @pytest.mark.parametrize("name", list(EXTRA))
 def test_more_router_settings(render, name):
     check_router_args(render, EXTRA[name])
+
+
+def test_https_api_mounts_its_secret_and_probes_over_https(render):
+    """router.httpTls: the Secret is mounted where --tls-cert-file points, and the kubelet probes over HTTPS."""
+    objs = render(EXTRA["https-api"])
+    pod = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == f"{FULLNAME}-router")
+    spec = pod["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "http-tls")
+    assert volume["secret"]["secretName"] == "router-https"
+    container = spec["containers"][0]
+    assert {"name": "http-tls", "mountPath": "/etc/ragserve/http-tls", "readOnly": True} in container["volumeMounts"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"

@@ -12,8 +12,10 @@ import yaml
 from ragserve import cachestore_args, router_args
 from ragserve.cachestore_args import CACHESTORE_METRICS_PORT
 from ragserve.engine_args import BLOCK_SIZES, EngineConfig, spec_options
+from ragserve.flags import flag_of
 from ragserve.logs import LOG_LEVELS
 from ragserve.router_args import DEFAULT_POLICY, POLICIES, RouterConfig
+from ragserve_operator.crd import crd
 
 
 def engine_schema(chart_dir) -> dict:
@@ -60,3 +62,18 @@ def test_cachestore_values_have_the_cachestores_defaults(chart_dir):
     for key, f in cachestore_args.spec_options():
         assert values[key] == f.default, key
     assert values["metricsPort"] == CACHESTORE_METRICS_PORT
+
+
+def test_router_setting_groups_are_the_routers_flags(chart_dir):
+    """router.flowControl, .tenantQuotas, .breaker, .retry, .health: in values.yaml (null: the router's default),
+    values.schema.json and the CRD, the keys and types of router_args.SETTING_GROUPS."""
+    values = yaml.safe_load((chart_dir / "values.yaml").read_text())["router"]
+    schema = json.loads((chart_dir / "values.schema.json").read_text())["properties"]["router"]["properties"]
+    crd_router = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["router"]
+    for group, keys in router_args.group_options():
+        assert values[group] == {key: None for key, _ in keys}, group
+        assert list(schema[group]["properties"]) == [key for key, _ in keys], group
+        crd_props = crd_router["properties"][group]["properties"]
+        for key, f in keys:
+            assert schema[group]["properties"][key]["type"] == [crd_props[key]["type"], "null"], key
+            assert "default" not in crd_props[key] and crd_props[key]["description"].startswith(flag_of(f.name))

@@ -4,6 +4,7 @@
 
 Faults: --fail-status (every completion answers that status, --fail-scope sets its error scope; POST /control/fail
 {"status": N} changes it, 0 answers again; /control/stats "received" counts completion requests, failed ones too),
+POST /control/probes {"script": [503, 200, ...]} (the next /v1/models probes answer those statuses; stats "probes"),
 --prefill-delay (slow prefills), /control/hold and /control/release (streams stop after their first
 chunk until released; a client that leaves is counted in /control/stats "aborted"). With --router it
 registers and heartbeats, so it can be a registered engine that dies or stalls; it has no prefix cache
@@ -35,6 +36,8 @@ class Engine:
         self.served = 0
         self.aborted = 0
         self.received = 0  # completion requests, failed ones included
+        self.probes = 0  # GET /v1/models: the router's health probes of a static engine
+        self.probe_script: list[int] = []
         self.release = asyncio.Event()
         self.release.set()
         self.compute = asyncio.Lock()
@@ -131,6 +134,11 @@ def build_app(engine: Engine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        engine.probes += 1
+        if engine.probe_script:  # POST /control/probes: the next probes' statuses
+            status = engine.probe_script.pop(0)
+            if status != 200:
+                return JSONResponse({"error": {"message": "injected probe failure"}}, status_code=status)
         return {"object": "list", "data": [{"id": args.served_model_name, "object": "model", "owned_by": "test"}]}
 
     @app.get("/health")
@@ -161,6 +169,11 @@ def build_app(engine: Engine) -> FastAPI:
         args.fail_status = (await request.json())["status"]  # 0: answer normally again
         return {}
 
+    @app.post("/control/probes")
+    async def probes(request: Request):
+        engine.probe_script = list((await request.json())["script"])
+        return {}
+
     @app.get("/control/stats")
     async def stats():
         return {
@@ -168,6 +181,8 @@ def build_app(engine: Engine) -> FastAPI:
             "aborted": engine.aborted,
             "received": engine.received,
             "running": engine.running,
+            "probes": engine.probes,
+            "probe_script_left": len(engine.probe_script),
         }
 
     return app

@@ -208,6 +208,12 @@ for part in ("router", "cachestore"):
         ),
     ]
 
+HTTPS_SECRET = "router.httpTls.enabled needs router.httpTls.secretName"
+CASES += [
+    ("router https, no secret", {"engines": [POOL], "router": {"httpTls": {"enabled": True}}}, "demo", {HTTPS_SECRET}),
+    ("router https", {"engines": [POOL], "router": {"httpTls": {"enabled": True, "secretName": "t"}}}, "demo", set()),
+]
+
 
 @pytest.mark.parametrize("spec, name, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_cel_rules_and_their_python_mirrors_agree(spec: dict, name: str, expected: set[str]):

@@ -64,6 +64,20 @@ SPECS = {
             "tls": {"enabled": True, "secretName": "router-tls", "clientAuth": True, "engineClientSecret": "eng"}
         },
     },
+    "https-api": {
+        "engines": [{"name": "a", "model": "m"}],
+        "router": {"httpTls": {"enabled": True, "secretName": "api"}},
+    },
+    "router-groups": {
+        "engines": [{"name": "a", "model": "m"}],
+        "router": {
+            "flowControl": {"maxInflightPerEngine": 4, "queueSize": 0, "queueTimeout": 2.5, "saturationKvUsage": 0.9},
+            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8},
+            "breaker": {"failures": 5, "cooldown": 1.5, "probes": 2},
+            "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 1},
+            "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
+        },
+    },
 }
 
 
@@ -138,6 +152,39 @@ def test_router_flags_follow_the_spec():
     assert pod["enableServiceLinks"] is False
     registry = by_name(objs, "Service", "demo-router-registry")["spec"]
     assert registry["type"] == "ClusterIP" and registry["ports"][0]["port"] == 50051
+
+
+def test_router_flow_control_quota_breaker_retry_and_health_settings_follow_the_spec():
+    """spec.router's grouped settings reach the router's command line (parsed by the real CLI); unset ones stay out."""
+    args = parse(
+        by_name(children("router-groups"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
+    )
+    got = {
+        k: getattr(args, k) for k in ("max_inflight_per_engine", "queue_size", "queue_timeout", "saturation_kv_usage")
+    }
+    assert got == {"max_inflight_per_engine": 4, "queue_size": 0, "queue_timeout": 2.5, "saturation_kv_usage": 0.9}
+    assert (args.tenant_header, args.tenant_tokens_per_minute, args.tenant_max_concurrent) == ("X-Tenant", 60000, 8)
+    assert (args.breaker_failures, args.breaker_cooldown, args.breaker_probes) == (5, 1.5, 2)
+    assert (args.max_attempts, args.retry_backoff, args.retry_backoff_max, args.retry_jitter) == (4, 0.1, 1.5, 1.0)
+    assert (args.probe_interval, args.health_failure_threshold, args.health_success_threshold) == (0.5, 3, 2)
+    minimal = by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
+    assert not {"--queue-size", "--breaker-failures", "--retry-jitter"} & set(minimal["args"])
+
+
+def test_router_https_api_from_its_secret():
+    pod = by_name(children("https-api"), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    router = pod["containers"][0]
+    args = parse(router)
+    assert (args.tls_cert_file, args.tls_key_file) == (
+        "/etc/ragserve/http-tls/tls.crt",
+        "/etc/ragserve/http-tls/tls.key",
+    )
+    assert mounted(pod, router, args.tls_cert_file)["secretName"] == "api"
+    assert {router[p]["httpGet"].get("scheme") for p in ("startupProbe", "livenessProbe", "readinessProbe")} == {
+        "HTTPS"
+    }
+    plain = by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
+    assert "scheme" not in plain["readinessProbe"]["httpGet"] and "--tls-cert-file" not in plain["args"]
 
 
 def test_cachestore_flags_follow_the_spec():

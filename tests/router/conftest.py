@@ -97,7 +97,13 @@ class Cluster:
         return proc
 
     def real_engines(
-        self, router: Server | None, count: int, *flags: str, ports: list[int] | None = None, ids: list[str] = ()
+        self,
+        router: Server | None,
+        count: int,
+        *flags: str,
+        ports: list[int] | None = None,
+        ids: list[str] = (),
+        wait: bool = True,
     ) -> list[Server]:
         """Real `ragserve engine` processes on the tiny test model, registered with the router (if any)."""
         procs = []
@@ -109,7 +115,7 @@ class Cluster:
                 argv += ["--router", router.grpc, "--advertise-url", f"http://127.0.0.1:{port}"]
             argv += ["--engine-id", ids[i]] if ids else []
             procs.append(self._spawn(ids[i] if ids else f"engine-{port}", [*argv, *flags], port))
-        for proc in procs:
+        for proc in procs if wait else ():
             self.wait_http(proc, timeout=300)
         return procs
 

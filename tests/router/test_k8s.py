@@ -50,6 +50,8 @@ def test_only_running_ready_pods_are_engines():
     v6["metadata"]["annotations"] = {}
     v6["status"]["podIP"] = "fd00::5"
     assert pod_engine(v6, 8000).url == "http://[fd00::5]:8000"
+    v6["metadata"]["annotations"] = {"ragserve.io/scheme": "https"}  # an engine serving TLS
+    assert pod_engine(v6, 8000).url == "https://[fd00::5]:8000"
 
 
 @pytest.mark.asyncio

@@ -75,6 +75,9 @@
 {{- fail (printf "%s.tls.enabled needs %s.tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt)" $t $t) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.router.httpTls.enabled (not .Values.router.httpTls.secretName) -}}
+{{- fail "router.httpTls.enabled needs router.httpTls.secretName (a kubernetes.io/tls Secret with tls.crt and tls.key)" -}}
+{{- end -}}
 {{- if and .Values.cachestore.tls.enabled .Values.cachestore.tls.clientAuth (not .Values.cachestore.tls.engineClientSecret) -}}
 {{- fail "cachestore.tls.clientAuth needs cachestore.tls.engineClientSecret (the engines' client certificate, a kubernetes.io/tls Secret)" -}}
 {{- end -}}

@@ -22,6 +22,7 @@ from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.drain import DrainingServer
 from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
+from ragserve.tls import uvicorn_tls
 from ragserve_engine.engine_client import EngineClient
 from ragserve_engine.server.engine_server import DRAINING, FAILED, EngineServer
 from ragserve_engine.server.kv_events import KVEventLog
@@ -130,6 +131,7 @@ async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
         log_level=cfg.log_level,
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=30,
+        **uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file),
     )
     uv = EngineHTTPServer(config, server)
     loader = asyncio.create_task(load(server, uv, start_engine))

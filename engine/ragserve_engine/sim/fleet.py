@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.keys import KVLayout
 from ragserve.model_source import ModelSource, load_tokenizer, model_fingerprint, model_metadata, resolve_model
+from ragserve.tls import uvicorn_tls
 from ragserve.tokenizer import PromptTokenizer
 from ragserve_engine.server.engine_server import EngineServer
 from ragserve_engine.server.kv_events import KVEventLog
@@ -115,8 +116,9 @@ async def serve(sim: SimConfig, server_cfg: ServerConfig, engine_cfg: EngineConf
         cfg = replace(server_cfg, port=port, engine_id=engine_id, advertise_url=advertise)
         members.append(SimMember.create(sim, cfg, engine_cfg, layout, tok))
     app = PortDispatch({m.server.config.port: m.app for m in members})
+    tls = uvicorn_tls(server_cfg.tls_cert_file, server_cfg.tls_key_file, server_cfg.tls_client_ca_file)
     uv = FleetHTTPServer(uvicorn.Config(app, loop="none", lifespan="off", log_level=server_cfg.log_level,
-                                        access_log=False, timeout_graceful_shutdown=5))  # fmt: skip
+                                        access_log=False, timeout_graceful_shutdown=5, **tls))  # fmt: skip
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stopping.set)

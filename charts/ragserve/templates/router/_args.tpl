@@ -27,6 +27,10 @@
 {{- include "ragserve.arg" (list "--drain-delay" $r.drainDelaySeconds) }}
 {{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $r.terminationGracePeriodSeconds) (int $r.drainDelaySeconds)) 5))) }}
 {{- include "ragserve.tlsArgs" $r.tls }}
+{{- if $r.httpTls.enabled }}
+{{- include "ragserve.arg" (list "--tls-cert-file" "/etc/ragserve/http-tls/tls.crt") }}
+{{- include "ragserve.arg" (list "--tls-key-file" "/etc/ragserve/http-tls/tls.key") }}
+{{- end }}
 {{- if $r.registryAuth.enabled }}
 {{- include "ragserve.arg" (list "--registry-token-file" (printf "/etc/ragserve/registry-token/%s" $r.registryAuth.key)) }}
 {{- else if $r.registryAuth.allowUnauthenticated }}
@@ -39,6 +43,35 @@
 {{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
 {{- end }}
 {{- include "ragserve.eppArgs" . }}
+{{- /* router_args.SETTING_GROUPS, in its order (ragserve.router_command: RouterLaunch.settings) */}}
+{{- with $r.flowControl }}
+{{- include "ragserve.arg" (list "--max-inflight-per-engine" .maxInflightPerEngine) }}
+{{- include "ragserve.arg" (list "--queue-size" .queueSize) }}
+{{- include "ragserve.arg" (list "--queue-timeout" .queueTimeout) }}
+{{- include "ragserve.arg" (list "--saturation-queue-depth" .saturationQueueDepth) }}
+{{- include "ragserve.arg" (list "--saturation-kv-usage" .saturationKvUsage) }}
+{{- end }}
+{{- with $r.tenantQuotas }}
+{{- include "ragserve.arg" (list "--tenant-header" .header) }}
+{{- include "ragserve.arg" (list "--tenant-tokens-per-minute" .tokensPerMinute) }}
+{{- include "ragserve.arg" (list "--tenant-max-concurrent" .maxConcurrent) }}
+{{- end }}
+{{- with $r.breaker }}
+{{- include "ragserve.arg" (list "--breaker-failures" .failures) }}
+{{- include "ragserve.arg" (list "--breaker-cooldown" .cooldown) }}
+{{- include "ragserve.arg" (list "--breaker-probes" .probes) }}
+{{- end }}
+{{- with $r.retry }}
+{{- include "ragserve.arg" (list "--max-attempts" .maxAttempts) }}
+{{- include "ragserve.arg" (list "--retry-backoff" .backoff) }}
+{{- include "ragserve.arg" (list "--retry-backoff-max" .backoffMax) }}
+{{- include "ragserve.arg" (list "--retry-jitter" .jitter) }}
+{{- end }}
+{{- with $r.health }}
+{{- include "ragserve.arg" (list "--probe-interval" .probeInterval) }}
+{{- include "ragserve.arg" (list "--health-failure-threshold" .failureThreshold) }}
+{{- include "ragserve.arg" (list "--health-success-threshold" .successThreshold) }}
+{{- end }}
 {{- range $r.extraArgs }}
 - {{ . | quote }}
 {{- end }}
