@@ -89,7 +89,7 @@ def summary(rows: list[dict]) -> dict:
 def run(args) -> dict:
     flags = ["--num-gpu-blocks", "2048", "--max-num-batched-tokens", "4096", "--enforce-eager"]
     cfg = StackConfig(engines=2, model=args.model, port=0, policy="kv_aware", redis="off", cachestore=True,
-                      engine_flags=flags, log_level="warning")  # fmt: skip
+                      engine_flags=flags, log_level="warning", embedding_engines=0)  # fmt: skip
     tok = load_tokenizer(resolve_model(args.model))
     pool = [t for texts in corpus_docs(tok).values() for t in texts[:1]][:9]
     rng, result = random.Random(7), {"model": args.model, "requests": args.requests, "pool": len(pool)}

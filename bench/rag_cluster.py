@@ -296,6 +296,7 @@ def run_config(name: str, args, docs, trace) -> ConfigResult:
         engines=args.engines, model=args.model, served_model_name=args.served_model_name, port=0, policy=policy,
         redis="off", cachestore=cachestore, cachestore_memory=4 * 1024**3, engine_flags=engine_flags,
         log_level="warning", engine_threads=args.engine_threads, external_engines=conf.external,
+        embedding_engines=0,  # generation only: no embedding engine beside the measured ones
     )  # fmt: skip
     print(f"[{name}] starting {args.engines} {conf.engines_label} engines ({args.model}), policy {policy}, "
           f"cachestore {conf.cachestore_label}")  # fmt: skip

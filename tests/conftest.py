@@ -7,6 +7,7 @@ import pytest
 
 from tests.helpers.net import free_port
 from tests.helpers.threads import share_cores
+from tests.helpers.triton_interpret import interpret_triton_language
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,6 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # paths have their own tests, which pass --no-enforce-eager (the flag beats this default).
 os.environ.setdefault("RAGSERVE_ENFORCE_EAGER", "1")
 share_cores()
+interpret_triton_language()  # before torch's inductor can import triton compiled (see the function)
 if "torch" in sys.modules:  # imported before this file (no plugin does today): it read the old setting
     import torch
 

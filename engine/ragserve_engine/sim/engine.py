@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ragserve.keys import KVLayout
 from ragserve.tokenizer import PromptTokenizer
 from ragserve_engine.block_pool import KVCacheBlocks
+from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import (
     CompletionOutput,
     EngineInfo,
@@ -72,6 +73,7 @@ class SimEngine:
         self.running: list[SimRequest] = []
         self.listeners: list[Callable[[list[KVEvent]], None]] = []
         self.computed_prompt_tokens = 0
+        self.warmup = WarmupSteps()  # the real engine's warm-up histogram; a sim never compiles
         self.wake = asyncio.Event()
         self.loop_task: asyncio.Task | None = None
         self.token_id = self.tok.encode(" ok", add_special_tokens=False)[-1]
@@ -138,6 +140,7 @@ class SimEngine:
             decode_step_s=self.cost.step_s(max(1, decoding), 0), decode_seq_s=self.cost.decode_seq_s,
             decode_seq_measured=True, decode_path="graph", queued_prefill_tokens=queued,
             step_token_budget=self.max_num_batched_tokens, computed_prompt_tokens=self.computed_prompt_tokens,
+            warmup_decode_steps=self.warmup,
         )  # fmt: skip
 
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
@@ -195,7 +198,10 @@ class SimEngine:
             now = time.monotonic()
             for r, _ in chunks:
                 r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
-            await asyncio.sleep(self.cost.step_s(len(decoding), sum(t for _, t in chunks)))
+            step_s = self.cost.step_s(len(decoding), sum(t for _, t in chunks))
+            await asyncio.sleep(step_s)
+            if decoding:
+                self.warmup.observe(step_s)
             for r in decoding:
                 if r in self.running:  # not aborted meanwhile
                     self._emit(r)
