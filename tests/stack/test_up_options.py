@@ -75,8 +75,9 @@ def test_a_typo_in_a_passed_flag_fails_before_anything_starts(flag, says):
 
 def test_one_trace_holds_router_engine_and_cachestore_spans(tmp_path):
     with Receiver() as receiver:
-        up = Up(tmp_path, "--engines", "1", "--redis", "off", "--num-gpu-blocks", "256", "--model", tiny(),
-                "--served-model-name", "tiny", "--otlp-traces-endpoint", receiver.endpoint)  # fmt: skip
+        up = Up(tmp_path, "--engines", "1", "--embedding-engines", "0", "--redis", "off", "--num-gpu-blocks", "256",
+                "--model", tiny(), "--served-model-name", "tiny",
+                "--otlp-traces-endpoint", receiver.endpoint)  # fmt: skip
         try:
             state = up.wait_ready()
             chat = {"model": "tiny", "messages": [{"role": "user", "content": LONG_CONTEXT}], "max_tokens": 2}

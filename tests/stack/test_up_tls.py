@@ -37,8 +37,8 @@ def puts(state: dict) -> float:
 
 def test_tls_given_once_secures_the_registry_and_the_cachestore(tmp_path):
     certs = write_test_pki(tmp_path)
-    up = Up(tmp_path, "--engines", "1", "--redis", "off", "--num-gpu-blocks", "256", "--model", tiny(),
-            "--served-model-name", "tiny", *tls_args(certs))  # fmt: skip
+    up = Up(tmp_path, "--engines", "1", "--embedding-engines", "0", "--redis", "off", "--num-gpu-blocks", "256",
+            "--model", tiny(), "--served-model-name", "tiny", *tls_args(certs))  # fmt: skip
     try:
         state = up.wait_ready()  # the engine registered over mutual TLS, the cachestore probe spoke it too
         chat = {"model": "tiny", "messages": [{"role": "user", "content": LONG_CONTEXT}], "max_tokens": 2}
