@@ -81,6 +81,9 @@ class EngineConfig(FromArgs):
     max_num_seqs: int = option(64, "max running sequences", "scheduler", type=positive_int, spec=True)
     max_num_batched_tokens: int = option(2048, "token budget per step", "scheduler", type=positive_int, spec=True)
     enable_chunked_prefill: bool = option(True, "split long prefills across steps", "scheduler")
+    enable_jump_forward: bool = option(
+        True, "append the tokens a grammar forces unsampled; the next step computes them (docs/api.md)", "scheduler"
+    )
     long_prefill_token_threshold: int = option(
         0, "most tokens one prefill takes per step (vLLM's; 0: off)", "scheduler", type=int
     )

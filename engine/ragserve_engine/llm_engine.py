@@ -347,11 +347,30 @@ class LLMEngine:
             seq.logprobs.append(res.top_logprobs)
         if seq.matcher is not None and not seq.matcher.consume_token(res.token_id):
             raise RuntimeError(f"the grammar rejected token {res.token_id}: {seq.matcher.get_error()}")
+        self._after_token(req, seq)
+        if self._jumps_forward(req, seq):
+            for token in seq.matcher.compute_ff_tokens():
+                if seq.finished or not seq.matcher.consume_token(token):
+                    break
+                seq.token_ids.append(token)
+                self._after_token(req, seq)
+
+    def _after_token(self, req: Request, seq: Sequence) -> None:
         check_stop(req, seq, self.stop_criteria)
         if not seq.finished and seq.matcher is not None and seq.matcher.is_stopped():
             seq.finish_reason = "stop"  # the grammar is complete: nothing but EOS could follow
         if seq.finished and seq.blocks:
             self.kv_manager.free(seq)
+
+    def _jumps_forward(self, req: Request, seq: Sequence) -> bool:
+        """Jump-forward (docs/api.md#jump-forward): the tokens the grammar forces (each the only one its mask
+        allows) are appended unsampled; the scheduler computes them next step with the sampled one, like a
+        prefill chunk. Not with logprobs (a forced token has none) nor n > 1 (forks step together)."""
+        p = req.params
+        return (
+            self.config.enable_jump_forward and seq.matcher is not None and not seq.finished
+            and p.logprobs is None and p.n == 1
+        )  # fmt: skip
 
     def _prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
         if req.prompt_logprobs is None:

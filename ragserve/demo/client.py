@@ -30,19 +30,39 @@ def rag_messages(title: str, context: str, question: str, chunks: list[str] = ()
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
-def json_answer(passage_ids: list[str]) -> tuple[str, dict]:
-    """(system prompt addition, response_format): a JSON answer whose citations are the context's passage ids."""
+def json_answer(passage_ids: list[str], max_tokens: int) -> tuple[str, dict, int]:
+    """(system prompt addition, response_format, max_tokens): a JSON answer whose citations are the context's
+    passage ids. The answer gets about max_tokens tokens of text (3 characters each); the request's own
+    max_tokens leaves room for the whole JSON (a string character costs at most ~1 token, the ids and keys
+    too), so the answer is not cut by the limit before it closes."""
+    answer_chars = 3 * max_tokens
     schema = {
         "type": "object",
         "properties": {
-            "answer": {"type": "string", "maxLength": 400},
+            "answer": {"type": "string", "maxLength": answer_chars},
             "cited_passages": {"type": "array", "items": {"enum": passage_ids}, "maxItems": len(passage_ids)},
         },
         "required": ["answer", "cited_passages"],
         "additionalProperties": False,
     }
     hint = f"Answer in JSON; cite the passages you used by id. Passage ids, in context order: {', '.join(passage_ids)}"
-    return hint, {"type": "json_schema", "json_schema": {"name": "cited_answer", "schema": schema, "strict": True}}
+    skeleton = len(json.dumps({"answer": "", "cited_passages": passage_ids}))
+    response_format = {"type": "json_schema", "json_schema": {"name": "cited_answer", "schema": schema, "strict": True}}
+    return hint, response_format, 2 * (answer_chars + skeleton)
+
+
+def check_json_answer(text: str, passage_ids: list[str]) -> tuple[dict | None, str]:
+    """(the parsed answer, "") or (None, why it is not a valid cited answer)."""
+    try:
+        answer = json.loads(text)
+    except ValueError as exc:
+        return None, f"the answer is not JSON ({exc}): {text[:200]!r}"
+    if not isinstance(answer, dict) or not isinstance(answer.get("answer"), str):
+        return None, f"the answer has no 'answer' string: {text[:200]!r}"
+    cited = answer.get("cited_passages")
+    if not isinstance(cited, list) or not set(cited) <= set(passage_ids):
+        return None, f"'cited_passages' {cited!r} is not a list of the context's passage ids {passage_ids}"
+    return answer, ""
 
 
 @dataclass
@@ -55,6 +75,7 @@ class ChatResult:
     completion_tokens: int = 0
     ttft_s: float | None = None  # first content token
     latency_s: float = 0.0
+    finish_reason: str = ""
     error: str = ""
 
     @property
@@ -104,6 +125,7 @@ def _consume(line: str, result: ChatResult) -> bool:
     choices = chunk.get("choices") or []
     text = "".join((c.get("delta") or {}).get("content") or "" for c in choices)
     result.text += text
+    result.finish_reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), result.finish_reason)
     return bool(text) or any(c.get("finish_reason") for c in choices)
 
 

@@ -18,12 +18,15 @@ class Answered:
     context: Context
     repeated: bool  # this context was sent before in this run
     result: ChatResult
+    json_answer: dict | None = None  # --json-answer: the parsed answer
 
     def to_dict(self) -> dict:
         return {
             "index": self.index,
             "question": self.question,
             "documents": self.context.doc_ids,
+            "passages": self.context.passage_ids,
+            "json_answer": self.json_answer,
             "context_hash": self.context.hash,
             "repeated_context": self.repeated,
             **self.result.to_dict(),
@@ -48,6 +51,10 @@ def show_answer(console: Console, a: Answered) -> None:
         f"{share}  TTFT {_ms(r.ttft_s)}  total {r.latency_s:.2f} s",
         highlight=False,
     )
+    if a.json_answer is not None:
+        console.print(f"  answer: {' '.join(a.json_answer['answer'].split())}", highlight=False)
+        console.print(f"  cites: {', '.join(a.json_answer['cited_passages']) or '-'}", highlight=False)
+        return
     console.print(f"  answer: {' '.join(r.text.split())}", highlight=False)
 
 

@@ -8,7 +8,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 
-from ragserve.demo.client import json_answer, rag_messages, stream_chat
+from ragserve.demo.client import check_json_answer, json_answer, rag_messages, stream_chat
 from ragserve.demo.corpus import CORPUS_DIR, load_corpus
 from ragserve.demo.questions import QUESTIONS
 from ragserve.demo.report import Answered, show_answer, show_summary
@@ -59,11 +59,14 @@ class DemoSession:
                 "max_tokens": self.args.max_tokens,
                 "temperature": self.args.temperature,
             }
-            if getattr(self.args, "json_answer", False):  # docs/api.md#structured-outputs
-                hint, body["response_format"] = json_answer(context.passage_ids)
+            json_mode = getattr(self.args, "json_answer", False)  # docs/api.md#structured-outputs
+            if json_mode:
+                hint, body["response_format"], body["max_tokens"] = json_answer(context.passage_ids, body["max_tokens"])
                 body["messages"][0]["content"] += f"\n\n{hint}"
             result = await stream_chat(self.client, self.url, body, {"X-Context-Hash": context.hash})
             a = Answered(i, question, context, context.hash in seen, result)
+            if json_mode and result.ok:
+                a.json_answer, result.error = check_json_answer(result.text, context.passage_ids)
             seen.add(context.hash)
             show_answer(self.console, a)
             answered.append(a)

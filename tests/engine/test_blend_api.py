@@ -4,6 +4,8 @@ The tests share the module's engine: a test that needs documents the engine neve
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -132,3 +134,32 @@ def test_demo_chunks_context_is_blended(sdk):
     ask([DOCS[0], DOCS[2]])
     reordered = ask([DOCS[2], DOCS[0]])
     assert blend_usage(reordered)["blend_reused_tokens"] > 0
+
+
+CITED = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 16},
+        "cited": {"type": "array", "items": {"enum": [0, 1, 2]}},
+    },
+    "required": ["answer", "cited"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_with_chunks_is_enforced_on_the_blended_prompt(sdk):
+    """A grammar is per sequence in the sampler: blending changes how the prompt's KV is made, not decoding. At
+    fraction 1.0 the constrained blended answer is the constrained answer to the same tokens."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "cited", "schema": CITED, "strict": True}}
+    extra = {"blend_recompute_fraction": 1.0}
+    blended = sdk.chat.completions.create(model=MODEL_NAME, messages=rag_messages([1, 2, 0]), max_tokens=64,
+                                          temperature=0, response_format=fmt, extra_body=extra)  # fmt: skip
+    assert blend_usage(blended)["blend_recomputed_tokens"] > 0  # it went the blend path
+    choice = blended.choices[0]
+    answer = json.loads(choice.message.content)
+    assert choice.finish_reason == "stop" and set(answer) == {"answer", "cited"}, choice
+    assert len(answer["answer"]) <= 16 and set(answer["cited"]) <= {0, 1, 2}
+    tokens = encode_chunked_chat(tokenizer(), rag_messages([1, 2, 0])).token_ids
+    full = sdk.completions.create(model=MODEL_NAME, prompt=tokens, max_tokens=64, temperature=0,
+                                  extra_body={"guided_json": CITED})  # fmt: skip
+    assert full.choices[0].text == choice.message.content

@@ -33,6 +33,7 @@ Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), r
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
+POOLING_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score")  # least loaded by model, as app.py's pool()
 
 
 @dataclass
@@ -112,12 +113,13 @@ class Exchange:
         self.routed = True
         path = self.headers.get(":path", "").split("?", 1)[0]
         method = self.headers.get(":method", "POST")
-        if method != "POST" or path not in PATHS:
-            raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation route", "not_found")
+        pooling = path in POOLING_PATHS
+        if method != "POST" or not (path in PATHS or pooling):
+            raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation or pooling route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
         picked, body = await self.routing.pick(
-            self.headers, raw, PATHS[path], self.labels, self.started, eligible, self.tenant
+            self.headers, raw, PATHS.get(path, False), self.labels, self.started, eligible, self.tenant, pooling
         )
         self.picked, self.engine = picked, picked.decision.order[0]
         if hides_usage(body):  # the engine streams its usage for the quotas; the client gets none of it
