@@ -4,7 +4,10 @@ With --max-inflight-per-engine N (0: off, nothing ever waits) a model has N x (i
 A request takes one when it is admitted and gives it back when its answer ends (the engine slot's release). When
 none is free it waits in a bounded queue (--queue-size; full: 429 queue_full, or the lowest-ranked waiter makes
 room for a higher class) for at most --queue-timeout seconds (then 503 queue_timeout). A sheddable request never
-waits: 429 saturated. A freed place goes to the highest class waiting; within a class, to the tenant with the
+waits: 429 saturated. --critical-reserve-per-engine K keeps K of each engine's places for critical requests:
+standard and sheddable ones are admitted only while fewer than (N - K) x engines are taken, so a critical request
+finds a place (and, with the engine's max-num-seqs at N, a free seat in its batch) at once.
+A freed place goes to the highest class waiting that fits; within a class, to the tenant with the
 fewest weighted tokens served (prompt tokens x 1 at admission, completion tokens x 2 when the usage comes back,
 as in Sheng et al., "Fairness in Serving Large Language Models"); within a tenant, first come first served.
 A tenant with nothing waiting that sends a request is lifted to the least counter of the tenants waiting, or, when
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ragserve.http.errors import ApiError
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.priority import RANK, SHEDDABLE
+from ragserve_router.priority import CRITICAL, RANK, SHEDDABLE
 
 PROMPT_WEIGHT, COMPLETION_WEIGHT = 1.0, 2.0
 MAX_TENANTS = 10_000  # counters kept; an idle tenant's is forgotten past this (the lift makes that harmless)
@@ -48,6 +51,7 @@ class FlowControl:
     queue_timeout: float
     metrics: RouterMetrics
     engines: Callable[[str], int]  # the model's candidate engines now
+    reserve: int = 0  # --critical-reserve-per-engine
     counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
     inflight: Counter[str] = field(default_factory=Counter)  # model -> places taken
     waiting: list[Waiter] = field(default_factory=list)
@@ -58,15 +62,20 @@ class FlowControl:
     def enabled(self) -> bool:
         return self.per_engine > 0
 
-    def capacity(self, model: str) -> int:
-        return self.per_engine * self.engines(model)
+    def per_engine_for(self, cls: str) -> int:
+        """The places per engine a class may fill: all for critical, less the reserve for the others."""
+        return self.per_engine - (0 if cls == CRITICAL else self.reserve)
+
+    def capacity(self, model: str, cls: str = CRITICAL) -> int:
+        return self.per_engine_for(cls) * self.engines(model)
 
     async def acquire(self, model: str, cls: str, tenant: str) -> None:
         """Return once the request holds a place (at once when one is free and nobody waits); raise a 429 or 503."""
         if not self.enabled:
             return
         self._lift(tenant)
-        if not any(w.model == model for w in self.waiting) and self.inflight[model] < self.capacity(model):
+        ahead = any(w.model == model and RANK[w.cls] <= RANK[cls] for w in self.waiting)
+        if not ahead and self.inflight[model] < self.capacity(model, cls):
             self.inflight[model] += 1
             self.metrics.queue_wait.labels(cls).observe(0)
             return
@@ -108,8 +117,8 @@ class FlowControl:
 
     def dispatch(self, model: str) -> None:
         """Admit waiters for the model while it has free places: highest class, then least-served tenant."""
-        while self.inflight[model] < self.capacity(model):
-            ready = [w for w in self.waiting if w.model == model]
+        while True:
+            ready = [w for w in self.waiting if w.model == model and self.inflight[model] < self.capacity(model, w.cls)]
             if not ready:
                 return
             best = min(ready, key=lambda w: (RANK[w.cls], self.counters.get(w.tenant, 0.0), w.seq))

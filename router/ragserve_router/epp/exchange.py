@@ -116,7 +116,7 @@ class Exchange:
             raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
-        picked, body = await self.routing.pick(
+        picked, body, raw = await self.routing.pick(
             self.headers, raw, PATHS[path], self.labels, self.started, eligible, self.tenant
         )
         self.picked, self.engine = picked, picked.decision.order[0]
