@@ -1,9 +1,10 @@
 """Flow control under overload with real engines: priority, fairness between tenants, token quotas.
 
 Three stacks, each a router and one real engine (tiny test model, --max-num-seqs 8): "flow" with the router's
-flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas file), "reserve" the same with one
-place per engine kept for critical requests (--critical-reserve-per-engine 1) and the class sent to the engine as
-its scheduling priority (--engine-priority; the engine on --scheduling-policy priority), "baseline" with flow
+flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas file), "tuned" the same with one
+place per engine kept for critical requests (--critical-reserve-per-engine 1), the class sent to the engine as
+its scheduling priority (--engine-priority; the engine on --scheduling-policy priority) and tenants held to their
+share of the places while others are active (--tenant-fair-share), "baseline" with flow
 control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved (repeats rotate which
 goes first); c on flow and baseline; the table gives the median over repeats.
 
@@ -221,7 +222,7 @@ def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-HEADS = {"flow": "flow control", "reserve": "+ critical reserve, engine priority", "baseline": "baseline (off)"}
+HEADS = {"flow": "flow control", "tuned": "+ reserve, engine priority, fair share", "baseline": "baseline (off)"}
 
 
 def table(rows: dict[str, dict], digits: int, heads: dict[str, str]) -> list[str]:
@@ -265,10 +266,10 @@ def main() -> None:
     try:
         flow = ["--max-inflight-per-engine", str(SEQS), "--queue-size", "512", "--queue-timeout", "60"]
         flow += ["--tenant-quotas-file", str(quotas)]
-        reserve = [*flow, "--critical-reserve-per-engine", "1", "--engine-priority"]
+        tuned = [*flow, "--critical-reserve-per-engine", "1", "--engine-priority", "--tenant-fair-share"]
         urls = {
             "flow": start_stack(procs, "flow", args.model, flow),
-            "reserve": start_stack(procs, "reserve", args.model, reserve, ("--scheduling-policy", "priority")),
+            "tuned": start_stack(procs, "tuned", args.model, tuned, ("--scheduling-policy", "priority")),
             "baseline": start_stack(procs, "baseline", args.model, []),
         }
         runs: dict[str, dict[str, list]] = {"priority": {m: [] for m in urls}, "fairness": {m: [] for m in urls}}
@@ -282,8 +283,9 @@ def main() -> None:
         report = {
             "command": "python bench/flow_fairness.py " + " ".join(sys.argv[1:]),
             "setup": f"Per mode: a router and one real engine (tiny test model, CPU, --max-num-seqs {SEQS}); "
-            f"flow control: --max-inflight-per-engine {SEQS}; reserve: also --critical-reserve-per-engine 1 "
-            "--engine-priority, the engine on --scheduling-policy priority. Times in ms, rates per second.",
+            f"flow control: --max-inflight-per-engine {SEQS}; tuned: also --critical-reserve-per-engine 1 "
+            "--engine-priority --tenant-fair-share, the engine on --scheduling-policy priority. Times in ms, "
+            "rates per second.",
             "repeats": args.repeats,
             "runs": runs,
             "quota": {m: quota(urls[m], args.quota_seconds) for m in ("flow", "baseline")},

@@ -67,3 +67,28 @@ def test_the_class_goes_to_the_engine_as_its_scheduling_priority(cluster, metric
         t.join(120)
     assert results == {"standard": 200, "critical": 200}
     assert done == ["critical", "standard"]
+
+
+def test_a_heavy_tenant_holds_its_share_of_the_places_and_a_light_tenant_finds_one(cluster, metrics, until):
+    """--tenant-fair-share, 4 places: with the light tenant active the heavy one holds at most 2, so its third
+    request waits though a place is free, and the light tenant's next request takes that place at once."""
+    router = cluster.router("--max-inflight-per-engine", "4", "--tenant-fair-share", "--tenant-header", "X-Tenant",
+                            "--heartbeat-interval-ms", "5000")  # fmt: skip
+    (engine,) = start_engines(cluster, router, ["share-0"], "--max-model-len", "1024")
+    until(lambda: ready(router)["healthy_engines"] == 1, timeout=120, message="engine registered")
+    heavy, light = {"X-Tenant": "heavy"}, {"X-Tenant": "light"}
+    queue = Queue(router.url, metrics, until)
+    with frozen([engine]):
+        holder = Holder(router.url, metrics, until, light)
+        for i, in_flight in ((0, 2), (1, 3)):
+            queue.send(f"heavy-{i}", completion(f"heavy {i}"), heavy, queued=False)
+            until(lambda n=in_flight: metrics(router.url, IN_FLIGHT) == n, message=f"heavy-{i} admitted")
+        queue.send("heavy-2", completion("heavy 2"), heavy)  # over its share (2 of 4): it waits
+        assert metrics(router.url, IN_FLIGHT) == 3
+        queue.send("light", completion("light again"), light, queued=False)
+        until(lambda: metrics(router.url, IN_FLIGHT) == 4, message="the light tenant admitted at once")
+        assert queue.depth() == 1
+        holder.release()
+    for name in queue.futures:
+        assert queue.result(name).status_code == 200, queue.result(name).text
+    assert queue.depth() == 0
