@@ -145,7 +145,7 @@ class FlowControl:
         free = self.capacity(model, cls) - self.inflight[model]
         if free <= 0 or not self.fair_share:
             return free > 0
-        share = math.ceil(self.capacity(model) / max(1, len(active)))
+        share = math.ceil(self.capacity(model, cls) / max(1, len(active)))
         if self.held[model, tenant] < share:
             return True
         return free > sum(1 for t in active if t != tenant and self.held[model, t] < share)
