@@ -1,14 +1,9 @@
-"""Critical traffic with a real router and a real engine: places kept for it (--critical-reserve-per-engine) and
-its class sent to the engine as vLLM's scheduling priority (--engine-priority, the engine on
---scheduling-policy priority). Built, not timed: the engine frozen (SIGSTOP) while the situation is set up."""
+"""Flow control with a real router and a real engine: places kept for critical requests
+(--critical-reserve-per-engine) and a tenant's fair share of places (--tenant-fair-share). Built, not timed: the
+engine frozen (SIGSTOP) while the situation is set up."""
 
 from __future__ import annotations
 
-import threading
-
-import httpx
-
-from ragserve.metric_names import NUM_REQUESTS_WAITING
 from tests.helpers.process import frozen
 from tests.reliability.conftest import ready, start_engines
 from tests.router.test_flow_control import DEPTH, IN_FLIGHT, Holder, Queue, completion
@@ -37,36 +32,6 @@ def test_a_critical_request_takes_a_reserved_place_at_once_while_standard_ones_w
         assert queue.result(name).status_code == 200, queue.result(name).text
     assert queue.done[-1] == "standard"
     assert queue.depth() == 0
-
-
-def test_the_class_goes_to_the_engine_as_its_scheduling_priority(cluster, metrics, until):
-    """One seat in the engine (--max-num-seqs 1): a standard and then a critical request wait in the engine's own
-    queue behind a long stream; when the seat frees the critical one runs first (priority -1 before 0)."""
-    router = cluster.router("--engine-priority", "--heartbeat-interval-ms", "5000")
-    flags = ("--max-model-len", "1024", "--max-num-seqs", "1", "--scheduling-policy", "priority")
-    (engine,) = start_engines(cluster, router, ["priority-0"], *flags)
-    until(lambda: ready(router)["healthy_engines"] == 1, timeout=120, message="engine registered")
-    done: list[str] = []
-    results: dict[str, int] = {}
-
-    def post(name: str, headers: dict) -> None:
-        resp = httpx.post(router.url + "/v1/completions", json=completion(name), headers=headers, timeout=120)
-        results[name] = resp.status_code
-        done.append(name)
-
-    hold = completion("hold the only seat", max_tokens=900, stream=True)
-    with httpx.stream("POST", router.url + "/v1/completions", json=hold, timeout=120) as stream:
-        next(stream.iter_lines())  # its first token: it holds the engine's only seat
-        threads = [threading.Thread(target=post, args=args) for args in (("standard", {}), ("critical", CRITICAL))]
-        with frozen([engine]):  # sent in this order, standard first
-            for in_flight, t in enumerate(threads, start=2):
-                t.start()
-                until(lambda n=in_flight: metrics(router.url, IN_FLIGHT) == n, message="sent to the engine")
-        until(lambda: metrics.total(engine.url, NUM_REQUESTS_WAITING) == 2, message="both waiting in the engine")
-    for t in threads:  # the stream closed: the engine aborts it and its seat goes to the waiting requests
-        t.join(120)
-    assert results == {"standard": 200, "critical": 200}
-    assert done == ["critical", "standard"]
 
 
 def test_a_heavy_tenant_holds_its_share_of_the_places_and_a_light_tenant_finds_one(cluster, metrics, until):
