@@ -1,9 +1,12 @@
 """Flow control under overload with real engines: priority, fairness between tenants, token quotas.
 
-Two identical stacks, each a router and one real engine (tiny test model, --max-num-seqs 8): "flow" with the
-router's flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas file), "baseline" with
-it off (the engine's own FCFS queue). Scenarios a and b run on both, interleaved (repeats alternate which goes
-first); the table gives the median over repeats.
+Three stacks, each a router and one real engine (tiny test model, --max-num-seqs 8): "flow" with the router's
+flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas file), "tuned" the same with one
+place per engine kept for critical requests (--critical-reserve-per-engine 1), the class sent to the engine as
+its scheduling priority (--engine-priority; the engine on --scheduling-policy priority) and tenants held to their
+share of the places while others are active (--tenant-fair-share), "baseline" with flow
+control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved (repeats rotate which
+goes first); c on flow and baseline; the table gives the median over repeats.
 
 a. priority: TTFT p95 of critical probes (X-Ragserve-Priority: 1, one at a time) unloaded, then while 32
    standard and 8 sheddable clients (closed loops) overload the engine; the ratio (goal <= 1.5x), and what
@@ -47,7 +50,7 @@ def body(tag: str, max_tokens: int, stream: bool = True) -> dict:
     return b | ({"stream": True, "stream_options": {"include_usage": True}} if stream else {})
 
 
-def start_stack(procs: Procs, name: str, model: str, flags: list[str]) -> str:
+def start_stack(procs: Procs, name: str, model: str, flags: list[str], engine_flags: tuple[str, ...] = ()) -> str:
     port, grpc_port, eport = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
@@ -56,7 +59,7 @@ def start_stack(procs: Procs, name: str, model: str, flags: list[str]) -> str:
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, f"router {name}")
     argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", model, "--served-model-name", "tiny"]
     argv += ["--host", "127.0.0.1", "--port", str(eport), "--device", "cpu", "--enforce-eager"]
-    argv += ["--max-num-seqs", str(SEQS)]
+    argv += ["--max-num-seqs", str(SEQS), *engine_flags]
     argv += ["--router", f"127.0.0.1:{grpc_port}", "--advertise-url", f"http://127.0.0.1:{eport}"]
     procs.start(f"engine-{name}", [*argv, "--log-level", "warning"])
     wait_until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, f"engine of {name}", 600)
@@ -219,22 +222,26 @@ def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+HEADS = {"flow": "flow control", "tuned": "+ reserve, engine priority, fair share", "baseline": "baseline (off)"}
+
+
+def table(rows: dict[str, dict], digits: int, heads: dict[str, str]) -> list[str]:
+    modes = [m for m in heads if m in rows]
+    lines = ["| | " + " | ".join(heads[m] for m in modes) + " |", "|---|" + "---:|" * len(modes)]
+    for key in rows[modes[0]]:
+        lines.append(f"| {key} | " + " | ".join(f"{rows[m][key]:.{digits}f}" for m in modes) + " |")
+    return lines
+
+
 def write(out: Path, report: dict) -> None:
     (out / "flow_fairness.json").write_text(json.dumps(report, indent=2) + "\n")
-    a, b, c = report["priority"], report["fairness"], report["quota"]
     lines = ["# Flow control under overload (real engines)", "", f"Command: `{report['command']}`", ""]
     lines += [report["setup"], "", f"Median of {report['repeats']} interleaved repeats.", ""]
-    lines += ["## a. Priority", "", "| | flow control | baseline (off) |", "|---|---:|---:|"]
-    for key in a["flow"]:
-        lines.append(f"| {key} | {a['flow'][key]:.2f} | {a['baseline'][key]:.2f} |")
+    lines += ["## a. Priority", "", *table(report["priority"], 2, HEADS)]
     lines += ["", "## b. Fairness (A: 4 clients, B: 40 clients, same requests)", ""]
-    lines += ["| | flow control | baseline (off) |", "|---|---:|---:|"]
-    for key in b["flow"]:
-        lines.append(f"| {key} | {b['flow'][key]:.3f} | {b['baseline'][key]:.3f} |")
+    lines += table(report["fairness"], 3, HEADS)
     lines += ["", f"## c. Quota ({QUOTA_TPM} tokens/min, one tenant, as fast as admitted)", ""]
-    lines += ["| | flow control (quota) | baseline (no quota) |", "|---|---:|---:|"]
-    for key in c["flow"]:
-        lines.append(f"| {key} | {c['flow'][key]:.2f} | {c['baseline'][key]:.2f} |")
+    lines += table(report["quota"], 2, {"flow": "flow control (quota)", "baseline": "baseline (no quota)"})
     (out / "flow_fairness.md").write_text("\n".join(lines) + "\n")
 
 
@@ -258,13 +265,17 @@ def main() -> None:
     procs = Procs(logs)
     try:
         flow = ["--max-inflight-per-engine", str(SEQS), "--queue-size", "512", "--queue-timeout", "60"]
+        flow += ["--tenant-quotas-file", str(quotas)]
+        tuned = [*flow, "--critical-reserve-per-engine", "1", "--engine-priority", "--tenant-fair-share"]
         urls = {
-            "flow": start_stack(procs, "flow", args.model, [*flow, "--tenant-quotas-file", str(quotas)]),
+            "flow": start_stack(procs, "flow", args.model, flow),
+            "tuned": start_stack(procs, "tuned", args.model, tuned, ("--scheduling-policy", "priority")),
             "baseline": start_stack(procs, "baseline", args.model, []),
         }
         runs: dict[str, dict[str, list]] = {"priority": {m: [] for m in urls}, "fairness": {m: [] for m in urls}}
         for rep in range(args.repeats):
-            for mode in list(urls)[:: 1 if rep % 2 == 0 else -1]:
+            modes = list(urls)
+            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
                 print(f"repeat {rep} {mode}", flush=True)
                 runs["priority"][mode].append(asyncio.run(priority(urls[mode], args.probes)))
                 runs["fairness"][mode].append(asyncio.run(fairness(urls[mode], args.seconds)))
@@ -272,10 +283,12 @@ def main() -> None:
         report = {
             "command": "python bench/flow_fairness.py " + " ".join(sys.argv[1:]),
             "setup": f"Per mode: a router and one real engine (tiny test model, CPU, --max-num-seqs {SEQS}); "
-            f"flow control: --max-inflight-per-engine {SEQS}. Times in ms, rates per second.",
+            f"flow control: --max-inflight-per-engine {SEQS}; tuned: also --critical-reserve-per-engine 1 "
+            "--engine-priority --tenant-fair-share, the engine on --scheduling-policy priority. Times in ms, "
+            "rates per second.",
             "repeats": args.repeats,
             "runs": runs,
-            "quota": {m: quota(u, args.quota_seconds) for m, u in urls.items()},
+            "quota": {m: quota(urls[m], args.quota_seconds) for m in ("flow", "baseline")},
         }
         for scenario in ("priority", "fairness"):
             report[scenario] = {m: median_of(r) for m, r in runs[scenario].items()}

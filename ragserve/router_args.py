@@ -124,6 +124,16 @@ class RouterConfig(FromArgs):
         0, "requests this replica sends an engine at once; more wait in the router queue (0: no limit, no queue)",
         "flow control", type=int, schema=AT_LEAST_0,
     )  # fmt: skip
+    critical_reserve_per_engine: int = option(
+        0, "places per engine kept for critical requests: standard and sheddable ones are admitted only while an "
+        "engine has fewer than --max-inflight-per-engine minus this in flight", "flow control", type=int,
+        schema=AT_LEAST_0,
+    )  # fmt: skip
+    engine_priority: bool = option(
+        False, "send the class to the engine as its scheduling priority (body `priority`: critical -1, sheddable 1) "
+        "when the client set none; for engines run with --scheduling-policy priority", "flow control",
+        negatable=False,
+    )  # fmt: skip
     queue_size: int = option(256, "requests that may wait in the router queue (full: 429)", "flow control",
                              type=int, schema=AT_LEAST_0)  # fmt: skip
     queue_timeout: float = option(30.0, "seconds a request may wait in the router queue (then 503)", "flow control",
@@ -138,6 +148,10 @@ class RouterConfig(FromArgs):
     )  # fmt: skip
     tenant_max_concurrent: int = option(0, "requests per tenant at once (0: no limit; over it: 429)", "flow control",
                                         type=int, schema=AT_LEAST_0)  # fmt: skip
+    tenant_fair_share: bool = option(
+        False, "with --max-inflight-per-engine: a tenant holds at most its share of the places while others are "
+        "active (places / active tenants)", "flow control", negatable=False,
+    )  # fmt: skip
     tenant_quotas_file: str | None = option(
         None, "per-tenant quotas, one a line: 'TENANT [tpm=N] [concurrent=M]' (others: the two flags above)",
         "flow control",
@@ -226,6 +240,10 @@ class RouterConfig(FromArgs):
             (self.saturation_queue_depth >= 0, "--saturation-queue-depth must be >= 0"),
             (self.saturation_kv_usage >= 0, "--saturation-kv-usage must be >= 0"),
             (self.max_inflight_per_engine >= 0, "--max-inflight-per-engine must be >= 0"),
+            (
+                not self.critical_reserve_per_engine or self.critical_reserve_per_engine < self.max_inflight_per_engine,
+                "--critical-reserve-per-engine must be below --max-inflight-per-engine",
+            ),
             (self.queue_size >= 0 and self.queue_timeout > 0, "--queue-size must be >= 0, --queue-timeout > 0"),
             (min(self.tenant_tokens_per_minute, self.tenant_max_concurrent) >= 0, "tenant quotas must be >= 0"),
             (self.breaker_cooldown >= 0, "--breaker-cooldown must be >= 0"),

@@ -20,12 +20,13 @@ from ragserve_operator.spec import RAGServeSpec
 from ragserve_operator.vllm import external_block_size, router_external_engines
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
+TENANT_QUOTAS_DIR = "/etc/ragserve/tenant-quotas"
 HTTP_TLS_DIR = "/etc/ragserve/http-tls"
 
 
 def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
     """A router pod's command line settings, and the Secrets it mounts for them: registry TLS and token, the
-    cachestore's CA / client certificate / token (for store lookups), API keys."""
+    cachestore's CA / client certificate / token (for store lookups), API keys, tenant quotas."""
     r, mounts = spec.router, Mounts()
     tls = serving_tls_files(r["tls"], mounts)
     token = registry_token_file(spec)
@@ -35,6 +36,10 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
     if secret := r.get("apiKeySecret"):
         mounts.secret("api-keys", secret["name"], API_KEYS_DIR)
         api_keys = f"{API_KEYS_DIR}/{secret['key']}"
+    quotas = None
+    if secret := r.get("tenantQuotasSecret"):
+        mounts.secret("tenant-quotas", secret["name"], TENANT_QUOTAS_DIR)
+        quotas = f"{TENANT_QUOTAS_DIR}/{secret['key']}"
     mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
     https = r["httpTls"]["enabled"]
     if https:
@@ -59,6 +64,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         cachestore_tls=store_tls,
         cachestore_token_file=store_token,
         api_keys_file=api_keys,
+        tenant_quotas_file=quotas,
         **epp,
         settings=group_settings(r),
     )

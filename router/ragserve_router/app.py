@@ -127,7 +127,8 @@ async def _route(
 ) -> Routed:
     """Decide where the request goes (routing.Routing.pick) and how it may resume."""
     tenant = getattr(request.state, "tenant", "-")
-    picked, body = await gw.pick(request.headers, raw, chat, request.state, started, tenant=tenant, pooling=pooling)
+    picked, body, raw = await gw.pick(request.headers, raw, chat, request.state, started, tenant=tenant,
+                                      pooling=pooling)  # fmt: skip
     stream = body.get("stream") is True
     first = picked.decision.order[0]
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))

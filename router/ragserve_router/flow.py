@@ -4,12 +4,19 @@ With --max-inflight-per-engine N (0: off, nothing ever waits) a model has N x (i
 A request takes one when it is admitted and gives it back when its answer ends (the engine slot's release). When
 none is free it waits in a bounded queue (--queue-size; full: 429 queue_full, or the lowest-ranked waiter makes
 room for a higher class) for at most --queue-timeout seconds (then 503 queue_timeout). A sheddable request never
-waits: 429 saturated. A freed place goes to the highest class waiting; within a class, to the tenant with the
+waits: 429 saturated. --critical-reserve-per-engine K keeps K of each engine's places for critical requests:
+standard and sheddable ones are admitted only while fewer than (N - K) x engines are taken, so a critical request
+finds a place (and, with the engine's max-num-seqs at N, a free seat in its batch) at once.
+A freed place goes to the highest class waiting that fits; within a class, to the tenant with the
 fewest weighted tokens served (prompt tokens x 1 at admission, completion tokens x 2 when the usage comes back,
 as in Sheng et al., "Fairness in Serving Large Language Models"); within a tenant, first come first served.
 A tenant with nothing waiting that sends a request is lifted to the least counter of the tenants waiting, or, when
 nobody waits, to the counter of the tenant served last (VTC's rule), so neither idle time nor arriving late banks
 credit: a tenant that joins while another is served alone does not start thousands of tokens behind it.
+With --tenant-fair-share a tenant over its share of the model's places, ceil(places / active tenants) (active:
+holding or waiting for a place, or admitted or done within the last second), takes a free place only while one
+stays free for each other active tenant under its share: a heavy tenant's admitted requests do not fill every
+place, and a light tenant's next request finds one free.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ from dataclasses import dataclass, field
 
 from ragserve.http.errors import ApiError
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.priority import RANK, SHEDDABLE
+from ragserve_router.priority import CRITICAL, RANK, SHEDDABLE
 
 PROMPT_WEIGHT, COMPLETION_WEIGHT = 1.0, 2.0
 MAX_TENANTS = 10_000  # counters kept; an idle tenant's is forgotten past this (the lift makes that harmless)
 RECHECK = 1.0  # seconds between a waiter's own looks at the capacity (engines that joined since)
+RECENT = 1.0  # seconds a tenant counts as active after its last admission or answer (--tenant-fair-share)
 
 
 @dataclass(eq=False)
@@ -48,6 +56,10 @@ class FlowControl:
     queue_timeout: float
     metrics: RouterMetrics
     engines: Callable[[str], int]  # the model's candidate engines now
+    reserve: int = 0  # --critical-reserve-per-engine
+    fair_share: bool = False  # --tenant-fair-share
+    held: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> places taken
+    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, tenant) -> last admitted or done
     counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
     inflight: Counter[str] = field(default_factory=Counter)  # model -> places taken
     waiting: list[Waiter] = field(default_factory=list)
@@ -58,16 +70,21 @@ class FlowControl:
     def enabled(self) -> bool:
         return self.per_engine > 0
 
-    def capacity(self, model: str) -> int:
-        return self.per_engine * self.engines(model)
+    def per_engine_for(self, cls: str) -> int:
+        """The places per engine a class may fill: all for critical, less the reserve for the others."""
+        return self.per_engine - (0 if cls == CRITICAL else self.reserve)
+
+    def capacity(self, model: str, cls: str = CRITICAL) -> int:
+        return self.per_engine_for(cls) * self.engines(model)
 
     async def acquire(self, model: str, cls: str, tenant: str) -> None:
         """Return once the request holds a place (at once when one is free and nobody waits); raise a 429 or 503."""
         if not self.enabled:
             return
         self._lift(tenant)
-        if not any(w.model == model for w in self.waiting) and self.inflight[model] < self.capacity(model):
-            self.inflight[model] += 1
+        self.dispatch(model)  # then no waiter fits: this request goes ahead only if it does
+        if self._fits(model, cls, tenant, self._active(model, tenant)):
+            self._admit(model, tenant)
             self.metrics.queue_wait.labels(cls).observe(0)
             return
         if cls == SHEDDABLE:
@@ -79,7 +96,7 @@ class FlowControl:
             self._forget(waiter)
             admitted = waiter.admitted
             if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
-                self.release(model)  # admitted just as it was cancelled: the place goes to the next one
+                self.release(model, tenant)  # admitted just as it was cancelled: the place goes to the next one
             raise
         self.metrics.queue_wait.labels(cls).observe(time.monotonic() - waiter.since)
 
@@ -95,10 +112,15 @@ class FlowControl:
         self._forget(waiter)
         self._refuse(waiter.cls, "queue_timeout", 503, f"waited {self.queue_timeout:g} s in the router queue")
 
-    def release(self, model: str) -> None:
+    def release(self, model: str, tenant: str) -> None:
         """A request's answer ended: its place goes to the next waiter."""
         if self.enabled:
             self.inflight[model] = max(0, self.inflight[model] - 1)
+            self._seen(model, tenant)
+            if (held := self.held[model, tenant] - 1) > 0:
+                self.held[model, tenant] = held
+            else:
+                self.held.pop((model, tenant), None)
             self.dispatch(model)
 
     def charge(self, tenant: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
@@ -108,14 +130,45 @@ class FlowControl:
 
     def dispatch(self, model: str) -> None:
         """Admit waiters for the model while it has free places: highest class, then least-served tenant."""
-        while self.inflight[model] < self.capacity(model):
-            ready = [w for w in self.waiting if w.model == model]
+        while True:
+            active = self._active(model)
+            ready = [w for w in self.waiting if w.model == model and self._fits(model, w.cls, w.tenant, active)]
             if not ready:
                 return
             best = min(ready, key=lambda w: (RANK[w.cls], self.counters.get(w.tenant, 0.0), w.seq))
             self._forget(best)
-            self.inflight[model] += 1
+            self._admit(model, best.tenant)
             best.admitted.set_result(None)
+
+    def _fits(self, model: str, cls: str, tenant: str, active: set[str]) -> bool:
+        """A free place for the class; with --tenant-fair-share, one that no other active tenant is owed."""
+        free = self.capacity(model, cls) - self.inflight[model]
+        if free <= 0 or not self.fair_share:
+            return free > 0
+        share = math.ceil(self.capacity(model, cls) / max(1, len(active)))
+        if self.held[model, tenant] < share:
+            return True
+        return free > sum(1 for t in active if t != tenant and self.held[model, t] < share)
+
+    def _admit(self, model: str, tenant: str) -> None:
+        self.inflight[model] += 1
+        self.held[model, tenant] += 1
+        self._seen(model, tenant)
+
+    def _seen(self, model: str, tenant: str) -> None:
+        if self.fair_share:
+            self.seen[model, tenant] = time.monotonic()
+
+    def _active(self, model: str, arriving: str | None = None) -> set[str]:
+        """The model's active tenants (--tenant-fair-share; else none are counted)."""
+        if not self.fair_share:
+            return set()
+        now = time.monotonic()
+        for key in [k for k, at in self.seen.items() if now - at > RECENT]:
+            del self.seen[key]
+        active = {t for m, t in self.held if m == model} | {t for m, t in self.seen if m == model}
+        active |= {w.tenant for w in self.waiting if w.model == model} | ({arriving} if arriving else set())
+        return active
 
     def _enqueue(self, model: str, cls: str, tenant: str) -> Waiter:
         if len(self.waiting) >= self.queue_size:

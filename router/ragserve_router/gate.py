@@ -56,4 +56,4 @@ class Claim:
         if self.held:
             self.held = False
             self.gate.quotas.leave(self.tenant)
-            self.gate.flow.release(self.model)
+            self.gate.flow.release(self.model, self.tenant)

@@ -3,7 +3,9 @@
 Class: X-Ragserve-Priority, an integer as a Gateway API InferenceObjective's priority (above 0 critical, 0
 standard, below 0 sheddable); without the header, the body's OpenAI `service_tier` ("priority": critical,
 "flex": sheddable, anything else standard). The body's `priority` is vLLM's scheduling priority (lower first) and
-goes to the engine as it is. Tenant: the --tenant-header's value when set and present, else the API key's name,
+goes to the engine as it is; with --engine-priority a body without one gets the class's (critical -1, sheddable 1),
+so that an engine run with --scheduling-policy priority schedules a critical request before the standard ones
+waiting in it. Tenant: the --tenant-header's value when set and present, else the API key's name,
 else the client address.
 """
 
@@ -18,6 +20,7 @@ CRITICAL, STANDARD, SHEDDABLE = "critical", "standard", "sheddable"
 CLASSES = (CRITICAL, STANDARD, SHEDDABLE)  # in the order the router queue serves them
 RANK = {cls: i for i, cls in enumerate(CLASSES)}
 SERVICE_TIERS = {"priority": CRITICAL, "flex": SHEDDABLE}
+ENGINE_PRIORITY = {CRITICAL: -1, SHEDDABLE: 1}  # vLLM's scheduling priority, lower first; standard keeps 0
 MAX_TENANT = 128  # characters of a tenant name kept (a header value is the client's to choose)
 
 
@@ -39,6 +42,13 @@ def traffic_class(headers: Mapping[str, str], body: dict) -> str:
         return CRITICAL if value > 0 else SHEDDABLE if value < 0 else STANDARD
     tier = body.get("service_tier")
     return SERVICE_TIERS.get(tier, STANDARD) if isinstance(tier, str) else STANDARD
+
+
+def with_engine_priority(body: dict, cls: str) -> dict | None:
+    """The body with the class's scheduling priority; None when it keeps its own or the class is standard."""
+    if "priority" in body or cls not in ENGINE_PRIORITY:
+        return None
+    return {**body, "priority": ENGINE_PRIORITY[cls]}
 
 
 def tenant_of(headers: Mapping[str, str], tenant_header: str, key_name: str | None, client: str) -> str:

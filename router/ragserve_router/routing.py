@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -25,7 +26,7 @@ from ragserve_router.gate import Claim, Gate
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decider, Decision, RouteRequest
 from ragserve_router.pool import EnginePool, Slot
-from ragserve_router.priority import SHEDDABLE, traffic_class
+from ragserve_router.priority import SHEDDABLE, traffic_class, with_engine_priority
 from ragserve_router.prompt import RoutingKey, Tokenizers
 from ragserve_router.state import RouterState
 
@@ -125,10 +126,11 @@ class Routing:
         eligible: Callable[[EngineRecord], bool] | None = None,
         tenant: str = "-",
         pooling: bool = False,
-    ) -> tuple[Picked, dict]:
+    ) -> tuple[Picked, dict, bytes]:
         """Decide where the request goes and reserve its slot on the first engine of that order, once the gate
-        admits it; also returns the parsed body. `pooling` (embeddings, rerank, score): no KV cache to route
-        to, so the least-loaded engine serving the model; the engine checks the body."""
+        admits it; also returns the body, parsed and as sent upstream (with --engine-priority, the class's
+        scheduling priority added where the client set none). `pooling` (embeddings, rerank, score): no KV cache
+        to route to, so the least-loaded engine serving the model; the engine checks the body."""
         body, model = parse_body(raw)
         if not pooling:
             check_request(body, chat)  # the same limits the engine applies (ragserve.http.limits)
@@ -145,7 +147,7 @@ class Routing:
         claim = await self.gate.enter(model, cls, tenant, prompt_estimate(key, raw))
         try:
             t0 = time.monotonic()
-            candidates = self.room(self.candidates(labels, model, eligible))  # the engines now, after any wait
+            candidates = self.room(self.candidates(labels, model, eligible), cls)  # the engines now, after any wait
             decision = await self.decider.decide(policy, RouteRequest(model, body, chat, headers, key), candidates)
         except BaseException:
             claim.release()
@@ -159,7 +161,9 @@ class Routing:
             self.metrics.observe_prediction(first.engine_id, chosen)
         labels.policy = decision.policy
         self.remember(key, first.engine_id)
-        return Picked(model, decision, key, started, slot, claim), body
+        if self.cfg.engine_priority and not pooling and (ranked := with_engine_priority(body, cls)) is not None:
+            body, raw = ranked, json.dumps(ranked).encode()
+        return Picked(model, decision, key, started, slot, claim), body, raw
 
     def candidates(
         self, labels: Any, model: str, eligible: Callable[[EngineRecord], bool] | None = None
@@ -190,10 +194,11 @@ class Routing:
             self.pool.kv_usage(engine) > cfg.saturation_kv_usage
         )
 
-    def room(self, candidates: list[EngineRecord]) -> list[EngineRecord]:
-        """The candidates below --max-inflight-per-engine (all of them when it is off, or when none is: the
-        queue's places follow the candidates, so that only happens while engines come and go)."""
-        cap = self.cfg.max_inflight_per_engine
+    def room(self, candidates: list[EngineRecord], cls: str) -> list[EngineRecord]:
+        """The candidates below --max-inflight-per-engine, less the critical reserve for other classes (all of
+        them when it is off, or when none is: the queue's places follow the candidates, so that only happens
+        while engines come and go)."""
+        cap = self.gate.flow.per_engine_for(cls)
         under = [e for e in candidates if self.pool.health[e.engine_id].inflight < cap]
         return under if cap and under else candidates
 

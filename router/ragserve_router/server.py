@@ -71,7 +71,9 @@ def gate(cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> Gate:
     def engines(model: str) -> int:
         return len(pool.candidates(model))
 
-    return Gate(quotas, FlowControl(cfg.max_inflight_per_engine, cfg.queue_size, cfg.queue_timeout, metrics, engines))
+    flow = FlowControl(cfg.max_inflight_per_engine, cfg.queue_size, cfg.queue_timeout, metrics, engines,
+                       reserve=cfg.critical_reserve_per_engine, fair_share=cfg.tenant_fair_share)  # fmt: skip
+    return Gate(quotas, flow)
 
 
 class RouterServer(DrainingServer):

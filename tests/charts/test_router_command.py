@@ -23,6 +23,7 @@ EXTRA = {
             "staticEngines": ["http://a:8000", "http://b:8000"],
             "kubernetesDiscovery": {"enabled": True},
             "apiKeys": {"existingSecret": "keys", "key": "k"},
+            "tenantQuotasFile": {"existingSecret": "quotas", "key": "q"},
             "maxBodyBytes": 2097152,
             "drainDelaySeconds": 10,
             "terminationGracePeriodSeconds": 120,
@@ -76,7 +77,7 @@ def expected(values: dict) -> list[str]:
     """router_command() for the chart's values, with the chart's wiring (mount paths, Services, grace period)."""
     r, store = values["router"], values["cachestore"]
     auth, discover = r["registryAuth"], r["kubernetesDiscovery"]["enabled"]
-    keys = r["apiKeys"]
+    keys, quotas = r["apiKeys"], r["tenantQuotasFile"]
     launch = RouterLaunch(
         port=r["port"],
         grpc_port=r["grpcPort"],
@@ -102,6 +103,7 @@ def expected(values: dict) -> list[str]:
         if store["enabled"] and store["auth"]["existingSecret"]
         else None,
         api_keys_file=f"/etc/ragserve/api-keys/{keys['key']}" if keys["existingSecret"] else None,
+        tenant_quotas_file=f"/etc/ragserve/tenant-quotas/{quotas['key']}" if quotas["existingSecret"] else None,
         **epp_launch(values),
         settings=group_settings(r),
         extra_args=tuple(r["extraArgs"]),

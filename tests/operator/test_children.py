@@ -76,6 +76,7 @@ SPECS = {
             "breaker": {"failures": 5, "cooldown": 1.5, "probes": 2},
             "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 1},
             "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
+            "tenantQuotasSecret": {"name": "tenant-quotas"},
         },
     },
 }
@@ -167,8 +168,14 @@ def test_router_flow_control_quota_breaker_retry_and_health_settings_follow_the_
     assert (args.breaker_failures, args.breaker_cooldown, args.breaker_probes) == (5, 1.5, 2)
     assert (args.max_attempts, args.retry_backoff, args.retry_backoff_max, args.retry_jitter) == (4, 0.1, 1.5, 1.0)
     assert (args.probe_interval, args.health_failure_threshold, args.health_success_threshold) == (0.5, 3, 2)
+    assert args.tenant_quotas_file == "/etc/ragserve/tenant-quotas/quotas"  # the Secret's key, mounted there
+    pod = by_name(children("router-groups"), "Deployment", "demo-router")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "tenant-quotas")
+    assert volume["secret"]["secretName"] == "tenant-quotas"
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tenant-quotas")
+    assert mount == {"name": "tenant-quotas", "mountPath": "/etc/ragserve/tenant-quotas", "readOnly": True}
     minimal = by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
-    assert not {"--queue-size", "--breaker-failures", "--retry-jitter"} & set(minimal["args"])
+    assert not {"--queue-size", "--breaker-failures", "--retry-jitter", "--tenant-quotas-file"} & set(minimal["args"])
 
 
 def test_router_https_api_from_its_secret():

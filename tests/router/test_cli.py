@@ -53,6 +53,11 @@ def test_every_flag_reads_its_environment_variable(monkeypatch):
         (["--tls-cert", "/etc/hostname"], "--tls-cert and --tls-key must be given together"),
         (["--api-keys-file", "/no/such/keys"], "no such file: /no/such/keys"),
         (["--redis", "localhost:6379"], "--redis must be a URL"),
+        (["--critical-reserve-per-engine", "2"], "--critical-reserve-per-engine must be below --max-inflight"),
+        (
+            ["--critical-reserve-per-engine", "4", "--max-inflight-per-engine", "4"],
+            "--critical-reserve-per-engine must be below --max-inflight",
+        ),
     ],
 )
 def test_bad_flags_are_clear_errors(flags, message):

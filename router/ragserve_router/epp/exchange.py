@@ -118,7 +118,7 @@ class Exchange:
             raise ApiError(404, f"{method[:16]} {path[:200]}: not an OpenAI generation or pooling route", "not_found")
         eligible = None if self.subset is None else (lambda e: protocol.endpoint(e) in self.subset)
         raw = bytes(self.body)
-        picked, body = await self.routing.pick(
+        picked, body, raw = await self.routing.pick(
             self.headers, raw, PATHS.get(path, False), self.labels, self.started, eligible, self.tenant, pooling
         )
         self.picked, self.engine = picked, picked.decision.order[0]

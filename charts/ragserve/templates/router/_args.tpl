@@ -42,6 +42,9 @@
 {{- if $r.apiKeys.existingSecret }}
 {{- include "ragserve.arg" (list "--api-keys-file" (printf "/etc/ragserve/api-keys/%s" $r.apiKeys.key)) }}
 {{- end }}
+{{- if $r.tenantQuotasFile.existingSecret }}
+{{- include "ragserve.arg" (list "--tenant-quotas-file" (printf "/etc/ragserve/tenant-quotas/%s" $r.tenantQuotasFile.key)) }}
+{{- end }}
 {{- include "ragserve.eppArgs" . }}
 {{- /* router_args.SETTING_GROUPS, in its order (ragserve.router_command: RouterLaunch.settings) */}}
 {{- with $r.flowControl }}
