@@ -45,7 +45,9 @@ from tests.helpers.net import free_port  # noqa: E402
 
 PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
-LEG = "ragserve_router_disagg_prefill_seconds"
+LEG, STORE = "ragserve_router_disagg_prefill_seconds", "ragserve_cachestore_"
+DECODE_TTFT, FETCHED = "ragserve_router_disagg_decode_ttft_seconds", "vllm:external_prefix_cache_hits_total"
+BLOCK_TOKENS = 16  # the engines' default --block-size
 
 
 def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
@@ -126,24 +128,30 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
 
 def store_counts(store_metrics: str) -> dict[str, float]:
     m = scrape(store_metrics)
-    blocks = m.get("ragserve_cachestore_blocks", 0.0)
-    per_block = m.get("ragserve_cachestore_used_bytes", 0.0) / blocks if blocks else 0.0
-    return {"puts": m.get("ragserve_cachestore_puts", 0.0), "hits": m.get("ragserve_cachestore_block_hits", 0.0),
-            "block_bytes": per_block}  # fmt: skip
+    blocks = m.get(STORE + "blocks", 0.0)
+    per_block = m.get(STORE + "used_bytes", 0.0) / blocks if blocks else 0.0
+    return {"puts": m.get(STORE + "puts_total", 0.0), "block_bytes": per_block}
 
 
-def run_once(name: str, url: str, store_metrics: str, args, docs) -> dict:
+def fetched_tokens(engines: list[str]) -> float:
+    return sum(scrape(url + "/metrics").get(FETCHED, 0.0) for url in engines)
+
+
+def run_once(name: str, url: str, engines: list[str], store_metrics: str, args, docs) -> dict:
     unloaded = asyncio.run(phase(url, args, docs, rag=False))
-    legs0, store0 = scrape(url + "/metrics"), store_counts(store_metrics)
+    r0, store0, fetched0 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
     loaded = asyncio.run(phase(url, args, docs, rag=True))
-    legs1, store1 = scrape(url + "/metrics"), store_counts(store_metrics)
-    n = max(1, loaded["rag_requests"])
-    legs = legs1.get(LEG + "_count", 0.0) - legs0.get(LEG + "_count", 0.0)
-    leg_s = legs1.get(LEG + "_sum", 0.0) - legs0.get(LEG + "_sum", 0.0)
-    moved = (store1["puts"] - store0["puts"] + store1["hits"] - store0["hits"]) * store1["block_bytes"]
+    r1, store1, fetched1 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
+    legs, decode_legs = diff(LEG + "_count"), diff(DECODE_TTFT + "_count")
     result = {"unloaded_" + k: v for k, v in unloaded.items() if k.startswith("itl")} | loaded
-    result |= {"prefill_legs": legs, "prefill_leg_mean_s": leg_s / legs if legs else 0.0,
-               "store_mb_per_rag_request": moved / n / 1e6}  # fmt: skip
+    result |= {
+        "prefill_legs": legs,
+        "prefill_leg_mean_s": diff(LEG + "_sum") / legs if legs else 0.0,
+        "decode_leg_ttft_mean_s": diff(DECODE_TTFT + "_sum") / decode_legs if decode_legs else 0.0,
+        "stored_mb_per_rag_request": (store1["puts"] - store0["puts"]) * store1["block_bytes"] / n / 1e6,
+        "fetched_mb_per_rag_request": (fetched1 - fetched0) / BLOCK_TOKENS * store1["block_bytes"] / n / 1e6,
+    }
     print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), flush=True)
     return result
 
@@ -168,7 +176,9 @@ ROWS = {
     "output_tokens_per_s": "output tokens/s (loaded phase)",
     "wall_s": "loaded phase wall (s)",
     "prefill_leg_mean_s": "prefill leg mean (s, router metric)",
-    "store_mb_per_rag_request": "cachestore MB stored + served per RAG request",
+    "decode_leg_ttft_mean_s": "decode leg TTFT mean (s, router metric)",
+    "stored_mb_per_rag_request": "KV MB put in the cachestore per RAG request",
+    "fetched_mb_per_rag_request": "KV MB engines fetched per RAG request",
 }
 CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
 load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
@@ -177,7 +187,9 @@ the shape (does a prefill on the other core stop stalling the decode streams, wh
 what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
 role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
 network (loopback here). The baseline's `both` engines also offload full blocks to the same store (as a
-cachestore engine always does), so its store column is not zero."""
+cachestore engine always does), so its "put" row is not zero. Bytes: blocks put (the store's counter) and tokens
+the engines fetched (`vllm:external_prefix_cache_hits_total` / 16), times the store's bytes per stored block
+(headers included)."""
 
 
 def write_md(out: Path, report: dict) -> None:
@@ -198,7 +210,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decoders", type=int, default=2)
-    p.add_argument("--decode-tokens", type=int, default=160)
+    p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--unloaded-tokens", type=int, default=48)
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=8)
@@ -234,7 +246,7 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in routers}
         for rep in range(args.repeats):
             for name in list(routers)[:: 1 if rep % 2 == 0 else -1]:
-                runs[name].append(run_once(name, routers[name], store_metrics, args, docs))
+                runs[name].append(run_once(name, routers[name], engines[name], store_metrics, args, docs))
     finally:
         procs.stop()
     report = {
