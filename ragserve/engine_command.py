@@ -23,6 +23,7 @@ class EnginePod:
     model: str
     served_model_name: str | None = None
     task: str = "generate"  # embed: an embedding pool (`--task embed`; no cachestore: nothing to cache)
+    role: str = "both"  # prefill | decode: a disaggregated pool (`--role`, docs/disaggregation.md)
     engine: Mapping[str, Any] = field(default_factory=dict)  # settings by camelCase key (spec_options())
     host: str = "0.0.0.0"
     port: int = ENGINE_PORT
@@ -55,10 +56,16 @@ def task_flags(task: str) -> list[str]:
     return [] if task == "generate" else arg("task", task)
 
 
+def role_flags(role: str) -> list[str]:
+    """--role for a prefill or decode pool; a `both` pool's command line leaves the default out."""
+    return [] if role == "both" else arg("role", role)
+
+
 def engine_command(pod: EnginePod) -> list[str]:
     """`ragserve engine ...` arguments (the container's args; its command is `ragserve`)."""
     args = ["engine", *arg("host", pod.host), *arg("port", pod.port), *arg("model", pod.model)]
-    args += arg("served_model_name", pod.served_model_name) + task_flags(pod.task) + spec_flags(pod.engine)
+    args += arg("served_model_name", pod.served_model_name) + task_flags(pod.task) + role_flags(pod.role)
+    args += spec_flags(pod.engine)
     args += arg("engine_id", pod.engine_id)
     if pod.router:
         args += arg("router", pod.router) + arg("advertise_url", pod.advertise_url.format(port=pod.port))

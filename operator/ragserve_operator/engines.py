@@ -38,6 +38,7 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             model=model_path(pool),
             served_model_name=pool.raw.get("servedModelName"),
             task=pool.raw.get("task", "generate"),
+            role=pool.raw.get("role", "both"),
             engine=pool.engine_flags,
             port=ENGINE_PORT,
             router=f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -74,11 +74,11 @@ def create_app(gw: Gateway) -> FastAPI:
         attributes = _trace_attributes(routed) if tracing.enabled() else None
         with tracing.span("router.route", tracing.extract(request.headers), attributes):
             try:  # a long prompt for a decode engine: its prefill leg first, on a prefill engine (disagg.py)
-                await race_disconnect(request, run_prefill(gw, routed, disagg_metrics))
+                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics))
             except ClientGone:
                 routed.slot.release()
                 return Response(status_code=CLIENT_CLOSED)
-            return await gw.proxy.forward(routed)
+            return await gw.proxy.forward(replace(routed, prefill_s=leg.seconds) if leg.engine_id else routed)
 
     @app.post("/v1/chat/completions", dependencies=generate)
     async def chat_completions(request: Request) -> Response:

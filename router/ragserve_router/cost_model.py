@@ -34,7 +34,9 @@ rather than being ranked on a slower path than theirs.
 
 Engines are ranked by cost = TTFT + work_weight x computed / prefill_rate (the cluster capacity the
 request uses: what a cache hit saves) + decode, where decode = output tokens x (step + seq_time x
-(1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there.
+(1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there. An engine
+whose free KV blocks cannot hold the prompt and output (kv_room) ranks after every engine that can: it would
+preempt. For a decode engine of a disaggregated request the decode term and KV room are what set it apart.
 """
 
 from __future__ import annotations
@@ -197,6 +199,12 @@ def offload_speed(speed: Speed, medium: str, block_size: int) -> Speed:
     """The engine's speed with its fetch figure replaced by loading one block from `medium`."""
     fraction = MEDIUM_LOAD_FRACTION.get(medium.upper(), DEFAULT_FETCH_FRACTION)
     return replace(speed, fetch_s_per_block=fraction * max(block_size, 1) / speed.prefill_tokens_per_s)
+
+
+def kv_room(load: Load, tokens: int, block_tokens: int) -> bool:
+    """Whether the engine's free KV blocks (its last heartbeat) hold a request of `tokens` prompt + output tokens;
+    an engine that reported no block counts has room."""
+    return not load.total_blocks or load.free_blocks >= -(-tokens // block_tokens)
 
 
 def output_tokens(body: dict) -> int:

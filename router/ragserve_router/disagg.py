@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client import Counter, Histogram
 
+from ragserve import tracing
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.policies import RouteRequest
 
@@ -70,10 +71,18 @@ def prefill_engines(gw, r) -> list[EngineRecord]:
 
 
 async def run_prefill(gw, r, metrics: DisaggMetrics) -> PrefillLeg:
-    """The prefill leg, before the request goes to its decode engine (see the module doc)."""
+    """The prefill leg, before the request goes to its decode engine (see the module doc); a span of its own."""
     engines = prefill_engines(gw, r)
     if not engines:
         return PrefillLeg()
+    with tracing.span("router.prefill_leg", attributes={"ragserve.decode_engine": r.decision.order[0].engine_id}) as s:
+        leg = await _attempts(gw, r, metrics, engines)
+        if s is not None:
+            s.set_attribute("ragserve.prefill_engine", leg.engine_id)
+        return leg
+
+
+async def _attempts(gw, r, metrics: DisaggMetrics, engines: list[EngineRecord]) -> PrefillLeg:
     body = r.plan.body
     decision = await gw.decider.decide(gw.policy(r.request.headers), RouteRequest(r.model, body, r.plan.chat,
                                        r.request.headers, r.key), engines)  # fmt: skip

@@ -61,6 +61,11 @@ class RouterMetrics:
         self.engine_ttft = latency(
             "engine_ttft_seconds", "Time from request arrival to the first streamed byte, by engine", "engine"
         )
+        self.disagg_decode_ttft = Histogram(
+            p + "disagg_decode_ttft_seconds",
+            "Disaggregated requests: the decode leg's part of the TTFT (the prefill leg's end to the first byte)",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.predicted_tokens = Counter(
             p + "predicted_prompt_tokens",
             "kv_aware's split of the prompt tokens it routed: local cache hits, fetched from the cachestore, computed",

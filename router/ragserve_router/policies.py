@@ -17,7 +17,15 @@ from typing import ClassVar
 from ragserve.chunks import chunk_record_keys
 from ragserve.keys import cacheable_blocks
 from ragserve.router_args import POLICIES, RouterConfig
-from ragserve_router.cost_model import FleetFigures, Prediction, calibrate, offload_speed, output_tokens, predict
+from ragserve_router.cost_model import (
+    FleetFigures,
+    Prediction,
+    calibrate,
+    kv_room,
+    offload_speed,
+    output_tokens,
+    predict,
+)
 from ragserve_router.engines import EngineRecord
 from ragserve_router.hashring import bounded_order, rendezvous_score, ring_order
 from ragserve_router.prompt import TEXT_CHUNK_BYTES, RoutingKey, prompt_bytes
@@ -211,8 +219,9 @@ class KVAware(RoutingPolicy):
         # burst stays together while different documents spread, the same way on every replica
         tie = key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
 
-        def rank(r: EngineRecord) -> tuple[float, float, int]:
-            return predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
+        def rank(r: EngineRecord) -> tuple[bool, float, float, int]:
+            full = not kv_room(r.load, prompt + out, r.block_size or bs)
+            return full, predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
 
         order = sorted(cands, key=rank)
         best = predictions[order[0].engine_id]

@@ -69,12 +69,13 @@ class Picked:
         """This decision's fields, to build a subclass (upstream.Routed) from it."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(Picked)}
 
-    def first_token(self, metrics: RouterMetrics, engine_id: str) -> None:
-        """The engine's first streamed byte: its prefill is over; TTFT observed."""
+    def first_token(self, metrics: RouterMetrics, engine_id: str) -> float:
+        """The engine's first streamed byte: its prefill is over; TTFT observed (and returned)."""
         self.slot.first_token()
         elapsed = time.monotonic() - self.started
         metrics.ttft.labels(self.model).observe(elapsed)
         metrics.engine_ttft.labels(engine_id).observe(elapsed)
+        return elapsed
 
     def finish(self, metrics: RouterMetrics, engine_id: str, usage: dict | None = None) -> None:
         """The request is over on the engine: its usage accounted, its slot released, its latency observed."""

@@ -37,6 +37,13 @@ class Routed(Picked):
     body: bytes
     stream: bool
     plan: ResumePlan
+    prefill_s: float = 0.0  # its prefill leg (disagg.py), 0 when none ran
+
+    def first_token(self, metrics: RouterMetrics, engine_id: str) -> float:
+        elapsed = super().first_token(metrics, engine_id)
+        if self.prefill_s:  # TTFT = prefill leg + decode leg: the leg is ragserve_router_disagg_prefill_seconds
+            metrics.disagg_decode_ttft.observe(elapsed - self.prefill_s)
+        return elapsed
 
 
 def request_scoped(resp: httpx.Response) -> bool:

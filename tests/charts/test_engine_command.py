@@ -29,6 +29,12 @@ EXTRA = {
     },
     "no-router-no-cachestore": {"router": {"enabled": False}, "cachestore": {"enabled": False}},
     "pool-opts-out": {"engines": [{"name": "solo", "model": "m", "registerWithRouter": False, "useCachestore": False}]},
+    "prefill-decode-pools": {
+        "engines": [
+            {"name": "prefill", "model": "m", "role": "prefill"},
+            {"name": "decode", "model": "m", "role": "decode"},
+        ],
+    },
     "embedding-pool": {
         "engines": [{"name": "default", "model": "m"}, {"name": "embed", "model": "e", "task": "embed"}],
     },
@@ -100,6 +106,7 @@ def expected(values: dict, pool: dict) -> list[str]:
         model=model_path(pool),
         served_model_name=pool["servedModelName"],
         task=pool["task"],
+        role=pool["role"],
         engine=pool["engine"],
         port=pool["port"],
         router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,

@@ -92,6 +92,8 @@ CONFLICTS = [
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "pvc"}}]}, "needs modelSource.pvc.claimName"),
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "hostPath"}}]}, "needs modelSource.hostPath"),
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "image"}}]}, "needs modelSource.image"),
+    ({"engines": [{"name": "p", "model": "m", "role": "prefill", "useCachestore": False}]}, "role=prefill needs the"),
+    ({"cachestore": {"enabled": False}, "engines": [{"name": "d", "model": "m", "role": "decode"}]}, "decode needs"),
     (
         {"engines": [{"name": "a", "model": "m", "autoscaling": {"mode": "hpa", "minReplicas": 5, "maxReplicas": 2}}]},
         "engines[a].autoscaling: minReplicas (5) > maxReplicas (2)",

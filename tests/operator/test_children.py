@@ -46,6 +46,9 @@ SPECS = {
     "embedding-pool": {
         "engines": [{"name": "a", "model": "m"}, {"name": "embed", "model": "all-minilm-l6-v2", "task": "embed"}]
     },
+    "prefill-decode": {
+        "engines": [{"name": "p", "model": "m", "role": "prefill"}, {"name": "d", "model": "m", "role": "decode"}]
+    },
     "secure": {
         "engines": [{"name": "a", "model": "m"}],
         "router": {"registryAuth": {"tokenSecret": {"name": "registry"}}},
@@ -221,6 +224,19 @@ def test_engine_containers_run_the_real_cli():
     ]
     big = by_name(objs, "Deployment", "demo-engine-big")["spec"]["template"]["spec"]
     assert parse(big["containers"][0]).model == "/models/llama"
+
+
+def test_engine_roles():
+    objs = children("prefill-decode")
+    for pool, role in (("p", "prefill"), ("d", "decode")):
+        args = parse(by_name(objs, "Deployment", f"demo-engine-{pool}")["spec"]["template"]["spec"]["containers"][0])
+        assert (args.role, bool(args.cachestore)) == (role, True)
+    assert (
+        parse(
+            by_name(children("full"), "Deployment", "demo-engine-small")["spec"]["template"]["spec"]["containers"][0]
+        ).role
+        == "both"
+    )
 
 
 def test_engine_pods():

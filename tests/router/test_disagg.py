@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow  # several processes, each loading a model
 ENGINE_FLAGS = ["--num-gpu-blocks", "1024", "--max-model-len", "4096"]
 LEGS = "ragserve_router_disagg_prefill_legs_total"
 FETCHED = "vllm:external_prefix_cache_hits_total"
+LEG_S, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 
 
 @dataclass
@@ -120,6 +121,19 @@ def test_1p1d_equals_one_engine(pd, name, stream, n):
     assert metric(fleet.router.url, LEGS, outcome="ok") == legs + long  # short prompts skip the prefill leg
     if long:  # the decode engine computed the last prompt token only: the rest was fetched (or held since)
         assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_ttft_split_into_prefill_and_decode_legs(pd):
+    fleet, _ = pd
+    url, ttft, decode = fleet.router.url, "ragserve_router_time_to_first_token_seconds", DECODE_TTFT
+    before = {k: metric(url, k) for k in (f"{ttft}_sum", f"{decode}_count", f"{decode}_sum", f"{LEG_S}_sum")}
+    answer(url, rag(3, "Which item weighs 39 grams?", max_tokens=4, stream=True))
+    delta = {k: metric(url, k) - v for k, v in before.items()}
+    assert delta[f"{decode}_count"] == 1
+    # the request's TTFT is its prefill leg plus its decode leg
+    assert delta[f"{decode}_sum"] + delta[f"{LEG_S}_sum"] == pytest.approx(delta[f"{ttft}_sum"])
+    answer(url, SHORT | {"max_tokens": 4, "stream": True})  # no prefill leg: no decode-leg TTFT either
+    assert metric(url, f"{decode}_count") == before[f"{decode}_count"] + 1
 
 
 def test_decode_engine_fetched_the_prompt(pd):

@@ -13,6 +13,9 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- if and $p.task (ne $p.task "generate") }}
 {{- include "ragserve.arg" (list "--task" $p.task) }}
 {{- end }}
+{{- if and $p.role (ne $p.role "both") }}
+{{- include "ragserve.arg" (list "--role" $p.role) }}
+{{- end }}
 {{- include "ragserve.arg" (list "--dtype" $e.dtype) }}
 {{- include "ragserve.arg" (list "--device" $e.device) }}
 {{- include "ragserve.arg" (list "--block-size" $e.blockSize) }}

@@ -1,0 +1,270 @@
+"""Disaggregated prefill/decode (docs/disaggregation.md) against two `both` engines, on the same cores, in one run.
+
+    1P1D      router kv_aware --disagg-min-prompt-tokens 512; a --role prefill engine pinned to core 0 and a
+              --role decode engine pinned to core 1 (`taskset -c`), both on the cachestore
+    baseline  router kv_aware; two --role both engines, one pinned to core 0, one to core 1, same cachestore
+
+Every engine: OMP_NUM_THREADS=1, --enforce-eager. The cachestore, both routers and this load generator are not
+pinned: they share the same two cores with the engines (see the result file's caveats).
+
+Per configuration and repeat (the configurations interleaved, ABBA), through its router:
+    unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
+    loaded    the same users stream --decode-tokens tokens each while --rag-clients closed-loop clients keep sending
+              RAG prompts (a demo-corpus document, 1.3-2.8k tokens, made unique per request so nothing is cached;
+              --rag-tokens answer tokens), until the users' streams end
+Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals), the RAG requests' TTFT
+p50/p95, output tokens per second over the loaded phase, and for 1P1D the prefill leg (the router's
+ragserve_router_disagg_prefill_seconds) and the KV bytes through the cachestore per RAG request (stored blocks and
+blocks served, times the store's bytes per block). Medians over the repeats.
+
+    .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--out bench/results]
+
+--quick: the tiny test model and a short workload (a smoke run). Default: SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rag_cluster import scrape  # noqa: E402  (bench/ is not a package)
+
+from ragserve.demo.corpus import load_corpus  # noqa: E402
+from router import ROOT, Procs, pct, wait_until  # noqa: E402
+from tests.helpers.net import free_port  # noqa: E402
+
+PY = [sys.executable, "-m", "ragserve.cli"]
+ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
+LEG, STORE = "ragserve_router_disagg_prefill_seconds", "ragserve_cachestore_"
+DECODE_TTFT, FETCHED = "ragserve_router_disagg_decode_ttft_seconds", "vllm:external_prefix_cache_hits_total"
+BLOCK_TOKENS = 16  # the engines' default --block-size
+
+
+def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
+    port, grpc = free_port(), free_port()
+    argv = [*PY, "router", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc), "--policy", "kv_aware"]
+    procs.start(name, [*argv, "--registry-allow-unauthenticated", "--log-level", "warning", *flags])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, name)
+    return url, f"127.0.0.1:{grpc}"
+
+
+def start_engine(procs: Procs, name: str, core: int, role: str, router: str, store: str, model: str) -> str:
+    port = free_port()
+    argv = ["env", "OMP_NUM_THREADS=1", "taskset", "-c", str(core), *PY, "engine", "--model", model]
+    argv += ["--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), *ENGINE, "--role", role]
+    argv += ["--router", router, "--advertise-url", f"http://127.0.0.1:{port}", "--engine-id", name]
+    procs.start(name, [*argv, "--cachestore", store, "--log-level", "warning"])
+    return f"http://127.0.0.1:{port}"
+
+
+def decode_body(tokens: int) -> dict:
+    text = f"[{uuid.uuid4().hex[:8]}] Write a long story about a lighthouse keeper."
+    messages = [{"role": "user", "content": text}]
+    return {"model": "bench", "messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+
+
+def rag_body(doc, tokens: int) -> dict:
+    system = f"Request {uuid.uuid4().hex}. Answer from the context.\n\n{doc.title}\n\n{doc.text}"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Summarise the context."}]
+    return {"model": "bench", "messages": messages, "max_tokens": tokens, "stream": True}
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict) -> list[float]:
+    """Arrival time of every content chunk (the request's send time first)."""
+    times = [time.perf_counter()]
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                chunk = json.loads(line[6:])
+                if any(c.get("delta", {}).get("content") for c in chunk["choices"]):
+                    times.append(time.perf_counter())
+    return times
+
+
+def itls(streams: list[list[float]]) -> list[float]:
+    return [b - a for times in streams for a, b in zip(times[1:], times[2:], strict=False)]
+
+
+async def phase(url: str, args, docs, rag: bool) -> dict:
+    tokens = args.decode_tokens if rag else args.unloaded_tokens
+    async with httpx.AsyncClient(timeout=600) as client:
+        start, done = time.perf_counter(), asyncio.Event()
+        rag_streams: list[list[float]] = []
+
+        async def rag_loop(i: int) -> None:
+            n = i
+            while not done.is_set():
+                rag_streams.append(await stream(client, url, rag_body(docs[n % len(docs)], args.rag_tokens)))
+                n += args.rag_clients
+
+        loops = [asyncio.create_task(rag_loop(i)) for i in range(args.rag_clients if rag else 0)]
+        users = await asyncio.gather(*(stream(client, url, decode_body(tokens)) for _ in range(args.decoders)))
+        done.set()
+        await asyncio.gather(*loops)
+        wall = time.perf_counter() - start
+    gaps = itls(users)
+    out_tokens = sum(len(t) - 1 for t in users + rag_streams)
+    result = {f"itl_p{q}_ms": 1000 * pct(gaps, q / 100) for q in (50, 95, 99)}
+    result |= {"wall_s": wall, "output_tokens_per_s": out_tokens / wall}
+    if rag:
+        ttft = [t[1] - t[0] for t in rag_streams]
+        result |= {"rag_requests": len(rag_streams), "rag_ttft_p50_s": pct(ttft, 0.5)}
+        result["rag_ttft_p95_s"] = pct(ttft, 0.95)
+    return result
+
+
+def store_counts(store_metrics: str) -> dict[str, float]:
+    m = scrape(store_metrics)
+    blocks = m.get(STORE + "blocks", 0.0)
+    per_block = m.get(STORE + "used_bytes", 0.0) / blocks if blocks else 0.0
+    return {"puts": m.get(STORE + "puts_total", 0.0), "block_bytes": per_block}
+
+
+def fetched_tokens(engines: list[str]) -> float:
+    return sum(scrape(url + "/metrics").get(FETCHED, 0.0) for url in engines)
+
+
+def run_once(name: str, url: str, engines: list[str], store_metrics: str, args, docs) -> dict:
+    unloaded = asyncio.run(phase(url, args, docs, rag=False))
+    r0, store0, fetched0 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    loaded = asyncio.run(phase(url, args, docs, rag=True))
+    r1, store1, fetched1 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
+    legs, decode_legs = diff(LEG + "_count"), diff(DECODE_TTFT + "_count")
+    result = {"unloaded_" + k: v for k, v in unloaded.items() if k.startswith("itl")} | loaded
+    result |= {
+        "prefill_legs": legs,
+        "prefill_leg_mean_s": diff(LEG + "_sum") / legs if legs else 0.0,
+        "decode_leg_ttft_mean_s": diff(DECODE_TTFT + "_sum") / decode_legs if decode_legs else 0.0,
+        "stored_mb_per_rag_request": (store1["puts"] - store0["puts"]) * store1["block_bytes"] / n / 1e6,
+        "fetched_mb_per_rag_request": (fetched1 - fetched0) / BLOCK_TOKENS * store1["block_bytes"] / n / 1e6,
+    }
+    print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), flush=True)
+    return result
+
+
+def warm(urls: list[str], router: str, docs) -> None:
+    short = decode_body(8) | {"stream": False}
+    for url in [*urls, router]:
+        for body in (short, rag_body(docs[0], 2) | {"stream": False}):
+            resp = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+            assert resp.status_code == 200, resp.text
+
+
+ROWS = {
+    "unloaded_itl_p50_ms": "unloaded decode ITL p50 (ms)",
+    "unloaded_itl_p95_ms": "unloaded decode ITL p95 (ms)",
+    "itl_p50_ms": "decode ITL under RAG load p50 (ms)",
+    "itl_p95_ms": "decode ITL under RAG load p95 (ms)",
+    "itl_p99_ms": "decode ITL under RAG load p99 (ms)",
+    "rag_ttft_p50_s": "RAG TTFT p50 (s)",
+    "rag_ttft_p95_s": "RAG TTFT p95 (s)",
+    "rag_requests": "RAG requests served in the loaded phase",
+    "output_tokens_per_s": "output tokens/s (loaded phase)",
+    "wall_s": "loaded phase wall (s)",
+    "prefill_leg_mean_s": "prefill leg mean (s, router metric)",
+    "decode_leg_ttft_mean_s": "decode leg TTFT mean (s, router metric)",
+    "stored_mb_per_rag_request": "KV MB put in the cachestore per RAG request",
+    "fetched_mb_per_rag_request": "KV MB engines fetched per RAG request",
+}
+CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
+load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
+store copies ~47 MB per SmolLM2 prompt in and out, the client parses every streamed chunk). So the figures show
+the shape (does a prefill on the other core stop stalling the decode streams, what does the transfer cost), not
+what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
+role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
+network (loopback here). The baseline's `both` engines also offload full blocks to the same store (as a
+cachestore engine always does), so its "put" row is not zero. Bytes: blocks put (the store's counter) and tokens
+the engines fetched (`vllm:external_prefix_cache_hits_total` / 16), times the store's bytes per stored block
+(headers included)."""
+
+
+def write_md(out: Path, report: dict) -> None:
+    med = report["median"]
+    lines = [f"# Disaggregated prefill/decode: 1P1D vs two `both` engines ({report['model']})", ""]
+    lines += [f"`{report['command']}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
+    lines += ["Medians over the repeats (each repeat's values in the JSON).", ""]
+    lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
+    for key, label in ROWS.items():
+        a, b = med["1P1D"][key], med["baseline"][key]
+        lines.append(f"| {label} | {a:.3g} | {b:.3g} | {a / b:.2f} |" if b else f"| {label} | {a:.3g} | {b:.3g} | |")
+    lines += ["", CAVEATS, ""]
+    out.write_text("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decoders", type=int, default=2)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--unloaded-tokens", type=int, default=48)
+    p.add_argument("--rag-clients", type=int, default=2)
+    p.add_argument("--rag-tokens", type=int, default=8)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = p.parse_args()
+    model = "smollm2-135m"
+    if args.quick:
+        from tests.helpers.tiny_models import tiny_model
+
+        model, args.repeats, args.decode_tokens, args.unloaded_tokens = str(tiny_model("llama")), 1, 48, 16
+    docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
+    logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
+    print(f"process logs: {logs}", flush=True)
+    procs = Procs(logs)
+    try:
+        store_port, metrics_port = free_port(), free_port()
+        store, store_metrics = f"127.0.0.1:{store_port}", f"http://127.0.0.1:{metrics_port}/metrics"
+        argv = [*PY, "cachestore", "--host", "127.0.0.1", "--port", str(store_port)]
+        procs.start("cachestore", [*argv, "--metrics-port", str(metrics_port), "--memory", "2GiB"])
+        wait_until(lambda: httpx.get(store_metrics).status_code == 200, "cachestore")
+        pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"])
+        base_url, base_grpc = start_router(procs, "router-baseline", [])
+        engines = {
+            "1P1D": [start_engine(procs, "prefill", 0, "prefill", pd_grpc, store, model),
+                     start_engine(procs, "decode", 1, "decode", pd_grpc, store, model)],
+            "baseline": [start_engine(procs, "both-0", 0, "both", base_grpc, store, model),
+                         start_engine(procs, "both-1", 1, "both", base_grpc, store, model)],
+        }  # fmt: skip
+        routers = {"1P1D": pd_url, "baseline": base_url}
+        for name, url in routers.items():
+            wait_until(lambda u=url: httpx.get(u + "/ready").json().get("healthy_engines") == 2, name, 600)
+            warm(engines[name], url, docs)
+        runs: dict[str, list[dict]] = {name: [] for name in routers}
+        for rep in range(args.repeats):
+            for name in list(routers)[:: 1 if rep % 2 == 0 else -1]:
+                runs[name].append(run_once(name, routers[name], engines[name], store_metrics, args, docs))
+    finally:
+        procs.stop()
+    report = {
+        "command": "python bench/disagg.py " + " ".join(sys.argv[1:]),
+        "model": model,
+        "workload": {
+            k: getattr(args, k)
+            for k in ("repeats", "decoders", "decode_tokens", "unloaded_tokens", "rag_clients", "rag_tokens")
+        },  # fmt: skip
+        "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"disagg{'-quick' if args.quick else ''}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_md(out / f"disagg{'-quick' if args.quick else ''}.md", report)
+    print(json.dumps(report["median"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
