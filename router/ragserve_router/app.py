@@ -133,7 +133,7 @@ async def _route(
     first = picked.decision.order[0]
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))
     return Routed(**picked.fields(), request=request, request_id=request.state.request_id, path=path, body=raw,
-                  stream=stream, plan=plan)  # fmt: skip
+                  stream=stream, plan=plan, prefill_s=0.0)  # fmt: skip
 
 
 def _trace_attributes(routed: Routed) -> dict:

@@ -37,7 +37,7 @@ class Routed(Picked):
     body: bytes
     stream: bool
     plan: ResumePlan
-    prefill_s: float = 0.0  # its prefill leg (disagg.py), 0 when none ran
+    prefill_s: float  # its prefill leg (disagg.py), 0 when none ran
 
     def first_token(self, metrics: RouterMetrics, engine_id: str) -> float:
         elapsed = super().first_token(metrics, engine_id)
