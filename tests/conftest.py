@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from tests.helpers.net import free_port
+from tests.helpers.schedule import longest_first, unit_of
 from tests.helpers.threads import share_cores
 from tests.helpers.triton_interpret import interpret_triton_language
 
@@ -35,30 +36,29 @@ def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-# Directories whose tests share session fixtures (a Redis, a router fleet, rendered charts) or, for the
-# operator's, whose last test checks what all of them called: one xdist worker runs each whole.
-WHOLE_DIRECTORIES = {"cachestore", "charts", "operator", "router"}
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
     """Under `make test`'s xdist workers a module is one unit of work, so its module fixtures start once, and
-    each of WHOLE_DIRECTORIES is one unit. (A scheduler rather than xdist_group marks: xdist 3.8 puts the group
-    into item._nodeid, which pytest 9 no longer reads.)"""
+    each of WHOLE_DIRECTORIES is one unit (tests.helpers.schedule). Units go out in collection order, which
+    pytest_collection_modifyitems makes longest first. (A scheduler rather than xdist_group marks: xdist 3.8
+    puts the group into item._nodeid, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # xdist's own order, most tests first, ends on the slow modules
 
     class ModuleOrDirectory(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            parts = path.split("/")
-            return parts[1] if len(parts) > 2 and parts[1] in WHOLE_DIRECTORIES else path
+            return unit_of(nodeid)
 
     return ModuleOrDirectory(config, log)
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test marked last_in_module runs after the rest of its module in any order (pytest-randomly's too):
-    it ends what the module's fixtures share, e.g. stops the module's stack."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slowest units first (tests.helpers.schedule) unless pytest-randomly shuffled them. A test marked
+    last_in_module runs after the rest of its module in any order: it ends what the module's fixtures share,
+    e.g. stops the module's stack."""
+    if not config.pluginmanager.hasplugin("randomly"):
+        items[:] = [items[k] for k in longest_first([i.nodeid for i in items])]
     for item in [i for i in items if i.get_closest_marker("last_in_module")]:
         items.remove(item)
         same = [k for k, other in enumerate(items) if other.path == item.path]
