@@ -42,8 +42,9 @@ ROUTER_GROUPS += ("endpoint picker",)  # the Gateway API Inference Extension EPP
 SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "flowControl": (
         "max_inflight_per_engine", "queue_size", "queue_timeout", "saturation_queue_depth", "saturation_kv_usage",
+        "critical_reserve_per_engine", "engine_priority",
     ),
-    "tenantQuotas": ("tenant_header", "tenant_tokens_per_minute", "tenant_max_concurrent"),
+    "tenantQuotas": ("tenant_header", "tenant_tokens_per_minute", "tenant_max_concurrent", "tenant_fair_share"),
     "breaker": ("breaker_failures", "breaker_cooldown", "breaker_probes"),
     "retry": ("max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter"),
     "health": ("probe_interval", "health_failure_threshold", "health_success_threshold"),

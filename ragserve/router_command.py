@@ -69,5 +69,5 @@ def router_command(launch: RouterLaunch) -> list[str]:
     args += arg("epp_port", r.epp_port)
     args += switch("epp_plaintext", r.epp_plaintext) + arg("epp_cert_file", r.epp_cert_file)
     args += arg("epp_key_file", r.epp_key_file) + arg("otlp_traces_endpoint", r.otlp_traces_endpoint)
-    args += [a for name, value in r.settings for a in arg(name, value)]
+    args += [a for name, value in r.settings for a in (switch if isinstance(value, bool) else arg)(name, value)]
     return args + list(r.extra_args)

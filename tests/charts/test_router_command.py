@@ -41,14 +41,22 @@ EXTRA = {
     "epp-secret": {"gateway": {"inferencePool": {"enabled": True, "tls": {"mode": "secret", "secretName": "epp"}}}},
     "flow-control-quotas-breaker-retry-health": {
         "router": {
-            "flowControl": {"maxInflightPerEngine": 4, "queueSize": 0, "queueTimeout": 2.5, "saturationQueueDepth": 0},
-            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8},
+            "flowControl": {
+                "maxInflightPerEngine": 4,
+                "queueSize": 0,
+                "queueTimeout": 2.5,
+                "saturationQueueDepth": 0,
+                "criticalReservePerEngine": 1,
+                "enginePriority": True,
+            },
+            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8, "fairShare": True},
             "breaker": {"failures": 5, "cooldown": 1.5, "probes": 2},
             "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 0.25},
             "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
             "extraArgs": ["--queue-size", "8"],
         },
     },
+    "switches-off": {"router": {"flowControl": {"enginePriority": False}, "tenantQuotas": {"fairShare": False}}},
     "https-api": {"router": {"httpTls": {"enabled": True, "secretName": "router-https"}}},
     "mtls-instead-of-token": {
         "router": {

@@ -74,8 +74,15 @@ SPECS = {
     "router-groups": {
         "engines": [{"name": "a", "model": "m"}],
         "router": {
-            "flowControl": {"maxInflightPerEngine": 4, "queueSize": 0, "queueTimeout": 2.5, "saturationKvUsage": 0.9},
-            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8},
+            "flowControl": {
+                "maxInflightPerEngine": 4,
+                "queueSize": 0,
+                "queueTimeout": 2.5,
+                "saturationKvUsage": 0.9,
+                "criticalReservePerEngine": 1,
+                "enginePriority": True,
+            },
+            "tenantQuotas": {"header": "X-Tenant", "tokensPerMinute": 60000, "maxConcurrent": 8, "fairShare": True},
             "breaker": {"failures": 5, "cooldown": 1.5, "probes": 2},
             "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 1},
             "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
@@ -168,6 +175,7 @@ def test_router_flow_control_quota_breaker_retry_and_health_settings_follow_the_
     }
     assert got == {"max_inflight_per_engine": 4, "queue_size": 0, "queue_timeout": 2.5, "saturation_kv_usage": 0.9}
     assert (args.tenant_header, args.tenant_tokens_per_minute, args.tenant_max_concurrent) == ("X-Tenant", 60000, 8)
+    assert (args.critical_reserve_per_engine, args.engine_priority, args.tenant_fair_share) == (1, True, True)
     assert (args.breaker_failures, args.breaker_cooldown, args.breaker_probes) == (5, 1.5, 2)
     assert (args.max_attempts, args.retry_backoff, args.retry_backoff_max, args.retry_jitter) == (4, 0.1, 1.5, 1.0)
     assert (args.probe_interval, args.health_failure_threshold, args.health_success_threshold) == (0.5, 3, 2)

@@ -53,11 +53,18 @@
 {{- include "ragserve.arg" (list "--queue-timeout" .queueTimeout) }}
 {{- include "ragserve.arg" (list "--saturation-queue-depth" .saturationQueueDepth) }}
 {{- include "ragserve.arg" (list "--saturation-kv-usage" .saturationKvUsage) }}
+{{- include "ragserve.arg" (list "--critical-reserve-per-engine" .criticalReservePerEngine) }}
+{{- if .enginePriority }}
+- --engine-priority
+{{- end }}
 {{- end }}
 {{- with $r.tenantQuotas }}
 {{- include "ragserve.arg" (list "--tenant-header" .header) }}
 {{- include "ragserve.arg" (list "--tenant-tokens-per-minute" .tokensPerMinute) }}
 {{- include "ragserve.arg" (list "--tenant-max-concurrent" .maxConcurrent) }}
+{{- if .fairShare }}
+- --tenant-fair-share
+{{- end }}
 {{- end }}
 {{- with $r.breaker }}
 {{- include "ragserve.arg" (list "--breaker-failures" .failures) }}
