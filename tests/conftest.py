@@ -38,6 +38,8 @@ def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 # Directories whose tests share session fixtures (a Redis, a router fleet, rendered charts) or, for the
 # operator's, whose last test checks what all of them called: one xdist worker runs each whole.
 WHOLE_DIRECTORIES = {"cachestore", "charts", "operator", "router"}
+# Modules that share one session fixture (tests/engine/conftest.py's smollm2_engine): one unit of work.
+SHARED_MODULES = {f"tests/engine/{m}.py": "smollm2" for m in ("test_structured_outputs", "test_tool_calls")}
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
@@ -50,6 +52,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             parts = path.split("/")
+            if path in SHARED_MODULES:
+                return SHARED_MODULES[path]
             return parts[1] if len(parts) > 2 and parts[1] in WHOLE_DIRECTORIES else path
 
     return ModuleOrDirectory(config, log)
