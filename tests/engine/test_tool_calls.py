@@ -20,6 +20,7 @@ from ragserve_engine.structured.spec import GuidedDecoding
 from tests.helpers.engine_server import MODEL_NAME
 from tests.helpers.openai_errors import assert_400
 from tests.helpers.openai_errors import post_chat as post
+from tests.helpers.tool_calls import streamed_calls
 
 SEARCH = {
     "name": "search_passages",
@@ -80,22 +81,6 @@ def test_forced_tool_calls_parse_with_valid_arguments(sdk, choice):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert not "".join(d.content or "" for d in deltas)
     assert streamed_calls(deltas) == [(whole[0].function.name, whole[0].function.arguments)]
-
-
-def streamed_calls(deltas) -> list[tuple[str, str]]:
-    """(name, arguments) per streamed call, checking the pieces stream as OpenAI's do: a first entry
-    with id, type, name and empty arguments, then arguments fragments only (more than one), in order."""
-    entries = [t for d in deltas for t in d.tool_calls or []]
-    out = []
-    for index in sorted({t.index for t in entries}):
-        first, *rest = [t for t in entries if t.index == index]
-        assert first.id.startswith("call_") and first.type == "function" and first.function.arguments == ""
-        assert all(t.id is None and t.type is None and t.function.name is None for t in rest)
-        assert len(rest) > 1, "the arguments came in one piece"
-        arguments = "".join(t.function.arguments for t in rest)
-        json.loads(arguments)
-        out.append((first.function.name, arguments))
-    return out
 
 
 def test_tool_choice_none_and_a_conversation_with_tool_results(sdk):

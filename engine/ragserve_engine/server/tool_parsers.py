@@ -190,7 +190,13 @@ class MistralParser(ToolParser):
         return text[skip_ws(text, calls[-1].end) :].startswith("]")
 
     def forced_grammar(self, tools: list[dict]) -> str:
-        calls = {"type": "array", "items": self.call_schema(tools), "minItems": 1, "maxItems": 1}
+        calls = {
+            "type": "array",
+            "items": self.call_schema(tools),
+            "minItems": 1,
+            "maxItems": 1,
+            "x-guidance": JSON_FORMAT,
+        }
         return f"start: {self.literal(self.start)} %json {json.dumps(calls)}"
 
     def format_calls(self, calls: list[dict]) -> str:
