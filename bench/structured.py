@@ -5,12 +5,13 @@ Both runs in the same process, interleaved repeats, median. Each run: BATCH chat
 together, then decoded to MAX_TOKENS (ignore_eos; a finished grammar ends its sequence early, so tok/s
 counts the tokens each run produced; the schema's long minimum answer keeps every sequence running).
 tok/s = output tokens / decode seconds (steps after the first).
-Run: flock /tmp/cpu.lock .venv/bin/python bench/structured.py [--out bench/results/structured.md]
+Run: flock /tmp/cpu.lock .venv/bin/python bench/structured.py [--out bench/results/structured.md] (and .json)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import time
@@ -121,6 +122,10 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
+        result = {"batch": BATCH, "max_tokens": MAX_TOKENS, "repeats": REPEATS, "tok_s": rates, "tokens": tokens,
+                  "json_schema_slowdown": 1 - constrained / base, "jump_forward_speedup": speedup}  # fmt: skip
+        with open(args.out.removesuffix(".md") + ".json", "w") as f:
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def unresumable(body: dict, chat: bool, stream: bool, limit: int, engine: Engine
         (
             chat and bool(body.get("tools")) and body.get("tool_choice") != "none",
             "tools",
-        ),  # calls are held, parsed whole
+        ),  # a resumed stream would restart the parser mid-call
     )
     return next((reason for failed, reason in checks if failed), "")
 

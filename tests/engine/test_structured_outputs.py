@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers.engine_server import MODEL_NAME, running_engine
+from tests.helpers.engine_server import MODEL_NAME
 from tests.helpers.openai_errors import assert_400
 from tests.helpers.openai_errors import post_chat as post
 
@@ -55,10 +55,8 @@ SCHEMAS = {
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    args = ["--model", "smollm2-135m", "--num-gpu-blocks", "256", "--max-model-len", "512", "--enforce-eager"]
-    with running_engine(tmp_path_factory.mktemp("engine"), *args) as proc:
-        yield proc
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 def response_format(name: str) -> dict:

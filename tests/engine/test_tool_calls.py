@@ -1,7 +1,8 @@
 """Chat tools on a real SmolLM2-135M engine (its template takes no tools: the fallback system prompt) with the
 openai SDK: `required` and a named tool_choice always parse into tool_calls whose arguments validate against the
-function's schema, whole and streamed; bad tools are 400s naming the field. The three parsers' formats are
-checked against their own forcing grammars (llguidance, SmolLM2's tokenizer)."""
+function's schema, whole and streamed (piecewise, as vLLM streams them); bad tools are 400s naming the
+field. The three parsers' formats are checked against their own forcing grammars (llguidance, SmolLM2's
+tokenizer), and each parser streams a call's arguments piecewise."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 
 from ragserve.model_source import load_tokenizer, resolve_model
 from ragserve_engine.server.tool_parsers import PARSERS
+from ragserve_engine.server.tools import ToolRequest, ToolStream
 from ragserve_engine.structured.grammar import GrammarCompiler
 from ragserve_engine.structured.spec import GuidedDecoding
-from tests.helpers.engine_server import MODEL_NAME, running_engine
+from tests.helpers.engine_server import MODEL_NAME
 from tests.helpers.openai_errors import assert_400
 from tests.helpers.openai_errors import post_chat as post
+from tests.helpers.tool_calls import streamed_calls
 
 SEARCH = {
     "name": "search_passages",
@@ -45,10 +48,8 @@ SCHEMAS = {f["name"]: f["parameters"] for f in (SEARCH, WEATHER)}
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    args = ["--model", "smollm2-135m", "--num-gpu-blocks", "256", "--max-model-len", "1024", "--enforce-eager"]
-    with running_engine(tmp_path_factory.mktemp("engine"), *args) as proc:
-        yield proc
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +75,12 @@ def test_forced_tool_calls_parse_with_valid_arguments(sdk, choice):
         assert c.finish_reason == "tool_calls" and c.message.content is None
         check_calls(c.message.tool_calls, names)
     chunks = list(sdk.chat.completions.create(**kw, temperature=0, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    streamed = [t for d in deltas for t in d.tool_calls or []]
-    assert {t.index for t in streamed} == {0} and not "".join(d.content or "" for d in deltas)
     whole = sdk.chat.completions.create(**kw, temperature=0).choices[0].message.tool_calls
     check_calls(whole, names)
-    assert (streamed[0].function.name, streamed[0].function.arguments) == (
-        whole[0].function.name, whole[0].function.arguments)  # fmt: skip
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    assert streamed_calls(deltas) == [(whole[0].function.name, whole[0].function.arguments)]
 
 
 def test_tool_choice_none_and_a_conversation_with_tool_results(sdk):
@@ -129,3 +128,12 @@ def test_each_parser_reads_what_its_grammar_forces(grammars, name):
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo", "unit": "c"})]
     assert content == (prefix.strip() or None)
     assert parser.extract("No call here.") == ("No call here.", [])
+    ids = tok.encode(prefix + text, add_special_tokens=False)  # streamed token by token, as the server does
+    stream, pieces = ToolStream(parser, ToolRequest([SEARCH, WEATHER], "auto")), []
+    for k in range(len(ids)):
+        done = k == len(ids) - 1
+        pieces.append(stream.feed(tok.decode(ids[: k + 1])[len(stream.text) :], done))
+    assert "".join(text for text, _ in pieces) == prefix
+    first, *rest = [entry for _, entries in pieces for entry in entries]
+    assert first["function"] == {"name": "get_weather", "arguments": ""} and first["id"].startswith("call_")
+    assert len(rest) > 1 and "".join(e["function"]["arguments"] for e in rest) == calls[0].arguments

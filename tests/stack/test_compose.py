@@ -13,12 +13,14 @@ import pytest
 from ragserve.cachestore_command import CacheStoreLaunch, cachestore_command
 from ragserve.cli import build_parser
 from ragserve.engine_command import EnginePod, engine_command
+from ragserve.model_source import DEFAULT_EMBED_MODEL
 from ragserve.router_command import RouterLaunch, router_command
 from tests.helpers.stack import ROOT
 
 # the package's `docker-compose` script is a wrapper that always exits 0; call the Go binary itself
 COMPOSE = Path(compose.__file__).parent / "docker-compose"
-RAGSERVE_SERVICES = {"cachestore", "router", "engine-0", "engine-1"}
+RAGSERVE_SERVICES = {"cachestore", "router", "engine-0", "engine-1", "embed-0"}
+ENGINES = ("engine-0", "engine-1", "embed-0")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,15 @@ def built(name: str) -> list[str]:
         launch = RouterLaunch(port=8080, grpc_port=50051, policy="kv_aware", redis="redis://redis:6379/0",
                               registry_allow_unauthenticated=True)  # fmt: skip
         return router_command(launch)
-    wiring = {"router": "router:50051", "advertise_url": f"http://{name}:{{port}}", "cachestore": ("cachestore:50061",)}
-    pod = EnginePod(model="smollm2-135m", engine={"kvCacheMemory": "2GiB"}, engine_id=name, drain_timeout=25, **wiring)
+    wiring = {
+        "router": "router:50051",
+        "advertise_url": f"http://{name}:{{port}}",
+        "engine_id": name,
+        "drain_timeout": 25,
+    }
+    if name == "embed-0":  # `ragserve up`'s embedding engine (spec.embedding_engine_spec): no cachestore
+        return engine_command(EnginePod(model=DEFAULT_EMBED_MODEL, task="embed", **wiring))
+    pod = EnginePod(model="smollm2-135m", engine={"kvCacheMemory": "2GiB"}, cachestore=("cachestore:50061",), **wiring)
     return engine_command(pod)
 
 
@@ -73,7 +82,7 @@ def test_services_and_commands_exist_in_the_cli(config):
     assert set(services) == {"redis"} | RAGSERVE_SERVICES
     for name in RAGSERVE_SERVICES:
         args = parse(services[name]["command"])
-        assert args.command == name.split("-")[0]
+        assert args.command == ("engine" if name in ENGINES else name)
         test = services[name]["healthcheck"]["test"]
         assert test[:4] == ["CMD", "python", "-m", "ragserve.stack.health"], test
 
@@ -83,10 +92,13 @@ def test_wired_like_ragserve_up(config):
     router, store = parse(s["router"]["command"]), parse(s["cachestore"]["command"])
     assert router.redis.startswith("redis://redis:6379") and store.redis.startswith("redis://redis:6379")
     assert router.policy == "kv_aware" and s["router"]["ports"][0]["target"] == router.port
-    for name in ("engine-0", "engine-1"):
+    for name in ENGINES:
         engine = parse(s[name]["command"])
         assert engine.router == f"router:{router.grpc_port}"
-        assert engine.cachestore == f"cachestore:{store.port}"
+        assert engine.cachestore == (None if name == "embed-0" else f"cachestore:{store.port}")
+        assert (engine.task, engine.model) == (
+            ("embed", DEFAULT_EMBED_MODEL) if name == "embed-0" else ("generate", "smollm2-135m")
+        )
         assert engine.advertise_url == f"http://{name}:{engine.port}" and engine.engine_id == name
         assert s[name]["depends_on"]["router"]["condition"] == "service_healthy"
         assert s[name]["healthcheck"]["test"][-1] == f"http://127.0.0.1:{engine.port}/ready"
@@ -124,7 +136,7 @@ def test_only_engine_images_install_torch():
 def test_engines_get_their_own_cores(config):
     """torch's thread count in each engine equals its CPU limit (the chart's OMP_NUM_THREADS from
     requests.cpu; `ragserve up`'s cores / engines), so co-located engines do not oversubscribe the host."""
-    for name in ("engine-0", "engine-1"):
+    for name in ENGINES:
         engine = config["services"][name]
         assert float(engine["cpus"]) >= 1
         assert int(engine["environment"]["OMP_NUM_THREADS"]) == float(engine["cpus"])

@@ -214,6 +214,7 @@ class TokenizeRequest(ApiRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Any] | None = None  # chat tools, rendered into the prompt as chat completions render them
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

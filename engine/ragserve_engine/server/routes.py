@@ -22,6 +22,7 @@ from ragserve_engine.server.protocol import (
     TokenizeRequest,
     WarmupRequest,
 )
+from ragserve_engine.server.tools import tool_request
 from ragserve_engine.server.transport import M, parse
 
 log = logging.getLogger("ragserve_engine.server")
@@ -61,7 +62,8 @@ def create_app(server: EngineServer) -> FastAPI:
         try:
             if req.messages is not None:
                 messages = [m.render_dict() for m in req.messages]
-                tokens = tok.encode_chat(messages, req.add_generation_prompt)
+                tools = tool_request(req.tools, None)  # rendered as a chat request's are
+                tokens = server.chat.encode(messages, tools, req.add_generation_prompt)
             else:
                 tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         except ValueError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -17,7 +18,7 @@ from ragserve_engine.server.protocol import ChatCompletionRequest
 from ragserve_engine.server.serving_base import OpenAIServing, stop_holdback, usage
 from ragserve_engine.server.streaming import ChoiceCursor, unsent_text
 from ragserve_engine.server.structured import invalid
-from ragserve_engine.server.tool_parsers import PARSERS, ToolCall
+from ragserve_engine.server.tool_parsers import PARSERS, ToolCall, ToolParser, specials
 from ragserve_engine.server.tools import ToolRequest, ToolStream, forced_grammar, render_messages, tool_request
 
 OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop
@@ -31,7 +32,12 @@ class ChatServing(OpenAIServing):
 
     def __init__(self, server) -> None:
         super().__init__(server)
-        self.parser = PARSERS[getattr(server.config, "tool_call_parser", "hermes")]()
+        self._parser_cls = PARSERS[getattr(server.config, "tool_call_parser", "hermes")]
+
+    @functools.cached_property
+    def parser(self) -> ToolParser:
+        """Built on first use: the tokenizer (whose special tokens it needs) loads after the server starts."""
+        return self._parser_cls(specials(self.tokenizer))
 
     async def create(self, request: Request, req: ChatCompletionRequest) -> Response:
         self.server.check_model(req.model)
@@ -48,19 +54,24 @@ class ChatServing(OpenAIServing):
                 raise invalid("tools", "tools do not combine with blended chunks")
             return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
-            messages, kw = render_messages(messages, tools, self.parser, self.tokenizer.chat_template or "")
-            size = sum(len(m.get("content") or "") for m in messages)
-            encode = self.tokenizer.encode_chat
-            prompt = await asyncio.to_thread(encode, messages, **kw) if size > OFFLOAD_BYTES else encode(messages, **kw)
+            big = sum(len(m.get("content") or "") for m in messages) > OFFLOAD_BYTES
+            prompt = await asyncio.to_thread(self.encode, messages, tools) if big else self.encode(messages, tools)
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
         return await self.run(request, req, [prompt], params)
+
+    def encode(self, messages: list[dict], tools: ToolRequest, add_generation_prompt: bool = True) -> list[int]:
+        """The prompt's token ids: the chat template with the tools (also what /tokenize returns)."""
+        messages, kw = render_messages(messages, tools, self.parser, self.tokenizer.chat_template or "")
+        return self.tokenizer.encode_chat(messages, add_generation_prompt, **kw)
 
     def _tools(self, req: ChatCompletionRequest) -> ToolRequest:
         return tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
 
     def _params(self, req: ChatCompletionRequest, tools: ToolRequest):
         params, forced = req.to_sampling_params(), forced_grammar(tools, self.parser)
+        if tools.active and self.parser.special_markers:  # the parser must see its marker tokens (as vLLM's)
+            params = dataclasses.replace(params, skip_special_tokens=False)
         if forced is None:
             return params
         if params.guided is not None:
@@ -111,18 +122,18 @@ class ChatServing(OpenAIServing):
                     if not req.resumed:  # a resumed stream continues one that said this already
                         yield _chunk(c.index, {"role": "assistant", "content": ""}, token_ids=[] if ids else None)
                 delta, tokens, entries = cursors[c.index].advance(c)
-                calls: list[ToolCall] = []
+                calls: list[dict] = []
                 if tools.active:
-                    delta, calls = streams.setdefault(c.index, ToolStream(self.parser)).feed(delta, c.finished)
-                    calls = tools.calls(calls)
+                    stream = streams.setdefault(c.index, ToolStream(self.parser, tools))
+                    delta, calls = stream.feed(delta, c.finished)
                 if c.finished:
                     done.add(c.index)
-                elif not delta and not ((fmt or ids) and tokens):
+                elif not delta and not calls and not ((fmt or ids) and tokens):
                     continue
                 logprobs = fmt.chat(tokens, entries) if fmt else None
-                delta = ({"content": delta} if delta else {}) | _tool_deltas(calls)
-                finish = "tool_calls" if calls else c.finish_reason
-                yield _chunk(c.index, delta, logprobs, finish, tokens if ids else None)
+                delta = ({"content": delta} if delta else {}) | ({"tool_calls": calls} if calls else {})
+                finish = "tool_calls" if c.finished and c.index in streams and streams[c.index].called else None
+                yield _chunk(c.index, delta, logprobs, finish or c.finish_reason, tokens if ids else None)
 
 
 def _chunk(
@@ -134,8 +145,3 @@ def _chunk(
 ) -> dict:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"choices": [choice | ({"token_ids": token_ids} if token_ids is not None else {})]}
-
-
-def _tool_deltas(calls: list[ToolCall]) -> dict:
-    """Each call whole in one delta entry (id, name and all its arguments): the openai SDK joins entries by index."""
-    return {"tool_calls": [c.to_dict(i) for i, c in enumerate(calls)]} if calls else {}

@@ -107,21 +107,47 @@ def _as_text(message: dict, parser: ToolParser) -> dict:
 
 
 class ToolStream:
-    """One streamed choice: content until a call may begin, then held until the end, when the calls go out."""
+    """One streamed choice as vLLM streams it: content until a call may begin, then each call piecewise (a
+    first delta with its index, id, type and name, then its arguments' JSON text as the model writes it)."""
 
-    def __init__(self, parser: ToolParser) -> None:
-        self.parser = parser
+    def __init__(self, parser: ToolParser, tools: ToolRequest) -> None:
+        self.parser, self.tools = parser, tools
         self.text = ""
         self.sent = 0  # characters of text sent as content
+        self.calls: list[tuple[str, int]] = []  # (id, characters of arguments sent) per call begun
 
-    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCall]]:
-        """(content to send now, the calls: only once finished)."""
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[dict]]:
+        """(content to send now, tool_calls delta entries to send now)."""
         self.text += delta
+        at = self.parser.call_start(self.text)
         if finished:
             _, calls = self.parser.extract(self.text)
-            return self._send(self.parser.call_start(self.text) if calls else len(self.text)), calls
-        at = self.parser.call_start(self.text)
-        return self._send(at if at >= 0 else len(self.text) - _partial_marker(self.text, self.parser)), []
+            if not calls and not self.calls:
+                return self._send(len(self.text)), []
+            return self._send(at), self._deltas(self.text[at:])  # a begun call that fails to parse ends here
+        if at < 0:
+            return self._send(len(self.text) - _partial_marker(self.text, self.parser)), []
+        return self._send(at), self._deltas(self.text[at:])
+
+    def _deltas(self, text: str) -> list[dict]:
+        out = []
+        for index, call in enumerate(self.tools.calls(self.parser.partial_calls(text))):
+            if call.name is None or call.args is None:
+                break
+            if index == len(self.calls):
+                self.calls.append((ToolCall(call.name, "").id, 0))
+                out.append({"index": index, "id": self.calls[index][0], "type": "function",
+                            "function": {"name": call.name, "arguments": ""}})  # fmt: skip
+            args = text[call.args.start : call.args.end or len(text)]
+            call_id, sent = self.calls[index]
+            if len(args) > sent:
+                out.append({"index": index, "function": {"arguments": args[sent:]}})
+                self.calls[index] = (call_id, len(args))
+        return out
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
 
     def _send(self, upto: int) -> str:
         upto = max(upto, self.sent)
