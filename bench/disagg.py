@@ -45,9 +45,8 @@ from tests.helpers.net import free_port  # noqa: E402
 
 PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
-LEG, STORE = "ragserve_router_disagg_prefill_seconds", "ragserve_cachestore_"
-DECODE_TTFT, FETCHED = "ragserve_router_disagg_decode_ttft_seconds", "vllm:external_prefix_cache_hits_total"
-BLOCK_TOKENS = 16  # the engines' default --block-size
+LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
+TRANSFER = "ragserve:kv_transfer_"
 
 
 def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
@@ -126,31 +125,36 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
     return result
 
 
-def store_counts(store_metrics: str) -> dict[str, float]:
-    m = scrape(store_metrics)
-    blocks = m.get(STORE + "blocks", 0.0)
-    per_block = m.get(STORE + "used_bytes", 0.0) / blocks if blocks else 0.0
-    return {"puts": m.get(STORE + "puts_total", 0.0), "block_bytes": per_block}
+def transfers(engines: list[str]) -> dict[str, float]:
+    """The engines' ragserve:kv_transfer_{bytes,seconds,requests}_total summed, by direction: {"bytes:stored": ...}."""
+    out: dict[str, float] = {}
+    for url in engines:
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(TRANSFER) and 'direction="' in line:
+                what = line[len(TRANSFER) : line.index("_total")]
+                direction = line.split('direction="', 1)[1].split('"', 1)[0]
+                key = f"{what}:{direction}"
+                out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+    return out
 
 
-def fetched_tokens(engines: list[str]) -> float:
-    return sum(scrape(url + "/metrics").get(FETCHED, 0.0) for url in engines)
-
-
-def run_once(name: str, url: str, engines: list[str], store_metrics: str, args, docs) -> dict:
+def run_once(name: str, url: str, engines: list[str], args, docs) -> dict:
     unloaded = asyncio.run(phase(url, args, docs, rag=False))
-    r0, store0, fetched0 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    r0, t0 = scrape(url + "/metrics"), transfers(engines)
     loaded = asyncio.run(phase(url, args, docs, rag=True))
-    r1, store1, fetched1 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    r1, t1 = scrape(url + "/metrics"), transfers(engines)
     n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
-    legs, decode_legs = diff(LEG + "_count"), diff(DECODE_TTFT + "_count")
+    moved = {k: t1.get(k, 0.0) - t0.get(k, 0.0) for k in t1}
+    legs, decode_legs, fetches = diff(LEG + "_count"), diff(DECODE_TTFT + "_count"), moved["requests:fetched"]
     result = {"unloaded_" + k: v for k, v in unloaded.items() if k.startswith("itl")} | loaded
     result |= {
         "prefill_legs": legs,
         "prefill_leg_mean_s": diff(LEG + "_sum") / legs if legs else 0.0,
         "decode_leg_ttft_mean_s": diff(DECODE_TTFT + "_sum") / decode_legs if decode_legs else 0.0,
-        "stored_mb_per_rag_request": (store1["puts"] - store0["puts"]) * store1["block_bytes"] / n / 1e6,
-        "fetched_mb_per_rag_request": (fetched1 - fetched0) / BLOCK_TOKENS * store1["block_bytes"] / n / 1e6,
+        "stored_mb_per_rag_request": moved["bytes:stored"] / n / 1e6,
+        "store_put_s_per_rag_request": moved["seconds:stored"] / n,
+        "fetched_mb_per_rag_request": moved["bytes:fetched"] / n / 1e6,
+        "fetch_s_per_fetch": moved["seconds:fetched"] / fetches if fetches else 0.0,
     }
     print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), flush=True)
     return result
@@ -178,7 +182,9 @@ ROWS = {
     "prefill_leg_mean_s": "prefill leg mean (s, router metric)",
     "decode_leg_ttft_mean_s": "decode leg TTFT mean (s, router metric)",
     "stored_mb_per_rag_request": "KV MB put in the cachestore per RAG request",
+    "store_put_s_per_rag_request": "seconds in cachestore puts per RAG request (engine offload threads)",
     "fetched_mb_per_rag_request": "KV MB engines fetched per RAG request",
+    "fetch_s_per_fetch": "seconds per fetch (decode engine's fetch thread: lookup + gets)",
 }
 CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
 load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
@@ -187,16 +193,16 @@ the shape (does a prefill on the other core stop stalling the decode streams, wh
 what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
 role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
 network (loopback here). The baseline's `both` engines also offload full blocks to the same store (as a
-cachestore engine always does), so its "put" row is not zero. Bytes: blocks put (the store's counter) and tokens
-the engines fetched (`vllm:external_prefix_cache_hits_total` / 16), times the store's bytes per stored block
-(headers included)."""
+cachestore engine always does), so its "put" row is not zero. Bytes and seconds: the engines' own
+`ragserve:kv_transfer_{bytes,seconds,requests}_total{direction}` counters (KV block bytes, without the store's
+headers; seconds spent in the calls, on the engines' offload and fetch threads, not on their step loops)."""
 
 
 def write_md(out: Path, report: dict) -> None:
     med = report["median"]
     lines = [f"# Disaggregated prefill/decode: 1P1D vs two `both` engines ({report['model']})", ""]
     lines += [f"`{report['command']}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
-    lines += ["Medians over the repeats (each repeat's values in the JSON).", ""]
+    lines += [f"Medians over {report['repeats_done']} repeats (each repeat's values in the JSON).", ""]
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
     for key, label in ROWS.items():
         a, b = med["1P1D"][key], med["baseline"][key]
@@ -246,9 +252,15 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in routers}
         for rep in range(args.repeats):
             for name in list(routers)[:: 1 if rep % 2 == 0 else -1]:
-                runs[name].append(run_once(name, routers[name], engines[name], store_metrics, args, docs))
+                runs[name].append(run_once(name, routers[name], engines[name], args, docs))
+            save(args, model, runs)
     finally:
         procs.stop()
+    print(json.dumps(save(args, model, runs)["median"], indent=2))
+
+
+def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
+    """The result files, over the repeats done so far (written after each one: a cut run keeps them)."""
     report = {
         "command": "python bench/disagg.py " + " ".join(sys.argv[1:]),
         "model": model,
@@ -256,14 +268,15 @@ def main() -> None:
             k: getattr(args, k)
             for k in ("repeats", "decoders", "decode_tokens", "unloaded_tokens", "rag_clients", "rag_tokens")
         },  # fmt: skip
+        "repeats_done": min(len(rs) for rs in runs.values()),
         "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
         "runs": runs,
     }
-    out = Path(args.out)
+    out, stem = Path(args.out), f"disagg{'-quick' if args.quick else ''}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"disagg{'-quick' if args.quick else ''}.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_md(out / f"disagg{'-quick' if args.quick else ''}.md", report)
-    print(json.dumps(report["median"], indent=2))
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_md(out / f"{stem}.md", report)
+    return report
 
 
 if __name__ == "__main__":
