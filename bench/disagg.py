@@ -9,13 +9,14 @@ pinned: they share the same two cores with the engines (see the result file's ca
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
     unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
-    loaded    the same users stream --decode-tokens tokens each while --rag-clients closed-loop clients keep sending
-              RAG prompts (a demo-corpus document, 1.3-2.8k tokens, made unique per request so nothing is cached;
-              --rag-tokens answer tokens), until the users' streams end
-Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals), the RAG requests' TTFT
-p50/p95, output tokens per second over the loaded phase, and for 1P1D the prefill leg (the router's
-ragserve_router_disagg_prefill_seconds) and the KV bytes through the cachestore per RAG request (stored blocks and
-blocks served, times the store's bytes per block). Medians over the repeats.
+    loaded    --rag-clients closed-loop clients keep sending RAG prompts (a demo-corpus document, 1.3-2.8k tokens,
+              made unique per request so nothing is cached; --rag-tokens answer tokens) while the same users stream
+              (ignore_eos) for --window seconds, from the phase's start; then their streams are cut and the RAG
+              requests in flight finish (no work is left on an engine when the next phase starts)
+Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals; a gap still open when the
+window ends is not counted), the RAG requests' TTFT p50/p95, output tokens per second over the loaded phase, for
+1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per RAG request, bytes and seconds
+(the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
 
     .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--out bench/results]
 
@@ -79,9 +80,10 @@ def rag_body(doc, tokens: int) -> dict:
     return {"model": "bench", "messages": messages, "max_tokens": tokens, "stream": True}
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict) -> list[float]:
-    """Arrival time of every content chunk (the request's send time first)."""
-    times = [time.perf_counter()]
+async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[float] | None = None) -> list[float]:
+    """Arrival time of every content chunk (the request's send time first), into `times` as they come."""
+    times = [] if times is None else times
+    times.append(time.perf_counter())
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
@@ -110,9 +112,17 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
                 n += args.rag_clients
 
         loops = [asyncio.create_task(rag_loop(i)) for i in range(args.rag_clients if rag else 0)]
-        users = await asyncio.gather(*(stream(client, url, decode_body(tokens)) for _ in range(args.decoders)))
+        users: list[list[float]] = [[] for _ in range(args.decoders)]
+        tasks = [asyncio.create_task(stream(client, url, decode_body(tokens), times)) for times in users]
+        if rag:  # the users stream for the window (their streams then cut), the RAG prompts arriving meanwhile
+            await asyncio.wait(tasks, timeout=args.window)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        else:
+            await asyncio.gather(*tasks)
         done.set()
-        await asyncio.gather(*loops)
+        await asyncio.gather(*loops)  # the RAG requests in flight finish (none left on an engine for the next phase)
         wall = time.perf_counter() - start
     gaps = itls(users)
     out_tokens = sum(len(t) - 1 for t in users + rag_streams)
@@ -216,17 +226,18 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decoders", type=int, default=2)
-    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=2000, help="the users' max_tokens in the loaded phase")
+    p.add_argument("--window", type=float, default=36.0, help="seconds the users stream in the loaded phase")
     p.add_argument("--unloaded-tokens", type=int, default=48)
     p.add_argument("--rag-clients", type=int, default=2)
-    p.add_argument("--rag-tokens", type=int, default=8)
+    p.add_argument("--rag-tokens", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     model = "smollm2-135m"
     if args.quick:
         from tests.helpers.tiny_models import tiny_model
 
-        model, args.repeats, args.decode_tokens, args.unloaded_tokens = str(tiny_model("llama")), 1, 48, 16
+        model, args.repeats, args.window, args.unloaded_tokens = str(tiny_model("llama")), 1, 2.0, 16
     docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
     logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
     print(f"process logs: {logs}", flush=True)
@@ -266,7 +277,7 @@ def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
         "model": model,
         "workload": {
             k: getattr(args, k)
-            for k in ("repeats", "decoders", "decode_tokens", "unloaded_tokens", "rag_clients", "rag_tokens")
+            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens")
         },  # fmt: skip
         "repeats_done": min(len(rs) for rs in runs.values()),
         "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
