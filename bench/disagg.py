@@ -48,6 +48,7 @@ PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
 LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 TRANSFER = "ragserve:kv_transfer_"
+ANSWER_LEAD_S = 1.0  # a RAG request is on its decode engine from this long before its first token
 
 
 def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
@@ -95,6 +96,19 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[fl
     return times
 
 
+def split_gaps(users: list[list[float]], rags: list[list[float]]) -> dict[str, list[float]]:
+    """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
+    token, which covers a decode engine's fetch and last-token step, to its last token: the RAG request is on the
+    engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    spans = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags if len(t) > 1]
+    parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
+    for times in users:
+        for a, b in zip(times[1:], times[2:], strict=False):
+            busy = any(a < end and b > start for start, end in spans)
+            parts["rag_answering" if busy else "rag_prefill_only"].append(b - a)
+    return parts
+
+
 def itls(streams: list[list[float]]) -> list[float]:
     return [b - a for times in streams for a, b in zip(times[1:], times[2:], strict=False)]
 
@@ -127,6 +141,10 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
     gaps = itls(users)
     out_tokens = sum(len(t) - 1 for t in users + rag_streams)
     result = {f"itl_p{q}_ms": 1000 * pct(gaps, q / 100) for q in (50, 95, 99)}
+    if rag:  # the users' gaps split by what the RAG requests were doing meanwhile (see split_gaps)
+        for name, part in split_gaps(users, rag_streams).items():
+            result |= {f"itl_{name}_p{q}_ms": 1000 * pct(part, q / 100) if part else 0.0 for q in (50, 99)}
+            result[f"itl_{name}_gaps"] = len(part)
     result |= {"wall_s": wall, "output_tokens_per_s": out_tokens / wall}
     if rag:
         ttft = [t[1] - t[0] for t in rag_streams]
@@ -181,9 +199,13 @@ def warm(urls: list[str], router: str, docs) -> None:
 ROWS = {
     "unloaded_itl_p50_ms": "unloaded decode ITL p50 (ms)",
     "unloaded_itl_p95_ms": "unloaded decode ITL p95 (ms)",
+    "unloaded_itl_p99_ms": "unloaded decode ITL p99 (ms)",
     "itl_p50_ms": "decode ITL under RAG load p50 (ms)",
     "itl_p95_ms": "decode ITL under RAG load p95 (ms)",
     "itl_p99_ms": "decode ITL under RAG load p99 (ms)",
+    "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
+    "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
+    "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
     "rag_ttft_p50_s": "RAG TTFT p50 (s)",
     "rag_ttft_p95_s": "RAG TTFT p95 (s)",
     "rag_requests": "RAG requests served in the loaded phase",
@@ -198,7 +220,7 @@ ROWS = {
 }
 CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
 load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
-store copies ~47 MB per SmolLM2 prompt in and out, the client parses every streamed chunk). So the figures show
+store copies ~95 MB of float32 KV per 2k-token SmolLM2 prompt in and out, the client parses every streamed chunk). So the figures show
 the shape (does a prefill on the other core stop stalling the decode streams, what does the transfer cost), not
 what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
 role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
@@ -228,7 +250,7 @@ def main() -> None:
     p.add_argument("--decoders", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=2000, help="the users' max_tokens in the loaded phase")
     p.add_argument("--window", type=float, default=36.0, help="seconds the users stream in the loaded phase")
-    p.add_argument("--unloaded-tokens", type=int, default=48)
+    p.add_argument("--unloaded-tokens", type=int, default=128)
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))

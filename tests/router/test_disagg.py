@@ -153,20 +153,30 @@ def transfer(url: str, what: str, direction: str) -> float:
     return metric(url, f"ragserve:kv_transfer_{what}_total", direction=direction)
 
 
+TAILED = [
+    rag(4, q, max_tokens=2, cache_salt="moved")
+    for q in ("Which item weighs 26 grams?", "Weight of item 4-2?", "What is the lightest item here?")
+]
+
+
 def test_engines_count_the_kv_they_moved(pd, model_dir):
     """The prefill engine's stored bytes and the decode engine's fetched bytes are the prompt's blocks: its cacheable
     blocks and the tail block, each block_nbytes (the tiny model's float32 KV); one request each side."""
-    fleet, _ = pd
+    fleet, reference = pd
     config = json.loads((model_dir / "config.json").read_text())
     block_nbytes = config["num_hidden_layers"] * 2 * 16 * config["num_key_value_heads"] * config["head_dim"] * 4
     before = {(e.url, w, d): transfer(e.url, w, d) for e in (fleet.prefill, fleet.decode) for w in
               ("bytes", "seconds", "requests") for d in ("stored", "fetched")}  # fmt: skip
-    _, usage, _ = answer(fleet.router.url, rag(4, "Which item weighs 26 grams?", max_tokens=2, cache_salt="moved"))
+    n, body = next(  # a prompt with a tail (1 to 14 tokens between its cacheable blocks and its last token)
+        (n, b)
+        for n, b in ((answer(reference.url, b)[1]["prompt_tokens"], b) for b in TAILED)
+        if (n - 1) % 16 not in (0, 15)
+    )
+    _, usage, _ = answer(fleet.router.url, body)
     moved = {k: transfer(*k) - v for k, v in before.items()}
-    n = usage["prompt_tokens"]
-    blocks = (n - 1) // 16 + ((n - 1) % 16 > 0)  # cacheable blocks + the tail block
-    stored = blocks + (n % 16 == 0)  # a prompt ending on a block boundary: its last block is offloaded as full too
-    assert moved[fleet.prefill.url, "bytes", "stored"] == stored * block_nbytes
+    assert usage["prompt_tokens"] == n and usage["prompt_tokens_details"]["cached_tokens"] == n - 1
+    blocks = (n - 1) // 16 + 1  # cacheable blocks + the tail block
+    assert moved[fleet.prefill.url, "bytes", "stored"] == blocks * block_nbytes
     assert moved[fleet.prefill.url, "requests", "stored"] == 1
     assert moved[fleet.decode.url, "bytes", "fetched"] == blocks * block_nbytes
     assert moved[fleet.decode.url, "requests", "fetched"] == 1
@@ -222,6 +232,7 @@ def test_faults_lose_no_request(tmp_path, model_dir, until):
             for line in resp.iter_lines():
                 if line.startswith("data: {"):
                     chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk  # the stream broke off
                     text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
                     if text and victim.alive():  # mid-stream: hundreds of tokens still to come
                         victim.popen.send_signal(signal.SIGKILL)
