@@ -155,7 +155,7 @@ def transfer(url: str, what: str, direction: str) -> float:
 
 TAILED = [
     rag(4, q, max_tokens=2, cache_salt="moved")
-    for q in ("Which item weighs 26 grams?", "Weight of item 4-2?", "What is the lightest item here?")
+    for q in ("Name the heaviest item.", "List two items.", "Which item weighs 26 grams?")
 ]
 
 
