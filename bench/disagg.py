@@ -220,14 +220,16 @@ ROWS = {
 }
 CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
 load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
-store copies ~95 MB of float32 KV per 2k-token SmolLM2 prompt in and out, the client parses every streamed chunk). So the figures show
-the shape (does a prefill on the other core stop stalling the decode streams, what does the transfer cost), not
-what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
-role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
-network (loopback here). The baseline's `both` engines also offload full blocks to the same store (as a
-cachestore engine always does), so its "put" row is not zero. Bytes and seconds: the engines' own
-`ragserve:kv_transfer_{bytes,seconds,requests}_total{direction}` counters (KV block bytes, without the store's
-headers; seconds spent in the calls, on the engines' offload and fetch threads, not on their step loops)."""
+store copies ~95 MB of float32 KV per 2k-token SmolLM2 prompt in and out, the client parses every streamed chunk).
+So the figures show the shape (does a prefill on the other core stop stalling the decode streams, what does the
+transfer cost), not what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more
+than one engine per role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the
+transfer over a real network (loopback here). The "..." rows split the users' gaps by whether a RAG answer was on
+an engine (from 1 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
+The baseline's `both` engines also offload full blocks to the same store (as a cachestore engine always does), so
+its "put" row is not zero. Bytes and seconds: the engines' own `ragserve:kv_transfer_*_total{direction}` counters
+(KV block bytes, without the store's headers; seconds spent in the calls, on the engines' offload and fetch
+threads, not on their step loops)."""
 
 
 def write_md(out: Path, report: dict) -> None:
