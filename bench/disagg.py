@@ -240,7 +240,7 @@ def write_md(out: Path, report: dict) -> None:
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
     for key, label in ROWS.items():
         a, b = med["1P1D"][key], med["baseline"][key]
-        lines.append(f"| {label} | {a:.3g} | {b:.3g} | {a / b:.2f} |" if b else f"| {label} | {a:.3g} | {b:.3g} | |")
+        lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
     lines += ["", CAVEATS, ""]
     out.write_text("\n".join(lines))
 
