@@ -9,13 +9,14 @@ pinned: they share the same two cores with the engines (see the result file's ca
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
     unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
-    loaded    the same users stream --decode-tokens tokens each while --rag-clients closed-loop clients keep sending
-              RAG prompts (a demo-corpus document, 1.3-2.8k tokens, made unique per request so nothing is cached;
-              --rag-tokens answer tokens), until the users' streams end
-Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals), the RAG requests' TTFT
-p50/p95, output tokens per second over the loaded phase, and for 1P1D the prefill leg (the router's
-ragserve_router_disagg_prefill_seconds) and the KV bytes through the cachestore per RAG request (stored blocks and
-blocks served, times the store's bytes per block). Medians over the repeats.
+    loaded    --rag-clients closed-loop clients keep sending RAG prompts (a demo-corpus document, 1.3-2.8k tokens,
+              made unique per request so nothing is cached; --rag-tokens answer tokens) while the same users stream
+              (ignore_eos) for --window seconds, from the phase's start; then their streams are cut and the RAG
+              requests in flight finish (no work is left on an engine when the next phase starts)
+Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals; a gap still open when the
+window ends is not counted), the RAG requests' TTFT p50/p95, output tokens per second over the loaded phase, for
+1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per RAG request, bytes and seconds
+(the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
 
     .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--out bench/results]
 
@@ -45,9 +46,9 @@ from tests.helpers.net import free_port  # noqa: E402
 
 PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
-LEG, STORE = "ragserve_router_disagg_prefill_seconds", "ragserve_cachestore_"
-DECODE_TTFT, FETCHED = "ragserve_router_disagg_decode_ttft_seconds", "vllm:external_prefix_cache_hits_total"
-BLOCK_TOKENS = 16  # the engines' default --block-size
+LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
+TRANSFER = "ragserve:kv_transfer_"
+ANSWER_LEAD_S = 1.0  # a RAG request is on its decode engine from this long before its first token
 
 
 def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
@@ -80,9 +81,10 @@ def rag_body(doc, tokens: int) -> dict:
     return {"model": "bench", "messages": messages, "max_tokens": tokens, "stream": True}
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict) -> list[float]:
-    """Arrival time of every content chunk (the request's send time first)."""
-    times = [time.perf_counter()]
+async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[float] | None = None) -> list[float]:
+    """Arrival time of every content chunk (the request's send time first), into `times` as they come."""
+    times = [] if times is None else times
+    times.append(time.perf_counter())
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
@@ -92,6 +94,19 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict) -> list[float]
                 if any(c.get("delta", {}).get("content") for c in chunk["choices"]):
                     times.append(time.perf_counter())
     return times
+
+
+def split_gaps(users: list[list[float]], rags: list[list[float]]) -> dict[str, list[float]]:
+    """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
+    token, which covers a decode engine's fetch and last-token step, to its last token: the RAG request is on the
+    engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    spans = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags if len(t) > 1]
+    parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
+    for times in users:
+        for a, b in zip(times[1:], times[2:], strict=False):
+            busy = any(a < end and b > start for start, end in spans)
+            parts["rag_answering" if busy else "rag_prefill_only"].append(b - a)
+    return parts
 
 
 def itls(streams: list[list[float]]) -> list[float]:
@@ -111,13 +126,25 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
                 n += args.rag_clients
 
         loops = [asyncio.create_task(rag_loop(i)) for i in range(args.rag_clients if rag else 0)]
-        users = await asyncio.gather(*(stream(client, url, decode_body(tokens)) for _ in range(args.decoders)))
+        users: list[list[float]] = [[] for _ in range(args.decoders)]
+        tasks = [asyncio.create_task(stream(client, url, decode_body(tokens), times)) for times in users]
+        if rag:  # the users stream for the window (their streams then cut), the RAG prompts arriving meanwhile
+            await asyncio.wait(tasks, timeout=args.window)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        else:
+            await asyncio.gather(*tasks)
         done.set()
-        await asyncio.gather(*loops)
+        await asyncio.gather(*loops)  # the RAG requests in flight finish (none left on an engine for the next phase)
         wall = time.perf_counter() - start
     gaps = itls(users)
     out_tokens = sum(len(t) - 1 for t in users + rag_streams)
     result = {f"itl_p{q}_ms": 1000 * pct(gaps, q / 100) for q in (50, 95, 99)}
+    if rag:  # the users' gaps split by what the RAG requests were doing meanwhile (see split_gaps)
+        for name, part in split_gaps(users, rag_streams).items():
+            result |= {f"itl_{name}_p{q}_ms": 1000 * pct(part, q / 100) if part else 0.0 for q in (50, 99)}
+            result[f"itl_{name}_gaps"] = len(part)
     result |= {"wall_s": wall, "output_tokens_per_s": out_tokens / wall}
     if rag:
         ttft = [t[1] - t[0] for t in rag_streams]
@@ -126,31 +153,36 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
     return result
 
 
-def store_counts(store_metrics: str) -> dict[str, float]:
-    m = scrape(store_metrics)
-    blocks = m.get(STORE + "blocks", 0.0)
-    per_block = m.get(STORE + "used_bytes", 0.0) / blocks if blocks else 0.0
-    return {"puts": m.get(STORE + "puts_total", 0.0), "block_bytes": per_block}
+def transfers(engines: list[str]) -> dict[str, float]:
+    """The engines' ragserve:kv_transfer_{bytes,seconds,requests}_total summed, by direction: {"bytes:stored": ...}."""
+    out: dict[str, float] = {}
+    for url in engines:
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(TRANSFER) and 'direction="' in line:
+                what = line[len(TRANSFER) : line.index("_total")]
+                direction = line.split('direction="', 1)[1].split('"', 1)[0]
+                key = f"{what}:{direction}"
+                out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+    return out
 
 
-def fetched_tokens(engines: list[str]) -> float:
-    return sum(scrape(url + "/metrics").get(FETCHED, 0.0) for url in engines)
-
-
-def run_once(name: str, url: str, engines: list[str], store_metrics: str, args, docs) -> dict:
+def run_once(name: str, url: str, engines: list[str], args, docs) -> dict:
     unloaded = asyncio.run(phase(url, args, docs, rag=False))
-    r0, store0, fetched0 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    r0, t0 = scrape(url + "/metrics"), transfers(engines)
     loaded = asyncio.run(phase(url, args, docs, rag=True))
-    r1, store1, fetched1 = scrape(url + "/metrics"), store_counts(store_metrics), fetched_tokens(engines)
+    r1, t1 = scrape(url + "/metrics"), transfers(engines)
     n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
-    legs, decode_legs = diff(LEG + "_count"), diff(DECODE_TTFT + "_count")
+    moved = {k: t1.get(k, 0.0) - t0.get(k, 0.0) for k in t1}
+    legs, decode_legs, fetches = diff(LEG + "_count"), diff(DECODE_TTFT + "_count"), moved["requests:fetched"]
     result = {"unloaded_" + k: v for k, v in unloaded.items() if k.startswith("itl")} | loaded
     result |= {
         "prefill_legs": legs,
         "prefill_leg_mean_s": diff(LEG + "_sum") / legs if legs else 0.0,
         "decode_leg_ttft_mean_s": diff(DECODE_TTFT + "_sum") / decode_legs if decode_legs else 0.0,
-        "stored_mb_per_rag_request": (store1["puts"] - store0["puts"]) * store1["block_bytes"] / n / 1e6,
-        "fetched_mb_per_rag_request": (fetched1 - fetched0) / BLOCK_TOKENS * store1["block_bytes"] / n / 1e6,
+        "stored_mb_per_rag_request": moved["bytes:stored"] / n / 1e6,
+        "store_put_s_per_rag_request": moved["seconds:stored"] / n,
+        "fetched_mb_per_rag_request": moved["bytes:fetched"] / n / 1e6,
+        "fetch_s_per_fetch": moved["seconds:fetched"] / fetches if fetches else 0.0,
     }
     print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), flush=True)
     return result
@@ -167,9 +199,13 @@ def warm(urls: list[str], router: str, docs) -> None:
 ROWS = {
     "unloaded_itl_p50_ms": "unloaded decode ITL p50 (ms)",
     "unloaded_itl_p95_ms": "unloaded decode ITL p95 (ms)",
+    "unloaded_itl_p99_ms": "unloaded decode ITL p99 (ms)",
     "itl_p50_ms": "decode ITL under RAG load p50 (ms)",
     "itl_p95_ms": "decode ITL under RAG load p95 (ms)",
     "itl_p99_ms": "decode ITL under RAG load p99 (ms)",
+    "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
+    "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
+    "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
     "rag_ttft_p50_s": "RAG TTFT p50 (s)",
     "rag_ttft_p95_s": "RAG TTFT p95 (s)",
     "rag_requests": "RAG requests served in the loaded phase",
@@ -178,29 +214,33 @@ ROWS = {
     "prefill_leg_mean_s": "prefill leg mean (s, router metric)",
     "decode_leg_ttft_mean_s": "decode leg TTFT mean (s, router metric)",
     "stored_mb_per_rag_request": "KV MB put in the cachestore per RAG request",
+    "store_put_s_per_rag_request": "seconds in cachestore puts per RAG request (engine offload threads)",
     "fetched_mb_per_rag_request": "KV MB engines fetched per RAG request",
+    "fetch_s_per_fetch": "seconds per fetch (decode engine's fetch thread: lookup + gets)",
 }
 CAVEATS = """The machine has 2 cores. The engines are pinned one per core, but the cachestore, both routers and this
 load generator are not: they take CPU from the engines they serve (the router tokenizes each 2k-token prompt, the
-store copies ~47 MB per SmolLM2 prompt in and out, the client parses every streamed chunk). So the figures show
-the shape (does a prefill on the other core stop stalling the decode streams, what does the transfer cost), not
-what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more than one engine per
-role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the transfer over a real
-network (loopback here). The baseline's `both` engines also offload full blocks to the same store (as a
-cachestore engine always does), so its "put" row is not zero. Bytes: blocks put (the store's counter) and tokens
-the engines fetched (`vllm:external_prefix_cache_hits_total` / 16), times the store's bytes per stored block
-(headers included)."""
+store copies ~95 MB of float32 KV per 2k-token SmolLM2 prompt in and out, the client parses every streamed chunk).
+So the figures show the shape (does a prefill on the other core stop stalling the decode streams, what does the
+transfer cost), not what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more
+than one engine per role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the
+transfer over a real network (loopback here). The "..." rows split the users' gaps by whether a RAG answer was on
+an engine (from 1 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
+The baseline's `both` engines also offload full blocks to the same store (as a cachestore engine always does), so
+its "put" row is not zero. Bytes and seconds: the engines' own `ragserve:kv_transfer_*_total{direction}` counters
+(KV block bytes, without the store's headers; seconds spent in the calls, on the engines' offload and fetch
+threads, not on their step loops)."""
 
 
 def write_md(out: Path, report: dict) -> None:
     med = report["median"]
     lines = [f"# Disaggregated prefill/decode: 1P1D vs two `both` engines ({report['model']})", ""]
     lines += [f"`{report['command']}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
-    lines += ["Medians over the repeats (each repeat's values in the JSON).", ""]
+    lines += [f"Medians over {report['repeats_done']} repeats (each repeat's values in the JSON).", ""]
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
     for key, label in ROWS.items():
         a, b = med["1P1D"][key], med["baseline"][key]
-        lines.append(f"| {label} | {a:.3g} | {b:.3g} | {a / b:.2f} |" if b else f"| {label} | {a:.3g} | {b:.3g} | |")
+        lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
     lines += ["", CAVEATS, ""]
     out.write_text("\n".join(lines))
 
@@ -210,17 +250,18 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decoders", type=int, default=2)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--unloaded-tokens", type=int, default=48)
+    p.add_argument("--decode-tokens", type=int, default=2000, help="the users' max_tokens in the loaded phase")
+    p.add_argument("--window", type=float, default=36.0, help="seconds the users stream in the loaded phase")
+    p.add_argument("--unloaded-tokens", type=int, default=128)
     p.add_argument("--rag-clients", type=int, default=2)
-    p.add_argument("--rag-tokens", type=int, default=8)
+    p.add_argument("--rag-tokens", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     model = "smollm2-135m"
     if args.quick:
         from tests.helpers.tiny_models import tiny_model
 
-        model, args.repeats, args.decode_tokens, args.unloaded_tokens = str(tiny_model("llama")), 1, 48, 16
+        model, args.repeats, args.window, args.unloaded_tokens = str(tiny_model("llama")), 1, 2.0, 16
     docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
     logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
     print(f"process logs: {logs}", flush=True)
@@ -246,24 +287,31 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in routers}
         for rep in range(args.repeats):
             for name in list(routers)[:: 1 if rep % 2 == 0 else -1]:
-                runs[name].append(run_once(name, routers[name], engines[name], store_metrics, args, docs))
+                runs[name].append(run_once(name, routers[name], engines[name], args, docs))
+            save(args, model, runs)
     finally:
         procs.stop()
+    print(json.dumps(save(args, model, runs)["median"], indent=2))
+
+
+def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
+    """The result files, over the repeats done so far (written after each one: a cut run keeps them)."""
     report = {
         "command": "python bench/disagg.py " + " ".join(sys.argv[1:]),
         "model": model,
         "workload": {
             k: getattr(args, k)
-            for k in ("repeats", "decoders", "decode_tokens", "unloaded_tokens", "rag_clients", "rag_tokens")
+            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens")
         },  # fmt: skip
+        "repeats_done": min(len(rs) for rs in runs.values()),
         "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
         "runs": runs,
     }
-    out = Path(args.out)
+    out, stem = Path(args.out), f"disagg{'-quick' if args.quick else ''}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"disagg{'-quick' if args.quick else ''}.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_md(out / f"disagg{'-quick' if args.quick else ''}.md", report)
-    print(json.dumps(report["median"], indent=2))
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_md(out / f"{stem}.md", report)
+    return report
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ragserve.keys import KVLayout
@@ -63,6 +63,10 @@ class EngineStats:
     cachestore_fetches_abandoned: int = 0  # fetches given up at their deadline (the request recomputed) or aborted
     cachestore_blocks_not_imported: int = 0  # fetched blocks left out for lack of free KV blocks (recomputed)
     cachestore_offload_dropped: int = 0  # blocks never offloaded: the offload queue was full
+    # KV moved through the cachestore by direction ("stored", "fetched"): bytes, seconds in the calls, requests
+    kv_transfer_bytes: dict[str, int] = field(default_factory=dict)
+    kv_transfer_seconds: dict[str, float] = field(default_factory=dict)
+    kv_transfer_requests: dict[str, int] = field(default_factory=dict)
     num_swap_fallbacks: int = 0  # swap preemptions recomputed instead: the host swap space was full
     # measured load (ragserve_engine.load_stats), for the router's cost model; 0 until measured
     prefill_tokens_per_s: float = 0.0

@@ -38,6 +38,7 @@ FETCH_DEADLINE_MARGIN = 3.0  # ... or this many times the measured cost of its b
 MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recompute
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
+DIRECTIONS = ("stored", "fetched")
 
 
 @dataclass
@@ -49,6 +50,12 @@ class ConnectorStats:
     not_imported: int = 0  # fetched blocks left out: no free KV block for them (the request recomputes those)
     abandoned: int = 0  # fetches cut at their deadline (the request recomputed the rest) or aborted
     fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
+    # KV moved, by direction ("stored": put to the store, "fetched": downloaded from it): block bytes, seconds in
+    # the calls, and requests (fetched: a request's download that brought blocks; stored: a prompt a prefill
+    # engine stored for a decode engine, kv_tail.py)
+    transfer_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
+    transfer_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
+    transfer_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
 
 
 @dataclass
@@ -203,7 +210,19 @@ class CacheStoreConnector:
             whole = len(pending.blocks) == len(pending.hashes) - pending.num_local
             if pending.tail and whole and pending.tail_arrived and self._fits(pending.tail_arrived[0]):
                 pending.tail_kv = (pending.tail[0], pending.tail_arrived[0].data)
+            self._count_fetch(pending)
         return pending.blocks
+
+    def _count_fetch(self, pending: PendingFetch) -> None:
+        nbytes = sum(len(b.data) for b in pending.blocks) + (len(pending.tail_kv[1]) if pending.tail_kv else 0)
+        if nbytes:
+            self.count_transfer("fetched", nbytes, pending.seconds, requests=1)
+
+    def count_transfer(self, direction: str, nbytes: int, seconds: float, requests: int = 0) -> None:
+        s = self.stats
+        s.transfer_bytes[direction] += nbytes
+        s.transfer_seconds[direction] += seconds
+        s.transfer_requests[direction] += requests
 
     def room(self, pending: PendingFetch) -> int:
         """Free KV blocks the fetched blocks may land in, keeping the local prefix they extend."""
@@ -300,8 +319,10 @@ class CacheStoreConnector:
                 blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
             try:
                 if blocks:
+                    t0 = time.perf_counter()
                     with tracing.use(span):
                         self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
+                    self.count_transfer("stored", sum(len(b.data) for b in blocks), time.perf_counter() - t0)
             except Exception:
                 log.exception("cachestore offload failed")
             for _ in batch:

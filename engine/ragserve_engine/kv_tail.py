@@ -38,6 +38,7 @@ def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, 
             block = s.seq.blocks[cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)]
             connector.offload([(block, tail[1])], scheduled)
     connector.flush()
+    connector.stats.transfer_requests["stored"] += len(completed)  # their KV is in the store now
 
 
 def land_tail(connector: CacheStoreConnector, seq: Sequence, num_hit_blocks: int, tail: tuple[int, bytes]) -> None:

@@ -13,6 +13,7 @@ from ragserve_engine.attention.torch_ref import TorchAttentionBackend
 CASES = {
     "mixed": [(1, 37), (5, 18), (17, 129), (1, 5)],  # decodes, a cached-prefix chunk, a long chunk
     "decodes-ragged": [(1, 37), (1, 5), (1, 64), (1, 16)],
+    "decodes-long-and-short": [(1, 300), (1, 9), (1, 250), (1, 40), (4, 60)],  # three decode length bands
     "decodes-equal": [(1, 40)] * 3,
     "fresh-prefills": [(9, 9), (3, 3), (1, 40)],
     "one-fresh-prefill": [(17, 17)],
@@ -65,3 +66,11 @@ def test_constant_calls_per_layer(monkeypatch):
         backend.forward(batch.query, batch.key, batch.value, cache, batch.meta, 0.25)
         assert len(calls) == 2 * (layer + 1)
     assert len(plans) == 1
+
+
+def test_decodes_grouped_by_context_length():
+    """A long-context decode (a RAG answer) beside short chats: the chats are not padded to its keys."""
+    batch = make_paged_batch([(1, 1000), (1, 30), (1, 40), (1, 900), (6, 6)], num_heads=4, num_kv_heads=2,
+                             head_dim=16, block_size=16)  # fmt: skip
+    groups = torch_ref.plan_groups(batch.meta, 16, quantized=False)
+    assert sorted((g.key_len, len(g.token_idx)) for g in groups) == [(6, 1), (40, 2), (1000, 2)]

@@ -1,7 +1,8 @@
 """Disaggregated prefill/decode through the router, real processes: a cachestore, a --role prefill and a --role
 decode engine on the tiny model, and a `both` engine alone for reference. Greedy answers through 1P1D equal the
-reference token for token; the decode engine fetched the prompt (it computed the last token only); faults (store
-down, prefill engine killed mid-prefill) lose no request."""
+reference token for token; the decode engine fetched the prompt (it computed the last token only) and both engines
+count the KV bytes they moved; faults in a 2P2D fleet (decode engine killed mid-stream, prefill engine killed
+mid-prefill with another to retry on and with none left, store down) lose no request."""
 
 from __future__ import annotations
 
@@ -31,17 +32,21 @@ class PD:
     prefill: Server
     decode: Server
     store: CacheStoreProcess
+    more_prefill: list[Server]
+    more_decode: list[Server]
 
 
-def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300) -> PD:
+def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1) -> PD:
+    """A cachestore, a router and `engines` prefill and decode engines each (pd-prefill, pd-decode, -1, ...)."""
     store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
     router = cluster.router("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64")
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
-    prefill = cluster.real_engines(router, 1, *flags, "--role", "prefill", ids=["pd-prefill"])[0]
-    decode = cluster.real_engines(router, 1, *flags, "--role", "decode", ids=["pd-decode"])[0]
-    for engine in (prefill, decode):
+    names = [""] + [f"-{i}" for i in range(1, engines)]
+    prefill = cluster.real_engines(router, engines, *flags, "--role", "prefill", ids=[f"pd-prefill{n}" for n in names])
+    decode = cluster.real_engines(router, engines, *flags, "--role", "decode", ids=[f"pd-decode{n}" for n in names])
+    for engine in (*prefill, *decode):
         cluster.wait_registered(engine)
-    return PD(router, prefill, decode, store)
+    return PD(router, prefill[0], decode[0], store, prefill[1:], decode[1:])
 
 
 @pytest.fixture(scope="module")
@@ -144,30 +149,116 @@ def test_decode_engine_fetched_the_prompt(pd):
     assert metric(fleet.decode.url, FETCHED) - before == usage["prompt_tokens"] - 1
 
 
+def transfer(url: str, what: str, direction: str) -> float:
+    return metric(url, f"ragserve:kv_transfer_{what}_total", direction=direction)
+
+
+TAILED = [
+    rag(4, q, max_tokens=2, cache_salt="moved")
+    for q in ("Name the heaviest item.", "List two items.", "Which item weighs 26 grams?")
+]
+
+
+def test_engines_count_the_kv_they_moved(pd, model_dir):
+    """The prefill engine's stored bytes and the decode engine's fetched bytes are the prompt's blocks: its cacheable
+    blocks and the tail block, each block_nbytes (the tiny model's float32 KV); one request each side."""
+    fleet, reference = pd
+    config = json.loads((model_dir / "config.json").read_text())
+    block_nbytes = config["num_hidden_layers"] * 2 * 16 * config["num_key_value_heads"] * config["head_dim"] * 4
+    before = {(e.url, w, d): transfer(e.url, w, d) for e in (fleet.prefill, fleet.decode) for w in
+              ("bytes", "seconds", "requests") for d in ("stored", "fetched")}  # fmt: skip
+    n, body = next(  # a prompt with a tail (1 to 14 tokens between its cacheable blocks and its last token)
+        (n, b)
+        for n, b in ((answer(reference.url, b)[1]["prompt_tokens"], b) for b in TAILED)
+        if (n - 1) % 16 not in (0, 15)
+    )
+    _, usage, _ = answer(fleet.router.url, body)
+    moved = {k: transfer(*k) - v for k, v in before.items()}
+    assert usage["prompt_tokens"] == n and usage["prompt_tokens_details"]["cached_tokens"] == n - 1
+    blocks = (n - 1) // 16 + 1  # cacheable blocks + the tail block
+    assert moved[fleet.prefill.url, "bytes", "stored"] == blocks * block_nbytes
+    assert moved[fleet.prefill.url, "requests", "stored"] == 1
+    assert moved[fleet.decode.url, "bytes", "fetched"] == blocks * block_nbytes
+    assert moved[fleet.decode.url, "requests", "fetched"] == 1
+    assert moved[fleet.prefill.url, "seconds", "stored"] > 0 and moved[fleet.decode.url, "seconds", "fetched"] > 0
+    assert moved[fleet.prefill.url, "bytes", "fetched"] == 0  # nothing of it was in the store before
+
+
+def prompt_tokens(engine: Server) -> float:
+    return metric(engine.url, "vllm:prompt_tokens_total")
+
+
+def in_flight(router: Server, n: int, until) -> None:
+    until(lambda: metric(router.url, "ragserve_router_requests_in_flight") >= n, timeout=60, message="in flight")
+
+
+def leg_killed(fleet: PD, victim: Server, body: dict, until) -> list:
+    """`body` streamed through the router while `victim` (a prefill engine) hangs with the leg, then SIGKILLed."""
+    results: list = []
+    with frozen([victim]):  # the prefill leg is sent and hangs there: mid-prefill
+        worker = threading.Thread(target=lambda: results.append(answer(fleet.router.url, body | {"stream": True})))
+        worker.start()
+        in_flight(fleet.router, 2, until)
+        victim.popen.send_signal(signal.SIGKILL)
+    worker.join(timeout=300)
+    return results
+
+
+def legs(router: Server) -> dict[str, float]:
+    return {o: metric(router.url, LEGS, outcome=o) for o in ("ok", "retried", "failed")}
+
+
 def test_faults_lose_no_request(tmp_path, model_dir, until):
-    """Store down: the prefill engine's writes and the decode engine's fetch miss, the decode engine computes.
-    Prefill engine killed mid-prefill: the router falls back to the decode engine computing the prompt."""
+    """One 2P2D fleet (the router's heartbeat slow: a dead engine stays in its pool), faults in turn, each answer the
+    healthy one: a decode engine SIGKILLed mid-stream (migrated to the other); the prefill engine with the leg
+    killed mid-prefill (the leg retried on the other); the store stopped (the decode engine computes); the last
+    prefill engine killed mid-prefill (none left: the decode engine computes)."""
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000)  # a frozen engine stays in the pool meanwhile
+    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000, engines=2)
+    prefills, decodes = [fleet.prefill, *fleet.more_prefill], [fleet.decode, *fleet.more_decode]
     try:
         body = rag(9, "Which item is heaviest?", max_tokens=8, temperature=0)
-        expected, *_ = answer(fleet.router.url, body | {"cache_salt": "healthy"})
+        expected, *_ = answer(fleet.router.url, body)
+        first = max(prefills, key=prompt_tokens)  # the leg's engine: it holds the prompt, so it ranks first again
+
+        long = rag(6, "Tell a long story.", max_tokens=400, temperature=0, ignore_eos=True, cache_salt="long")
+        story, *_ = answer(fleet.router.url, long)
+        migrated = metric(fleet.router.url, "ragserve_router_migrations_total")
+        results: list = []
+        with httpx.stream("POST", fleet.router.url + "/v1/chat/completions", json=long | {"stream": True},
+                          timeout=300) as resp:  # fmt: skip
+            victim = next(e for e in decodes if e.name == resp.headers["x-ragserve-engine"])
+            text = ""
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk  # the stream broke off
+                    text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+                    if text and victim.alive():  # mid-stream: hundreds of tokens still to come
+                        victim.popen.send_signal(signal.SIGKILL)
+                        victim.popen.wait()
+                    results.append(chunk["id"])
+        assert text == story[0] and len(set(results)) == 1  # one response, the whole story
+        assert metric(fleet.router.url, "ragserve_router_migrations_total") == migrated + 1
+
+        before, others = legs(fleet.router), [e for e in prefills if e is not first]
+        computed = {e.name: prompt_tokens(e) for e in others}
+        results = leg_killed(fleet, first, body, until)
+        assert results and results[0][0] == expected
+        after = legs(fleet.router)
+        assert after["retried"] == before["retried"] + 1 and after["ok"] == before["ok"] + 1
+        assert after["failed"] == before["failed"]
+        assert any(prompt_tokens(e) > computed[e.name] for e in others)  # the retry computed the prompt
 
         fleet.store.stop()
         texts, usage, _ = answer(fleet.router.url, body | {"cache_salt": "store-down"})
         assert texts == expected
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # computed on the decode engine
 
-        results: list = []
-        with frozen([fleet.prefill]):  # the prefill leg is sent and hangs there: mid-prefill
-            worker = threading.Thread(target=lambda: results.append(answer(fleet.router.url, body | {"stream": True})))
-            worker.start()
-            until(lambda: metric(fleet.router.url, "ragserve_router_requests_in_flight") >= 2, timeout=60,
-                  message="the prefill leg in flight")  # fmt: skip
-            fleet.prefill.popen.send_signal(signal.SIGKILL)
-        worker.join(timeout=300)
+        failed = legs(fleet.router)["failed"]
+        results = leg_killed(fleet, others[0], body | {"cache_salt": "no-prefill"}, until)
         assert results and results[0][0] == expected
-        assert metric(fleet.router.url, LEGS, outcome="failed") == 1
+        assert legs(fleet.router)["failed"] == failed + 1  # no prefill engine left: the decode engine computed
     finally:
         cluster.stop_all()
         fleet.store.stop()

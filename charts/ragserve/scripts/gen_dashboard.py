@@ -46,6 +46,20 @@ class Panel:
     thresholds: list[float] = field(default_factory=list)
 
 
+def per_request(counter: str) -> list[tuple[str, str]]:
+    """A KV-transfer counter per request (ragserve:kv_transfer_requests), by direction; 0 without transfers."""
+    out = []
+    for d in m.KV_TRANSFER_DIRECTIONS:
+        sel = f'{ENGINE}, {m.KV_TRANSFER_DIRECTION_LABEL}="{d}"'
+        out.append((d, f"{rate(total(counter), sel)} / ({rate(total(m.KV_TRANSFER_REQUESTS), sel)} > 0) or vector(0)"))
+    return out
+
+
+def mean(histogram: str, sel: str = NS) -> str:
+    """A histogram's mean over the rate window; 0 without observations."""
+    return f"{rate(histogram + '_sum', sel)} / ({rate(histogram + '_count', sel)} > 0) or vector(0)"
+
+
 def per_pod(metric: str, agg: str = "max") -> list[tuple[str, str]]:
     return [("{{pod}}", f"{agg} by (pod) ({metric}{{{ENGINE}}})")]
 
@@ -226,6 +240,46 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 [("{{engine}}", f"max by (engine) ({ROUTER}breaker_state{{{NS}}})")],
                 "short",
                 "0 closed, 1 half-open (probing), 2 open (no traffic).",
+            ),
+        ],
+    ),
+    (
+        "Disaggregated prefill/decode",
+        [
+            Panel(
+                "KV transfer bytes per request",
+                per_request(m.KV_TRANSFER_BYTES),
+                "bytes",
+                "KV block bytes a prefill engine put in the cachestore per prompt it computed for a decode engine"
+                " (stored; offloads of `both` engines on the same model count too), and an engine fetched per request"
+                " whose fetch brought blocks (fetched). 0: no transfer. docs/disaggregation.md.",
+            ),
+            Panel(
+                "KV transfer time per request",
+                per_request(m.KV_TRANSFER_SECONDS),
+                "s",
+                "Seconds in cachestore puts (the prefill engine's offload thread) and fetches (the decode engine's"
+                " fetch thread) per request.",
+            ),
+            Panel(
+                "Prefill queue / decode running",
+                [
+                    ("queued prefill tokens {{pod}}", f"sum by (pod) ({m.QUEUED_PREFILL_TOKENS}{{{ENGINE}}})"),
+                    ("running {{pod}}", f"sum by (pod) ({m.NUM_REQUESTS_RUNNING}{{{ENGINE}}})"),
+                ],
+                "short",
+                "Each side's autoscaling signal: prefill engines' queued prompt tokens, decode engines' running"
+                " sequences.",
+            ),
+            Panel(
+                "Prefill leg and decode-leg TTFT (mean)",
+                [
+                    ("prefill leg", mean(ROUTER + "disagg_prefill_seconds")),
+                    ("decode-leg TTFT", mean(ROUTER + "disagg_decode_ttft_seconds")),
+                ],
+                "s",
+                "The router's split of a disaggregated request's TTFT: the prefill leg (until the KV is in the"
+                " cachestore) and the rest (decode engine's fetch, last-token step, first byte). 0: no leg.",
             ),
         ],
     ),

@@ -1,7 +1,8 @@
 """Torch reference attention backend: batched gathers and SDPA, runs on any device and every KV dtype.
 
-A step's sequences attend in at most two padded SDPA calls per layer, whatever the batch size: one
-for the decodes (one query each) and one for the prefills (chunks, with or without a cached prefix).
+A step's sequences attend in few padded SDPA calls per layer, whatever the batch size: the decodes (one
+query each) in one per context-length band (contexts within PAD_RATIO of each other) and one for the prefills
+(chunks, with or without a cached prefix).
 The per-step plan (padded token indices, block ids, masks) is built once and shared by every layer.
 Padded key columns read real cache blocks (the cache is zero-initialised and only ever holds finite
 values) and are masked out.
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 
 from ragserve_engine.attention import quant
 from ragserve_engine.attention.backend import AttentionMetadata, LayerKVCache
+
+PAD_RATIO = 4  # decodes share a padded SDPA call while their contexts are within this ratio (by_length)
 
 
 @dataclass
@@ -37,8 +40,19 @@ def plan_groups(meta: AttentionMetadata, block_size: int, quantized: bool) -> li
     starts = np.asarray(meta.query_start_loc_cpu, dtype=np.int64)
     q_lens, ctxs = np.diff(starts), np.asarray(meta.seq_lens_cpu, dtype=np.int64)
     seqs = np.arange(len(ctxs))
-    groups = [seqs[q_lens == 1], seqs[q_lens > 1]]
+    groups = [*by_length(seqs[q_lens == 1], ctxs), seqs[q_lens > 1]]
     return [_group(meta, s, starts[s], q_lens[s], ctxs[s], block_size, quantized) for s in groups if len(s)]
+
+
+def by_length(seqs: np.ndarray, ctxs: np.ndarray) -> list[np.ndarray]:
+    """Decodes in groups whose contexts are within PAD_RATIO of the group's longest: a 2k-token RAG answer
+    decoding beside short chats would otherwise pad every chat's keys to 2k (gathered and attended)."""
+    groups, rest = [], seqs[np.argsort(-ctxs[seqs], kind="stable")]
+    while len(rest):
+        n = int(np.searchsorted(-ctxs[rest], -ctxs[rest[0]] / PAD_RATIO, side="right"))
+        groups.append(np.sort(rest[:n]))
+        rest = rest[n:]
+    return groups
 
 
 def _group(meta, seqs, starts, q_lens, ctxs, block_size: int, quantized: bool) -> AttentionGroup:

@@ -109,6 +109,20 @@ class EngineStateCollector:
             family = CounterMetricFamily(name, doc, labels=[m.MODEL_NAME_LABEL])
             family.add_metric(label, value)
             yield family
+        yield from self.transfers(stats)
+
+    def transfers(self, stats: EngineStats):
+        """KV moved through the cachestore, by direction (zeros without a cachestore)."""
+        labels = [m.MODEL_NAME_LABEL, m.KV_TRANSFER_DIRECTION_LABEL]
+        for name, doc, values in (
+            (m.KV_TRANSFER_BYTES, "KV block bytes put to / fetched from the cachestore", stats.kv_transfer_bytes),
+            (m.KV_TRANSFER_SECONDS, "Seconds in cachestore puts / fetches", stats.kv_transfer_seconds),
+            (m.KV_TRANSFER_REQUESTS, "Requests whose KV was stored / fetched", stats.kv_transfer_requests),
+        ):
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for direction in m.KV_TRANSFER_DIRECTIONS:
+                family.add_metric([self.model_name, direction], values.get(direction, 0))
+            yield family
 
 
 class KVPublishCollector:
