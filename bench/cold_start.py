@@ -12,7 +12,9 @@ per sequence, its inter-token latency being the decode step) until the engine re
 for ROUNDS_STEADY rounds (MIN_ROUNDS at least); steady state is the median of those rounds. Time to full
 speed: from process start to the first round, with no graph pending, where every size is within 10 % of
 steady; worst slowdown: the slowest probe after /ready over steady. Each start runs --repeats times,
-variants interleaved; medians reported.
+variants interleaved; medians reported, every round's step times kept in the JSON. --seed-cache DIR copies a
+cache built before (e.g. by a fresh start) into each variant's directory first, so that a run of minutes can
+skip the fresh start (--starts warm shipped).
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ async def step_seconds(client: httpx.AsyncClient, url: str, batch: int, rng: ran
             async for line in resp.aiter_lines():
                 if line.startswith("data: {"):
                     stamps.append(time.perf_counter())
-        return (stamps[-1] - stamps[1]) / (len(stamps) - 2)  # from the second token: decode steps only
+        # first token to last: NEW_TOKENS - 1 decode steps. Not per chunk: the detokenizer holds back tokens
+        # that end mid-character, so some random prompts stream 48 tokens in far fewer chunks (that read 3x)
+        return (stamps[-1] - stamps[0]) / (NEW_TOKENS - 1)
 
     return statistics.median(await asyncio.gather(*(one() for _ in range(batch))))
 
@@ -112,7 +116,9 @@ def summarize(rounds: list[dict], sizes: list[int], t_ready: float) -> dict:
     first = next((i for i in range(compiled, len(ok)) if ok[i]), len(ok) - 1)
     worst = max(r["steps"][b] / steady[b] for r in rounds for b in sizes)
     return {"ready_s": t_ready, "full_speed_s": max(t_ready, rounds[first]["t"]), "worst_x": worst,
-            "steady_ms": {b: 1000 * s for b, s in steady.items()}, "rounds": len(rounds)}  # fmt: skip
+            "steady_ms": {b: 1000 * s for b, s in steady.items()}, "rounds": len(rounds),
+            "round_steps_ms": [{"t": r["t"], "pending": r["pending"], **{b: 1000 * r["steps"][b] for b in sizes}}
+                               for r in rounds]}  # fmt: skip
 
 
 def run_once(args, variant: str, src: str | None, cache: Path, threads: int, log: Path) -> dict:
@@ -137,6 +143,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shipped-threads", type=int, help="torch threads of the shipped start (default: --threads)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--starts", nargs="+", default=["fresh", "warm", "shipped"], help="which starts, in order")
+    ap.add_argument("--seed-cache", help="a cache directory copied into each variant's before its first start")
     ap.add_argument("--out", default=str(RESULTS / "cold-start"))
     ap.add_argument("--table-only", action="store_true", help="rewrite the .md table from the .json (no run)")
     args = ap.parse_args()
@@ -145,12 +153,15 @@ def main() -> None:
         return write(args, saved["results"], saved["argv"])
     variants = [("before", args.before_src)] if args.before_src else []
     variants.append(("after", None))
-    results: dict[str, dict[str, list]] = {v: {"fresh": [], "warm": [], "shipped": []} for v, _ in variants}
+    results: dict[str, dict[str, list]] = {v: {k: [] for k in args.starts} for v, _ in variants}
     work = Path(tempfile.mkdtemp(prefix="cold-start-"))
     for rep in range(args.repeats):
         for variant, src in variants:
             cache, shipped = work / f"{variant}-{rep}", work / f"{variant}-{rep}-shipped"
-            for start_kind, threads in (("fresh", args.threads), ("warm", args.threads), ("shipped", 0)):
+            if args.seed_cache:
+                shutil.copytree(args.seed_cache, cache, symlinks=True)
+            for start_kind in args.starts:
+                threads = args.threads
                 if start_kind == "shipped":
                     shutil.copytree(cache, shipped, symlinks=True)
                     threads = args.shipped_threads or args.threads
@@ -158,7 +169,8 @@ def main() -> None:
                 log = work / f"{variant}-{rep}-{start_kind}.log"
                 r = run_once(args, variant, src, where, threads, log)
                 results[variant][start_kind].append(r)
-                print(variant, start_kind, rep, json.dumps({k: v for k, v in r.items() if k != "gauges"}), flush=True)
+                summary = {k: v for k, v in r.items() if k not in ("gauges", "round_steps_ms")}
+                print(variant, start_kind, rep, json.dumps(summary), flush=True)
     Path(args.out).with_suffix(".json").write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
     write(args, json.loads(json.dumps(results)), sys.argv)  # through JSON: the same keys as --table-only
 

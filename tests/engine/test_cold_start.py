@@ -1,6 +1,7 @@
 """Cold start (issue 37): an engine compiles its decode graphs before it reports ready, so a ready engine has
 no compile pending, and a second engine on the same compile cache (and thread count: inductor's key holds
-it) generates no code. Offline, LLM compiles at construction unless told not to."""
+it) generates no code and traces nothing (it loads the precompiled graphs). Offline, LLM compiles at
+construction unless told not to."""
 
 from __future__ import annotations
 
@@ -62,7 +63,15 @@ def test_a_ready_engine_compiles_nothing_and_a_second_engine_generates_nothing(t
     second, log = _serve_once(tmp_path, threads=1)
     assert second["decode_graphs_compiled"] == 2 and second["decode_graphs_pending"] == 0
     assert second["decode_graph_cache_misses"] == 0, log[-3000:]
-    assert "(from the compile cache; 2 of 2 sizes)" in log
+    # and traces nothing: each size loads its precompiled graph (compilation/graph_store.py)
+    assert log.count("(precompiled: loaded;") == 2 and "traced" not in log, log[-3000:]
+    # a precompiled graph that cannot be loaded (a truncated copy) is traced again, and rewritten
+    (saved,) = (tmp_path / "inductor" / "decode-graphs").glob("b1-*.bin")
+    saved.write_bytes(saved.read_bytes()[:100])
+    third, log = _serve_once(tmp_path, threads=1)
+    assert third["decode_graphs_compiled"] == 2 and third["decode_graphs_pending"] == 0
+    assert "cannot load the precompiled decode graph" in log and "(precompiled: loaded; 2 of 2 sizes)" in log
+    assert log.count("(precompiled: loaded;") == 1 and saved.stat().st_size > 100  # rewritten whole
 
 
 def test_offline_llm_compiles_at_construction_unless_told_not_to():

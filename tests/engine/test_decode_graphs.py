@@ -8,7 +8,6 @@ import threading
 import time
 
 import torch
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from ragserve_engine.compilation.decode_graphs import capture_sizes
 from ragserve_engine.llm import LLM
@@ -40,15 +39,13 @@ def test_compiled_decode_matches_eager_and_compiles_once_per_size():
     assert eager.engine.runner.decode_graphs is None  # --enforce-eager: no graphs
     graphs = LLM(path, num_gpu_blocks=128, max_num_seqs=8, loaded_model=eager.engine.runner.model)
     stats = graphs.engine.runner.decode_graphs.stats
-    forward = graphs.engine.runner.decode_graphs.forward.__wrapped__  # this model signature's decode_forward
-    before = len(_debug_get_cache_entry_list(forward))  # dynamo's compiled graphs of the function
     for n in range(1, 10):  # 3, 5, 6, 7 and 9 (8 + 1 waiting) need padding rows
         prompts = _prompts(n, shift=n)
         assert _tokens(graphs, prompts) == _tokens(eager, prompts), n
     assert stats.steps > 0
     assert set(stats.compiled) == {1, 2, 4, 8}
     # one graph per capture size, whatever the width
-    assert len(_debug_get_cache_entry_list(forward)) - before <= 4
+    assert sorted(graphs.engine.runner.decode_graphs._graphs) == [1, 2, 4, 8]
     # a second pass hits the prefix cache: decode-only steps over cached blocks, same tokens
     prompts = _prompts(6, shift=6)
     steps = stats.steps
@@ -56,11 +53,10 @@ def test_compiled_decode_matches_eager_and_compiles_once_per_size():
     assert sum(o.num_cached_tokens for o in out) > 0 and stats.steps > steps
     assert [o.outputs[0].token_ids for o in out] == _tokens(eager, prompts)
     # another pool size (another kv cache shape) reuses the graphs: the block count is dynamic too
-    entries = len(_debug_get_cache_entry_list(forward))
     other = LLM(path, num_gpu_blocks=200, max_num_seqs=8, loaded_model=eager.engine.runner.model)
     assert _tokens(other, prompts[:2]) == _tokens(eager, prompts[:2])
     assert other.engine.runner.decode_graphs.stats.steps > 0
-    assert len(_debug_get_cache_entry_list(forward)) == entries
+    assert other.engine.runner.decode_graphs.stats.traced == 0  # the first engine's graphs, none traced again
 
 
 def test_models_share_graphs_only_with_their_own_signature():
@@ -73,7 +69,7 @@ def test_models_share_graphs_only_with_their_own_signature():
         "qwen3": tiny_model("qwen3"),
         "llama eps 0.5": tiny_model("llama", rms_norm_eps=0.5),  # only a constant differs (not the KV shape)
     }
-    forwards = {}
+    forwards, loaded = {}, {}
     for name, path in models.items():
         eager = LLM(str(path), num_gpu_blocks=32, max_num_seqs=1, enforce_eager=True)
         graphs = LLM(str(path), num_gpu_blocks=32, max_num_seqs=1, loaded_model=eager.engine.runner.model)
@@ -81,9 +77,11 @@ def test_models_share_graphs_only_with_their_own_signature():
         assert _tokens(graphs, prompts) == _tokens(eager, prompts), name
         assert graphs.engine.runner.decode_graphs.stats.steps > 0
         forwards[name] = graphs.engine.runner.decode_graphs.forward
+        loaded[name] = graphs.engine.runner.decode_graphs._graphs[1]
     assert forwards["llama seed 1"] is forwards["llama"]
     assert len({id(f) for f in forwards.values()}) == 3
-    guards = str(_debug_get_cache_entry_list(forwards["llama"].__wrapped__)[0].guard_manager).splitlines()
+    assert loaded["llama seed 1"] is loaded["llama"] and len({id(f) for f in loaded.values()}) == 3
+    guards = str(loaded["llama"]._artifacts.guard_manager).splitlines()
     on_model = [g for g in guards if "L['model']" in g and "GuardManager" not in g]
     assert len(on_model) < 8, on_model  # not one per parameter and module attribute (a few on dict keys remain)
 
@@ -160,9 +158,9 @@ def test_a_server_engine_compiles_in_the_background_and_never_waits():
     release = threading.Event()
     real_call = graphs._call
 
-    def held_call(inputs):  # the compile thread waits until the first request is done
+    def held_call(size, inputs):  # the compile thread waits until the first request is done
         release.wait(120)
-        return real_call(inputs)
+        return real_call(size, inputs)
 
     graphs._call = held_call
     llm = AsyncLLM(EngineConfig(model=path), engine)
@@ -202,7 +200,7 @@ def test_a_size_whose_background_compile_fails_stays_eager_and_is_not_pending():
     path = str(tiny_model("llama"))
     graphs = LLM(path, num_gpu_blocks=64, max_num_seqs=4, compile_at_start=False).engine.runner.decode_graphs
 
-    def broken(inputs):
+    def broken(size, inputs):
         raise RuntimeError("injected compile failure")
 
     graphs._call = broken

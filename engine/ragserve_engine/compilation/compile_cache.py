@@ -54,5 +54,6 @@ def use_compile_cache() -> Path:
 
 
 def cache_misses() -> int:
-    """Graphs inductor generated code for in this process (an FX-graph cache miss; a hit loads the .so)."""
-    return int(counters["inductor"]["fxgraph_cache_miss"])
+    """Graphs inductor generated code for in this process: an FX-graph cache miss (torch.compile), or an
+    AOTAutograd cache miss (aot_compile, which bundles inductor's output in that cache); a hit loads the .so."""
+    return int(counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"])

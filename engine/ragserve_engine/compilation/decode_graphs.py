@@ -17,8 +17,10 @@ dropped: the signature already fixes them, and checking them cost ~0.7 ms of an 
 Graphs compile before the engine serves (compile_at_start, vLLM's capture at start-up): LLM compiles every
 capture size at construction (capture()), a server queues them all on its compile thread and reports ready
 once none is pending (capture_in_background()), logging one line per size, so no request waits for a
-compile and none shares the cores with one. Inductor's on-disk cache (compilation/compile_cache.py) makes
-a restart, or another pod on the same cache volume, load the generated code instead of generating it.
+compile and none shares the cores with one. Each size traced is saved precompiled (torch's aot_compile:
+bytecode, guards and code in one file, compilation/graph_store.py): a restart, or another pod on the same
+cache volume, loads it (~1 s a size) instead of tracing the model again (4-8 s a size on SmolLM2); inductor's
+on-disk cache (compilation/compile_cache.py) spares a trace the code generation.
 With --no-compile-at-start a size compiles the first time a step of that size runs: offline (LLM) the step
 waits for its compile, a server runs that step eager and compiles the size on its thread (compile_in_background;
 a cold SmolLM2 graph takes 60-100 s on 2 cores). Steps
@@ -41,7 +43,7 @@ import numpy as np
 import torch
 
 from ragserve_engine.attention.backend import AttentionMetadata, slot_mapping
-from ragserve_engine.compilation import cpu_ops
+from ragserve_engine.compilation import cpu_ops, graph_store
 from ragserve_engine.compilation.compile_cache import INDUCTOR_OPTIONS, cache_misses
 from ragserve_engine.compilation.events import COMPILE_THREAD, compiling
 from ragserve_engine.compilation.graph_attention import GraphDecodeAttention, GraphLayerCache, write_new_kv
@@ -68,6 +70,7 @@ class GraphStats:
     compile_seconds: dict[int, float] = field(default_factory=dict)
     failed: set[int] = field(default_factory=set)  # sizes whose compile raised: they stay eager
     cache_misses: int = 0  # compiles that generated code (an inductor cache miss) rather than loading it
+    traced: int = 0  # sizes dynamo traced (the rest loaded precompiled, compilation/graph_store.py)
 
     @property
     def total_compile_seconds(self) -> float:
@@ -87,7 +90,9 @@ class DecodeGraphs:
         self.sizes, self.max_seq_len = sorted(sizes), max_seq_len_to_capture
         self.device = kv_data.device
         self.stats = GraphStats()
-        self.forward = _compiled(self.device, model_signature(model))
+        self.signature = model_signature(model)
+        self.forward = _compiled(self.device, self.signature)  # traces a size whose precompiled graph is absent
+        self._graphs: dict[int, Callable] = {}
         self._todo: queue.Queue | None = None  # background mode: sizes to compile
         self._queued: set[int] = set()
         if self.device.type == "cpu":
@@ -162,37 +167,43 @@ class DecodeGraphs:
         lens = np.ones(size, np.int64)
         lens[:n] = pos[:n] + 1
         inputs = [torch.from_numpy(a).to(self.device) for a in (ids, pos, table, lens)]
-        torch._dynamo.mark_dynamic(inputs[2], 1)
-        torch._dynamo.mark_dynamic(self.kv_data, 0)  # pools of any size share a size's graph
-        if size in self.stats.compile_seconds:
-            logits, keys, values = self._call(inputs)
-        else:
-            logits, keys, values = self._compile(size, inputs)
+        if size not in self.stats.compile_seconds:
+            self._compile(size, inputs)
+        logits, keys, values = self._call(size, inputs)
         if n:
             slots = slot_mapping(table, np.arange(n), pos[:n], bs)
             write_new_kv(self.kv_data, torch.from_numpy(slots).to(self.device), keys[:, :n], values[:, :n])
             self.stats.steps += 1
         return logits[:n]
 
-    def _compile(self, size: int, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """The first call of a size: dynamo traces it, inductor generates (or loads from its cache) the code."""
+    def _compile(self, size: int, inputs: list[torch.Tensor]) -> None:
+        """Load the size's precompiled graph (graph_store), or trace it (inductor generates the code or loads
+        it from its cache) and save it for the next start."""
         t0, misses = time.perf_counter(), cache_misses()
+        path = graph_store.graph_path(self.signature, self.kv_data, size)
         with compiling():
-            out = self._call(inputs)
+            fn = graph_store.load(path, decode_forward.__globals__)
+            if fn is None:
+                table, kv = inputs[2].clone(), self.kv_data.view(self.kv_data.shape)  # marked: not the callers'
+                torch._dynamo.mark_dynamic(table, 1)
+                torch._dynamo.mark_dynamic(kv, 0)  # pools of any size share a size's graph
+                fn = graph_store.compile_and_save(self.forward, (self.model, kv, *inputs[:2], table, inputs[3]), path)
+                how = "generated" if cache_misses() > misses else "traced, code from the compile cache"
+            else:
+                how = "precompiled: loaded"
+            self._graphs[size] = fn
+            self._call(size, inputs)  # the first call of a loaded graph, before any step needs it
         seconds = self.stats.compile_seconds[size] = time.perf_counter() - t0
         self.stats.compiled.append(size)
-        missed = cache_misses() > misses
-        self.stats.cache_misses += missed
-        how = "generated" if missed else "from the compile cache"
+        self.stats.cache_misses += how == "generated"
+        self.stats.traced += how != "precompiled: loaded"
         logger.info(
             "compiled the decode graph for batch %d in %.1f s (%s; %d of %d sizes)",
             size, seconds, how, len(self.stats.compiled), len(self.sizes),
         )  # fmt: skip
-        return out
 
-    def _call(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # one static graph per size
-            return self.forward(self.model, self.kv_data, *inputs)
+    def _call(self, size: int, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return self._graphs[size](self.model, self.kv_data, *inputs)
 
 
 _BACKEND = GraphDecodeAttention()
@@ -226,9 +237,15 @@ def model_signature(model: torch.nn.Module) -> str:
 
 def _unguarded_by_model(entries) -> list[bool]:
     """dynamo guard filter: keep the guards on the step's inputs and global state, drop those on the model
-    (its signature picked the function) and dynamo's duplicate-input checks (all on module globals here:
-    ~550 on SmolLM2)."""
-    return [not e.name.startswith("model") and e.guard_type != "DUPLICATE_INPUT" for e in entries]
+    (its signature picked the function), on module globals (constants of this module) and dynamo's
+    duplicate-input checks (~550 on SmolLM2), and those torch cannot save with a precompiled graph."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [
+        not e.name.startswith("model") and not e.is_global and e.guard_type not in ("DUPLICATE_INPUT", *unsaved)
+        for e in entries
+    ]
 
 
 def _compiled(device: torch.device, signature: str) -> Callable:
