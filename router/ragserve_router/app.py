@@ -17,7 +17,7 @@ from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.admin import install_admin
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.disagg import DisaggMetrics, run_prefill
+from ragserve_router.disagg import DisaggMetrics, prefill_engines, run_prefill
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
@@ -73,8 +73,10 @@ def create_app(gw: Gateway) -> FastAPI:
             return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
         with tracing.span("router.route", tracing.extract(request.headers), attributes):
+            if not (engines := prefill_engines(gw, routed)):
+                return await gw.proxy.forward(routed)
             try:  # a long prompt for a decode engine: its prefill leg first, on a prefill engine (disagg.py)
-                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics))
+                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics, engines))
             except ClientGone:
                 routed.slot.release()
                 return Response(status_code=CLIENT_CLOSED)
