@@ -1,14 +1,15 @@
-"""The OpenAI-compatible gateway (FastAPI): auth, limits, routing, proxying, health and metrics."""
+"""The OpenAI-compatible gateway (FastAPI, the generate endpoints as plain ASGI: fast_routes.py): auth, limits,
+routing, proxying, health and metrics."""
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass, replace
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp
 
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys, require_api_key
@@ -17,11 +18,12 @@ from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.admin import install_admin
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.disagg import DisaggMetrics, run_prefill
+from ragserve_router.disagg import DisaggMetrics, prefill_engines, run_prefill
+from ragserve_router.fast_routes import FastRoutes
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
-from ragserve_router.routing import Routing, valid_request_id
+from ragserve_router.routing import Routing
 from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
@@ -44,16 +46,12 @@ class Gateway(Routing):
             raise
 
 
-async def assign_request_id(request: Request) -> None:
-    """The client's X-Request-Id when well formed, else a new one; error answers carry it too."""
-    request.state.request_id = valid_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
-
-
-def create_app(gw: Gateway) -> FastAPI:
+def create_app(gw: Gateway) -> ASGIApp:
+    """The generate endpoints as plain ASGI (fast_routes.py) in front of the FastAPI app for the rest; every answer
+    counted once, by final status."""
     app = FastAPI(title="ragserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
     install_error_handlers(app, "router", log)
-    app.add_middleware(CountResponses, count=gw.metrics.count)  # every answer once, by final status
     disagg_metrics = DisaggMetrics(gw.metrics.registry)
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
@@ -61,8 +59,10 @@ def create_app(gw: Gateway) -> FastAPI:
         gw.admit(client, key)
         request.state.tenant = tenant_of(request.headers, gw.cfg.tenant_header, key.name if key else None, client)
 
+    def admit(request: Request) -> None:
+        rate_limit(request, gw.auth.check(request.headers.get("authorization")))
+
     auth = require_api_key(gw.auth, rate_limit)
-    generate = [Depends(assign_request_id), auth]  # in this order: a 401 or 429 carries the request id
 
     async def route(request: Request, path: str, chat: bool, pooling: bool = False) -> Response:
         started = time.monotonic()
@@ -73,18 +73,18 @@ def create_app(gw: Gateway) -> FastAPI:
             return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
         with tracing.span("router.route", tracing.extract(request.headers), attributes):
+            if not (engines := prefill_engines(gw, routed)):
+                return await gw.proxy.forward(routed)
             try:  # a long prompt for a decode engine: its prefill leg first, on a prefill engine (disagg.py)
-                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics))
+                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics, engines))
             except ClientGone:
                 routed.slot.release()
                 return Response(status_code=CLIENT_CLOSED)
             return await gw.proxy.forward(replace(routed, prefill_s=leg.seconds) if leg.engine_id else routed)
 
-    @app.post("/v1/chat/completions", dependencies=generate)
     async def chat_completions(request: Request) -> Response:
         return await route(request, "/v1/chat/completions", chat=True)
 
-    @app.post("/v1/completions", dependencies=generate)
     async def completions(request: Request) -> Response:
         return await route(request, "/v1/completions", chat=False)
 
@@ -92,8 +92,8 @@ def create_app(gw: Gateway) -> FastAPI:
         """Embeddings, rerank and score: to the least-loaded engine serving the model (an embedding engine)."""
         return await route(request, request.url.path, chat=False, pooling=True)
 
-    for path in ("/v1/embeddings", "/v1/rerank", "/v1/score"):
-        app.add_api_route(path, pool, methods=["POST"], dependencies=generate)
+    routes = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
+    routes |= {path: pool for path in ("/v1/embeddings", "/v1/rerank", "/v1/score")}
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> Response:
@@ -119,7 +119,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     if gw.cfg.admin_api_key_file:
         install_admin(app, gw.pool, gw.cfg.admin_api_key_file)
-    return app
+    return CountResponses(FastRoutes(app, routes, admit), count=gw.metrics.count)
 
 
 async def _route(

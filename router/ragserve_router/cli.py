@@ -16,4 +16,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = RouterConfig.from_args(args)
     from ragserve_router.server import serve
 
-    return asyncio.run(serve(cfg))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(serve(cfg))
+
+
+def _loop_factory():
+    """uvloop where it is installed (the router's dependency on Linux and macOS), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -70,11 +70,9 @@ def prefill_engines(gw, r) -> list[EngineRecord]:
     return [e for e in gw.pool.candidates(r.model) if e.role == PREFILL and e.cachestore == decode.cachestore]
 
 
-async def run_prefill(gw, r, metrics: DisaggMetrics) -> PrefillLeg:
-    """The prefill leg, before the request goes to its decode engine (see the module doc); a span of its own."""
-    engines = prefill_engines(gw, r)
-    if not engines:
-        return PrefillLeg()
+async def run_prefill(gw, r, metrics: DisaggMetrics, engines: list[EngineRecord]) -> PrefillLeg:
+    """The prefill leg on `engines` (prefill_engines), before the request goes to its decode engine (see the module
+    doc); a span of its own."""
     with tracing.span("router.prefill_leg", attributes={"ragserve.decode_engine": r.decision.order[0].engine_id}) as s:
         leg = await _attempts(gw, r, metrics, engines)
         if s is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ssl
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import httpx
 
@@ -76,6 +77,16 @@ class PerEngineTransport(httpx.AsyncBaseTransport):
         resp.stream = _Body(resp.stream, pool)
         return resp
 
+    async def post(self, url: str, headers: dict[str, str], body: bytes, timeout: httpx.Timeout) -> httpx.Response:
+        """A POST with a streamed answer straight to its engine's pool, past httpx.AsyncClient's per-request layers
+        (URL merging, default headers, cookies, auth, redirects: none of them used for engines)."""
+        request = httpx.Request(
+            "POST", _url(url), headers=headers, content=body, extensions={"timeout": timeout.as_dict()}
+        )
+        response = await self.handle_async_request(request)
+        response.request = request
+        return response
+
     async def _close_unused(self) -> None:
         cutoff = time.monotonic() - KEEPALIVE_EXPIRY_S
         for origin in [o for o, p in self.pools.items() if not p.active and p.used < cutoff]:
@@ -87,6 +98,11 @@ class PerEngineTransport(httpx.AsyncBaseTransport):
             await pool.transport.aclose()
 
 
+@lru_cache(maxsize=4096)
+def _url(url: str) -> httpx.URL:
+    return httpx.URL(url)  # parsed once per engine and path
+
+
 def _transport(verify: ssl.SSLContext | bool) -> httpx.AsyncHTTPTransport:
     limits = httpx.Limits(
         max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE, keepalive_expiry=KEEPALIVE_EXPIRY_S
@@ -94,7 +110,7 @@ def _transport(verify: ssl.SSLContext | bool) -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(limits=limits, verify=verify)
 
 
-def engine_http_client(cfg: RouterConfig) -> httpx.AsyncClient:
+def engine_http_client(cfg: RouterConfig, transport: PerEngineTransport | None = None) -> httpx.AsyncClient:
     """The client for requests to engines (upstream.py): per-engine pools, the router's timeouts."""
     timeout = httpx.Timeout(cfg.upstream_timeout, connect=cfg.connect_timeout)
-    return httpx.AsyncClient(timeout=timeout, transport=PerEngineTransport(cfg))
+    return httpx.AsyncClient(timeout=timeout, transport=transport or PerEngineTransport(cfg))

@@ -28,6 +28,11 @@ class ClientGone(Exception):
     pass
 
 
+class _Broken(Exception):
+    def __init__(self, engine: EngineRecord) -> None:
+        self.engine = engine
+
+
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -71,22 +76,19 @@ class Proxy:
         engines, tried, body = r.decision.order, set(), r.plan.upstream_body()
         try:
             for resend in range(self.cfg.migration_limit + 1):
-                engine, resp = await race_disconnect(r.request, self.upstream.connect(r, engines, body))
-                if r.stream and resp.status_code == 200:
-                    return self._relay(r, engine, resp)
                 try:
-                    data = await race_disconnect(r.request, resp.aread())
-                except httpx.HTTPError:
-                    self.pool.mark_failure(engine, CONNECT)
-                    tried.add(engine.engine_id)
+                    engine, resp, data = await race_disconnect(r.request, self._exchange(r, engines, body))
+                except _Broken as broken:
+                    self.pool.mark_failure(broken.engine, CONNECT)
+                    tried.add(broken.engine.engine_id)
                     engines = self.upstream.fallbacks(r, tried)
                     if resend < self.cfg.migration_limit and engines:
                         self.metrics.migrations.labels("resent").inc()
                         continue
-                    self.upstream.finish(r, engine)
+                    self.upstream.finish(r, broken.engine)
                     raise ApiError(502, "the engine failed while answering; try again", "upstream_error") from None
-                finally:
-                    await resp.aclose()
+                if data is None:
+                    return self._relay(r, engine, resp)
                 self.upstream.finish(r, engine, _usage_of(data) if resp.status_code == 200 else None)
                 return Response(data, status_code=resp.status_code, headers=self._response_headers(r, engine, resp))
         except ClientGone:
@@ -96,6 +98,19 @@ class Proxy:
             r.slot.release()
             raise
         raise AssertionError("unreachable")
+
+    async def _exchange(self, r: Routed, engines: list[EngineRecord], body: bytes):
+        """Send, and read a whole answer: (engine, response, its body), or no body for a stream to relay (one task
+        for the client's disconnect to cancel). _Broken: the engine failed while answering."""
+        engine, resp = await self.upstream.connect(r, engines, body)
+        if r.stream and resp.status_code == 200:
+            return engine, resp, None
+        try:
+            return engine, resp, await resp.aread()
+        except httpx.HTTPError:
+            raise _Broken(engine) from None
+        finally:
+            await resp.aclose()
 
     def _relay(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> StreamingResponse:
         relay = Relay(self.upstream, r, engine, resp)

@@ -16,7 +16,7 @@ from fastapi import Request
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
-from ragserve_router.engine_client import engine_http_client
+from ragserve_router.engine_client import PerEngineTransport, engine_http_client
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
@@ -60,7 +60,8 @@ class Upstream:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
-        self.client = engine_http_client(cfg)
+        self.transport = PerEngineTransport(cfg)  # the proxied requests (post); the client: prefill legs
+        self.client = engine_http_client(cfg, self.transport)
 
     def headers(self, r: Routed) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}
@@ -81,8 +82,7 @@ class Upstream:
             if r.slot.engine.engine_id != engine.engine_id:
                 r.slot.move(engine)
             try:
-                req = self.client.build_request("POST", engine.url + r.path, content=body, headers=self.headers(r))
-                resp = await self.client.send(req, stream=True)
+                resp = await self.transport.post(engine.url + r.path, self.headers(r), body, self.client.timeout)
             except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
                 raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
             except httpx.TimeoutException:
