@@ -13,7 +13,7 @@ from ragserve.command_line import TLSFiles, arg, bool_flag, tls_flags
 from ragserve.engine_args import ENGINE_PORT, spec_options
 
 # The kubelet expands $(POD_IP) from the container's POD_IP env var (the downward API's status.podIP).
-ADVERTISE_URL = "http://$(POD_IP):{port}"
+ADVERTISE_URL = "{scheme}://$(POD_IP):{port}"
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,11 @@ class EnginePod:
     port: int = ENGINE_PORT
     engine_id: str | None = None  # unset: the engine's own (hostname-pid-starttime)
     router: str | None = None  # registry HOST:PORT; the pod then advertises advertise_url
-    advertise_url: str = ADVERTISE_URL  # {port} is filled in; the default is the pod's own IP
+    advertise_url: str = ADVERTISE_URL  # {scheme} and {port} are filled in; the default is the pod's own IP
     router_tls: TLSFiles = TLSFiles()
+    tls_cert_file: str | None = None  # HTTPS on the engine's port (advertised as https://) ...
+    tls_key_file: str | None = None  # ... with this key
+    tls_client_ca_file: str | None = None  # HTTPS clients (the router) must present a certificate signed by it
     registry_token_file: str | None = None  # the router registry's shared token (--registry-token-file)
     cachestore: tuple[str, ...] = ()  # every cachestore pod's HOST:PORT (the client shards over them)
     cachestore_tls: TLSFiles = TLSFiles()
@@ -66,9 +69,11 @@ def engine_command(pod: EnginePod) -> list[str]:
     args = ["engine", *arg("host", pod.host), *arg("port", pod.port), *arg("model", pod.model)]
     args += arg("served_model_name", pod.served_model_name) + task_flags(pod.task) + role_flags(pod.role)
     args += spec_flags(pod.engine)
-    args += arg("engine_id", pod.engine_id)
+    args += arg("engine_id", pod.engine_id) + arg("tls_cert_file", pod.tls_cert_file)
+    args += arg("tls_key_file", pod.tls_key_file) + arg("tls_client_ca_file", pod.tls_client_ca_file)
     if pod.router:
-        args += arg("router", pod.router) + arg("advertise_url", pod.advertise_url.format(port=pod.port))
+        url = pod.advertise_url.format(scheme="https" if pod.tls_cert_file else "http", port=pod.port)
+        args += arg("router", pod.router) + arg("advertise_url", url)
         args += arg("registry_token_file", pod.registry_token_file) + tls_flags("router", pod.router_tls)
     if pod.cachestore and pod.task != "embed":
         args += arg("cachestore", ",".join(pod.cachestore)) + tls_flags("cachestore", pod.cachestore_tls)

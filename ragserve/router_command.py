@@ -27,6 +27,7 @@ class RouterLaunch:
     external_block_size: int | None = None  # their KV block size (vLLM --block-size)
     k8s_selector: str | None = None  # discover engine pods by label selector ...
     k8s_namespace: str | None = None  # ... in this namespace
+    engine_tls: TLSFiles = TLSFiles()  # https:// engines: verified against ca; cert and key for mutual TLS
     max_body_bytes: int | str | None = None
     drain_delay: float | None = None
     drain_timeout: float | None = None
@@ -50,6 +51,15 @@ class RouterLaunch:
     extra_args: tuple[str, ...] = ()  # passed through last (a later flag wins)
 
 
+def engine_tls_flags(files: TLSFiles) -> list[str]:
+    """--engine-ca-file / --engine-client-cert-file / --engine-client-key-file for the files that are set."""
+    return (
+        arg("engine_ca_file", files.ca)
+        + arg("engine_client_cert_file", files.cert)
+        + arg("engine_client_key_file", files.key)
+    )
+
+
 def router_command(launch: RouterLaunch) -> list[str]:
     """`ragserve router ...` arguments (a container's args; its command is `ragserve`)."""
     r = launch
@@ -59,6 +69,7 @@ def router_command(launch: RouterLaunch) -> list[str]:
     args += [a for spec in r.external_engines for a in arg("external_engine", spec)]
     args += arg("tokenizer", r.tokenizer) + arg("external_block_size", r.external_block_size)
     args += arg("k8s_selector", r.k8s_selector) + arg("k8s_namespace", r.k8s_namespace)
+    args += engine_tls_flags(r.engine_tls)
     args += arg("max_body_bytes", r.max_body_bytes) + arg("drain_delay", r.drain_delay)
     args += arg("drain_timeout", r.drain_timeout) + serving_tls_flags(r.tls)
     args += arg("tls_cert_file", r.tls_cert_file) + arg("tls_key_file", r.tls_key_file)

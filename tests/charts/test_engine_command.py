@@ -38,6 +38,15 @@ EXTRA = {
     "embedding-pool": {
         "engines": [{"name": "default", "model": "m"}, {"name": "embed", "model": "e", "task": "embed"}],
     },
+    "https-pools": {
+        "router": {"engineTls": {"clientSecret": "router-client"}},
+        "engineDefaults": {"httpTls": {"enabled": True, "secretName": "engine-https"}},
+        "engines": [
+            {"name": "https", "model": "m"},
+            {"name": "mtls", "model": "m", "httpTls": {"clientAuth": True}},
+            {"name": "plain", "model": "m", "httpTls": {"enabled": False}},
+        ],
+    },
 }
 
 
@@ -94,6 +103,16 @@ def rendered_args(docs: list[dict], kind: str, name: str, container: str) -> lis
     return c["args"]
 
 
+def http_tls(pool: dict) -> dict:
+    """EnginePod's HTTPS files for engines[].httpTls as the chart mounts its Secret (/etc/ragserve/http-tls)."""
+    t = pool["httpTls"]
+    if not t["enabled"]:
+        return {}
+    ca = "/etc/ragserve/http-tls/ca.crt" if t["clientAuth"] else None
+    return {"tls_cert_file": "/etc/ragserve/http-tls/tls.crt", "tls_key_file": "/etc/ragserve/http-tls/tls.key",
+            "tls_client_ca_file": ca}  # fmt: skip
+
+
 def expected(values: dict, pool: dict) -> list[str]:
     """engine_command() for a chart pool, with the chart's wiring (Service names, mount paths, grace period)."""
     router, store = values["router"], values["cachestore"]
@@ -111,6 +130,7 @@ def expected(values: dict, pool: dict) -> list[str]:
         port=pool["port"],
         router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,
         router_tls=tls(router, "router"),
+        **http_tls(pool),
         registry_token_file=f"/etc/ragserve/registry-token/{router['registryAuth']['key']}"
         if registers and router["registryAuth"]["enabled"]
         else None,

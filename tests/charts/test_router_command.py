@@ -58,6 +58,8 @@ EXTRA = {
     },
     "switches-off": {"router": {"flowControl": {"enginePriority": False}, "tenantQuotas": {"fairShare": False}}},
     "https-api": {"router": {"httpTls": {"enabled": True, "secretName": "router-https"}}},
+    "engine-ca-and-client-cert": {"router": {"engineTls": {"caSecret": "engine-ca", "clientSecret": "router-client"}}},
+    "engine-ca-only": {"router": {"engineTls": {"caSecret": "engine-ca"}}},
     "mtls-instead-of-token": {
         "router": {
             "registryAuth": {"enabled": False},
@@ -81,6 +83,14 @@ def epp_launch(values: dict) -> dict:
     }
 
 
+def engine_tls(side: dict) -> TLSFiles:
+    """router.engineTls as the chart mounts it: caSecret's ca.crt, clientSecret's tls.crt and tls.key."""
+    ca = "/etc/ragserve/engine-ca/ca.crt" if side["caSecret"] else None
+    if not side["clientSecret"]:
+        return TLSFiles(ca=ca)
+    return TLSFiles(ca, "/etc/ragserve/engine-client/tls.crt", "/etc/ragserve/engine-client/tls.key")
+
+
 def expected(values: dict) -> list[str]:
     """router_command() for the chart's values, with the chart's wiring (mount paths, Services, grace period)."""
     r, store = values["router"], values["cachestore"]
@@ -98,6 +108,7 @@ def expected(values: dict) -> list[str]:
         external_block_size=vllm_block_size(values),
         k8s_selector=f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=engine" if discover else None,
         k8s_namespace=NAMESPACE if discover else None,
+        engine_tls=engine_tls(r["engineTls"]),
         max_body_bytes=r["maxBodyBytes"],
         drain_delay=r["drainDelaySeconds"],
         drain_timeout=max(0, r["terminationGracePeriodSeconds"] - r["drainDelaySeconds"] - 5),

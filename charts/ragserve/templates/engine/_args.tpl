@@ -31,10 +31,17 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- include "ragserve.arg" (list "--preemption-mode" $e.preemptionMode) }}
 {{- include "ragserve.arg" (list "--swap-space" $e.swapSpace) }}
 {{- include "ragserve.arg" (list "--scheduling-policy" $e.schedulingPolicy) }}
+{{- if $p.httpTls.enabled }}
+{{- include "ragserve.arg" (list "--tls-cert-file" "/etc/ragserve/http-tls/tls.crt") }}
+{{- include "ragserve.arg" (list "--tls-key-file" "/etc/ragserve/http-tls/tls.key") }}
+{{- if $p.httpTls.clientAuth }}
+{{- include "ragserve.arg" (list "--tls-client-ca-file" "/etc/ragserve/http-tls/ca.crt") }}
+{{- end }}
+{{- end }}
 {{- if and $.Values.router.enabled $p.registerWithRouter }}
 {{- include "ragserve.arg" (list "--router" (include "ragserve.routerRegistry" $)) }}
 - --advertise-url
-- {{ printf "http://$(POD_IP):%d" (int $p.port) | quote }}
+- {{ printf "%s://$(POD_IP):%d" (ternary "https" "http" $p.httpTls.enabled) (int $p.port) | quote }}
 {{- if $.Values.router.registryAuth.enabled }}
 {{- include "ragserve.arg" (list "--registry-token-file" (printf "/etc/ragserve/registry-token/%s" $.Values.router.registryAuth.key)) }}
 {{- end }}
@@ -85,5 +92,38 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- end -}}
 {{- if and (ne $a.mode "none") (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- fail (printf "engines[%s].autoscaling: minReplicas (%d) > maxReplicas (%d)" .name (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- end }}
+
+{{/* engines[].httpTls checks (list $ pool): a Secret, and a router client certificate for engines requiring one. */}}
+{{- define "ragserve.validateHttpTls" -}}
+{{- $ := index . 0 -}}
+{{- $p := index . 1 -}}
+{{- $t := $p.httpTls -}}
+{{- if $t.enabled -}}
+{{- if eq $p.runtime "vllm" -}}
+{{- fail (printf "engines[%s].httpTls is for runtime ragserve pools (a vllm pool: pass vLLM's --ssl-* flags in vllm.extraArgs)" $p.name) -}}
+{{- end -}}
+{{- if not $t.secretName -}}
+{{- fail (printf "engines[%s].httpTls.enabled needs httpTls.secretName (a kubernetes.io/tls Secret with tls.crt and tls.key)" $p.name) -}}
+{{- end -}}
+{{- if and $t.clientAuth $.Values.router.enabled (not $.Values.router.engineTls.clientSecret) -}}
+{{- fail (printf "engines[%s].httpTls.clientAuth needs router.engineTls.clientSecret (the client certificate the router presents to engines, a kubernetes.io/tls Secret)" $p.name) -}}
+{{- end -}}
+{{- if include "ragserve.inferencePoolOn" $ -}}
+{{- fail (printf "engines[%s].httpTls: gateway.inferencePool sends the gateway's traffic to engine pods over plain HTTP; turn one of them off" $p.name) -}}
+{{- end -}}
+{{- else if $t.clientAuth -}}
+{{- fail (printf "engines[%s].httpTls.clientAuth needs httpTls.enabled (client certificates are checked in the TLS handshake)" $p.name) -}}
+{{- end -}}
+{{- end }}
+
+{{/* An engine probe's handler (list pool path): HTTP(S) GET of path, or the port under httpTls.clientAuth. */}}
+{{- define "ragserve.engineProbe" -}}
+{{- $p := index . 0 -}}
+{{- if and $p.httpTls.enabled $p.httpTls.clientAuth -}}
+tcpSocket: {port: http}
+{{- else -}}
+httpGet: {path: {{ index . 1 }}, port: http{{ if $p.httpTls.enabled }}, scheme: HTTPS{{ end }}}
 {{- end -}}
 {{- end }}

@@ -23,6 +23,15 @@
 {{- include "ragserve.arg" (list "--k8s-selector" (printf "app.kubernetes.io/instance=%s,app.kubernetes.io/component=engine" .Release.Name)) }}
 {{- include "ragserve.arg" (list "--k8s-namespace" .Release.Namespace) }}
 {{- end }}
+{{- with $r.engineTls }}
+{{- if .caSecret }}
+{{- include "ragserve.arg" (list "--engine-ca-file" "/etc/ragserve/engine-ca/ca.crt") }}
+{{- end }}
+{{- if .clientSecret }}
+{{- include "ragserve.arg" (list "--engine-client-cert-file" "/etc/ragserve/engine-client/tls.crt") }}
+{{- include "ragserve.arg" (list "--engine-client-key-file" "/etc/ragserve/engine-client/tls.key") }}
+{{- end }}
+{{- end }}
 {{- include "ragserve.arg" (list "--max-body-bytes" $r.maxBodyBytes) }}
 {{- include "ragserve.arg" (list "--drain-delay" $r.drainDelaySeconds) }}
 {{- include "ragserve.arg" (list "--drain-timeout" (max 0 (sub (sub (int $r.terminationGracePeriodSeconds) (int $r.drainDelaySeconds)) 5))) }}
