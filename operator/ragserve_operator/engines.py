@@ -9,6 +9,7 @@ from ragserve_operator.names import Owner
 from ragserve_operator.pods import container, pod_template, secret_env
 from ragserve_operator.spec import Pool, RAGServeSpec
 
+HTTP_TLS_DIR = "/etc/ragserve/http-tls"  # engines[].httpTls's Secret (the chart's path)
 STARTUP_TIMEOUT_S = 1800  # model download + load + decode-graph compiles (cold: ~60-100 s a size) + warm-up
 COMPILE_DIRS = ("inductor", "extensions")  # under RAGSERVE_CACHE_DIR: what compileCachePVC holds
 
@@ -30,6 +31,23 @@ def model_path(pool: Pool) -> str:
     return pool.model
 
 
+def https_files(pool: Pool) -> dict[str, str]:
+    """engines[].httpTls: EnginePod's --tls-*-file fields (none when off)."""
+    tls = pool.raw["httpTls"]
+    if not tls["enabled"]:
+        return {}
+    files = {"tls_cert_file": f"{HTTP_TLS_DIR}/tls.crt", "tls_key_file": f"{HTTP_TLS_DIR}/tls.key"}
+    return files | ({"tls_client_ca_file": f"{HTTP_TLS_DIR}/ca.crt"} if tls["clientAuth"] else {})
+
+
+def engine_probe(pool: Pool, path: str) -> dict:
+    """An HTTP(S) GET of path; the port under httpTls.clientAuth (the kubelet presents no client certificate)."""
+    tls = pool.raw["httpTls"]
+    if tls["enabled"] and tls["clientAuth"]:
+        return {"tcpSocket": {"port": "http"}}
+    return {"httpGet": {"path": path, "port": "http", **({"scheme": "HTTPS"} if tls["enabled"] else {})}}
+
+
 def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
     """The pool's `ragserve engine` command line (the pool's extraArgs are appended by pods.container)."""
     _, cachestore_tls, cachestore_token = cachestore_client(spec)
@@ -48,13 +66,18 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             max_body_bytes=pool.raw.get("maxBodyBytes"),
             registry_token_file=registry_token_file(spec),
             router_tls=registry_tls_client(spec)[1],
+            **https_files(pool),
         )
     )
 
 
-def secret_mounts(spec: RAGServeSpec) -> Mounts:
-    """The Secrets an engine pod reads: the cachestore's and the registry's CA / client certificate, their tokens."""
-    return Mounts().add(cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec))
+def secret_mounts(spec: RAGServeSpec, pool: Pool) -> Mounts:
+    """The Secrets an engine pod reads: the cachestore's and the registry's CA / client certificate, their tokens,
+    and its own HTTPS certificate."""
+    out = Mounts().add(cachestore_client(spec)[0], registry_tls_client(spec)[0], registry_token(spec))
+    if pool.raw["httpTls"]["enabled"]:
+        out.secret("http-tls", pool.raw["httpTls"]["secretName"], HTTP_TLS_DIR)
+    return out
 
 
 def threads_env(raw: dict) -> list[dict]:
@@ -71,7 +94,7 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
     """replicas: the pool's (its RAGServeEnginePool's spec.replicas)."""
     name, raw = owner.child("engine", pool.name), pool.raw
     gpus = raw["gpus"]
-    secrets = secret_mounts(spec)
+    secrets = secret_mounts(spec, pool)
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}, *secrets.volumes]
     mounts = [{"name": "shm", "mountPath": "/dev/shm"}, *secrets.mounts]
     if pvc := raw.get("modelPVC"):
@@ -96,13 +119,9 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
         limits={raw["gpuResourceName"]: str(gpus)} if gpus else None,
         mounts=mounts,
         ports=[{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        startupProbe={
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": STARTUP_TIMEOUT_S // 5,
-        },
-        livenessProbe={"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
-        readinessProbe={"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2},
+        startupProbe={**engine_probe(pool, "/health"), "periodSeconds": 5, "failureThreshold": STARTUP_TIMEOUT_S // 5},
+        livenessProbe={**engine_probe(pool, "/health"), "periodSeconds": 10, "failureThreshold": 3},
+        readinessProbe={**engine_probe(pool, "/ready"), "periodSeconds": 5, "failureThreshold": 2},
     )
     pod = {
         "part": raw,
@@ -119,6 +138,8 @@ def engine_deployment(owner: Owner, spec: RAGServeSpec, pool: Pool, replicas: in
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         "template": pod_template(owner, spec, "engine", pool.name, pod),
     }
+    if raw["httpTls"]["enabled"]:  # the router's discovery dials the pod over https
+        body["template"]["metadata"]["annotations"] = {"ragserve.io/scheme": "https"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ragserve.command_line import TLSFiles
 from ragserve.router_args import group_settings
 from ragserve.router_command import RouterLaunch, router_command
 from ragserve_operator.inference_pool import epp_launch, epp_ports
@@ -22,6 +23,7 @@ from ragserve_operator.vllm import external_block_size, router_external_engines
 API_KEYS_DIR = "/etc/ragserve/api-keys"
 TENANT_QUOTAS_DIR = "/etc/ragserve/tenant-quotas"
 HTTP_TLS_DIR = "/etc/ragserve/http-tls"
+ENGINE_CA_DIR, ENGINE_CLIENT_DIR = "/etc/ragserve/engine-ca", "/etc/ragserve/engine-client"  # the chart's paths
 
 
 def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
@@ -44,6 +46,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
     https = r["httpTls"]["enabled"]
     if https:
         mounts.secret("http-tls", r["httpTls"]["secretName"], HTTP_TLS_DIR)
+    engine_tls = engine_tls_files(r["engineTls"], mounts)
     external = router_external_engines(owner, spec)
     epp = epp_launch(spec, mounts)
     launch = RouterLaunch(
@@ -56,6 +59,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         external_block_size=external_block_size(spec) if external else None,
         max_body_bytes=r.get("maxBodyBytes") or None,
         tls=tls,
+        engine_tls=engine_tls,
         tls_cert_file=f"{HTTP_TLS_DIR}/tls.crt" if https else None,
         tls_key_file=f"{HTTP_TLS_DIR}/tls.key" if https else None,
         registry_token_file=token,
@@ -69,6 +73,18 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         settings=group_settings(r),
     )
     return launch, mounts.add(tokenizer_mount(r["tokenizer"]))
+
+
+def engine_tls_files(engine_tls: dict, mounts: Mounts) -> TLSFiles:
+    """router.engineTls: the CA that verifies https:// engines and the client certificate for their mutual TLS."""
+    ca = cert = key = None
+    if secret := engine_tls.get("caSecret"):
+        mounts.secret("engine-ca", secret, ENGINE_CA_DIR, key="ca.crt")
+        ca = f"{ENGINE_CA_DIR}/ca.crt"
+    if secret := engine_tls.get("clientSecret"):
+        mounts.secret("engine-client", secret, ENGINE_CLIENT_DIR)
+        cert, key = f"{ENGINE_CLIENT_DIR}/tls.crt", f"{ENGINE_CLIENT_DIR}/tls.key"
+    return TLSFiles(ca, cert, key)
 
 
 def tokenizer_mount(tokenizer: dict) -> Mounts:

@@ -72,6 +72,16 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
         lambda s: not _pool_on(s) or not _vllm(s),
     ),
     (
+        "engines[].httpTls.clientAuth needs router.engineTls.clientSecret (the client certificate the router presents)",
+        lambda s: (
+            not any(_https(p)["clientAuth"] for p in s["engines"]) or bool(s["router"]["engineTls"].get("clientSecret"))
+        ),
+    ),
+    (
+        "engines[].httpTls: gateway.inferencePool sends the gateway's traffic to engine pods over plain HTTP",
+        lambda s: not _pool_on(s) or not any(_https(p)["enabled"] for p in s["engines"]),
+    ),
+    (
         "gateway.inferencePool.tls.mode secret needs tls.secretName",
         lambda s: not _pool_on(s) or _pool(s)["tls"]["mode"] != "secret" or bool(_pool(s)["tls"].get("secretName")),
     ),
@@ -83,6 +93,15 @@ CROSS_FIELD_RULES: list[tuple[str, Any]] = [
 POOL_RULES: list[tuple[str, Any]] = [
     ("minReplicas must be <= maxReplicas", lambda p: p["minReplicas"] <= p["maxReplicas"]),
     (
+        "httpTls.enabled needs httpTls.secretName",
+        lambda p: not _https(p)["enabled"] or bool(_https(p).get("secretName")),
+    ),
+    ("httpTls.clientAuth needs httpTls.enabled", lambda p: not _https(p)["clientAuth"] or _https(p)["enabled"]),
+    (
+        "httpTls is for runtime ragserve pools (a vllm pool: vLLM's --ssl-* flags in vllm.extraArgs)",
+        lambda p: not _https(p)["enabled"] or p["runtime"] != "vllm",
+    ),
+    (
         "runtime vllm needs gpus >= 1 (the vllm/vllm-openai image is CUDA)",
         lambda p: p["runtime"] != "vllm" or p["gpus"] >= 1,
     ),
@@ -92,6 +111,10 @@ MAX_STATEFULSET_NAME = 52  # its pods get a controller-revision-hash label <name
 
 def _vllm(spec: dict) -> list[dict]:
     return [p for p in spec["engines"] if p["runtime"] == "vllm"]
+
+
+def _https(pool: dict) -> dict:
+    return pool["httpTls"]
 
 
 def _pool(spec: dict) -> dict:

@@ -213,6 +213,38 @@ CASES += [
     ("router https, no secret", {"engines": [POOL], "router": {"httpTls": {"enabled": True}}}, "demo", {HTTPS_SECRET}),
     ("router https", {"engines": [POOL], "router": {"httpTls": {"enabled": True, "secretName": "t"}}}, "demo", set()),
 ]
+ENGINE_SECRET, ENGINE_ENABLED = "httpTls.enabled needs httpTls.secretName", "httpTls.clientAuth needs httpTls.enabled"
+ENGINE_CLIENT = (
+    "engines[].httpTls.clientAuth needs router.engineTls.clientSecret (the client certificate the router presents)"
+)
+ENGINE_VLLM = "httpTls is for runtime ragserve pools (a vllm pool: vLLM's --ssl-* flags in vllm.extraArgs)"
+ENGINE_GW = "engines[].httpTls: gateway.inferencePool sends the gateway's traffic to engine pods over plain HTTP"
+HTTPS_POOL = {**POOL, "httpTls": {"enabled": True, "secretName": "e"}}
+MTLS_POOL = {**POOL, "httpTls": {"enabled": True, "secretName": "e", "clientAuth": True}}
+CASES += [
+    ("engine https", {"engines": [HTTPS_POOL]}, "demo", set()),
+    ("engine https, no secret", {"engines": [{**POOL, "httpTls": {"enabled": True}}]}, "demo", {ENGINE_SECRET}),
+    (
+        "engine client auth, no https",
+        {"engines": [{**POOL, "httpTls": {"clientAuth": True}}]},
+        "demo",
+        {ENGINE_ENABLED, ENGINE_CLIENT},
+    ),
+    ("engine mtls, no router cert", {"engines": [MTLS_POOL]}, "demo", {ENGINE_CLIENT}),
+    ("engine mtls", {"engines": [MTLS_POOL], "router": {"engineTls": {"clientSecret": "c"}}}, "demo", set()),
+    (
+        "engine https on vllm",
+        {"engines": [{**VLLM, "httpTls": {"enabled": True, "secretName": "e"}}], "router": TOKENIZER},
+        "demo",
+        {ENGINE_VLLM},
+    ),
+    (
+        "engine https behind the gateway",
+        {"engines": [HTTPS_POOL], "gateway": {"inferencePool": ON}},
+        "demo",
+        {ENGINE_GW},
+    ),
+]
 
 
 @pytest.mark.parametrize("spec, name, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -71,6 +71,14 @@ SPECS = {
         "engines": [{"name": "a", "model": "m"}],
         "router": {"httpTls": {"enabled": True, "secretName": "api"}},
     },
+    "engine-https": {
+        "engines": [
+            {"name": "m", "model": "m", "httpTls": {"enabled": True, "secretName": "eng-tls", "clientAuth": True}},
+            {"name": "h", "model": "m", "httpTls": {"enabled": True, "secretName": "eng-tls"}},
+            {"name": "p", "model": "m"},
+        ],
+        "router": {"engineTls": {"caSecret": "eng-ca", "clientSecret": "router-client"}},
+    },
     "router-groups": {
         "engines": [{"name": "a", "model": "m"}],
         "router": {
@@ -486,3 +494,36 @@ def test_scale_writes_of_the_reconcile(mode: str, current: int | None, noted: st
     spec = parse_spec(raw)
     live = None if noted is None else {"metadata": {"annotations": {DECLARED: noted}}, "spec": {"replicas": current}}
     assert scale_to(spec, spec.pools[0], live) == expected
+
+
+def test_engine_https_pools_serve_tls_advertise_https_and_the_router_presents_its_client_certificate():
+    """engines[].httpTls and router.engineTls (the chart's values of the same names): the real CLI parses each
+    container's flags; the files are where the Secrets are mounted; probes and discovery follow the scheme."""
+    objs = children("engine-https")
+    pods = {p: by_name(objs, "Deployment", f"demo-engine-{p}")["spec"]["template"] for p in ("m", "h", "p")}
+    for name, pod in pods.items():
+        args, engine = parse(pod["spec"]["containers"][0]), pod["spec"]["containers"][0]
+        https, client_auth = name != "p", name == "m"
+        assert args.tls_cert_file == ("/etc/ragserve/http-tls/tls.crt" if https else None), name
+        assert args.tls_key_file == ("/etc/ragserve/http-tls/tls.key" if https else None), name
+        assert args.tls_client_ca_file == ("/etc/ragserve/http-tls/ca.crt" if client_auth else None), name
+        assert args.advertise_url == f"{'https' if https else 'http'}://10.0.0.7:8000", name
+        assert pod["metadata"].get("annotations", {}).get("ragserve.io/scheme") == ("https" if https else None)
+        volume = next((v for v in pod["spec"]["volumes"] if v["name"] == "http-tls"), None)
+        assert (volume["secret"]["secretName"] if volume else None) == ("eng-tls" if https else None), name
+        mounts = {m["name"]: m["mountPath"] for m in engine["volumeMounts"]}
+        assert mounts.get("http-tls") == ("/etc/ragserve/http-tls" if https else None), name
+        ready = engine["readinessProbe"]
+        if client_auth:  # the kubelet presents no client certificate
+            assert ready["tcpSocket"] == {"port": "http"} and "httpGet" not in ready
+        else:
+            assert ready["httpGet"].get("scheme", "HTTP") == ("HTTPS" if https else "HTTP"), name
+    router = by_name(objs, "Deployment", "demo-router")["spec"]["template"]["spec"]
+    args = parse(router["containers"][0])
+    assert args.engine_ca_file == "/etc/ragserve/engine-ca/ca.crt"
+    assert (args.engine_client_cert_file, args.engine_client_key_file) == (
+        "/etc/ragserve/engine-client/tls.crt",
+        "/etc/ragserve/engine-client/tls.key",
+    )
+    volumes = {v["name"]: v["secret"]["secretName"] for v in router["volumes"] if "secret" in v}
+    assert volumes["engine-ca"] == "eng-ca" and volumes["engine-client"] == "router-client"
