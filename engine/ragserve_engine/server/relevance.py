@@ -15,8 +15,7 @@ import uuid
 import numpy as np
 from fastapi import Request
 
-from ragserve_engine.engine_client import EngineError, RequestError
-from ragserve_engine.sampling_params import SamplingParams
+from ragserve_engine.engine_client import EngineError, RequestError, SamplingParams
 from ragserve_engine.server.errors import bad_request, failure
 from ragserve_engine.server.generation import Generation
 from ragserve_engine.server.serving_base import collect
