@@ -58,8 +58,9 @@ def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def top_logprobs(logprobs: torch.Tensor, k: int, token_id: int) -> dict[int, float]:
-    out = {token_id: float(logprobs[token_id])}
+def top_logprobs(logprobs: torch.Tensor, k: int, token_id: int, also: list[int] = ()) -> dict[int, float]:
+    """The chosen token's logprob, the k most likely tokens' and those of the `also` ids."""
+    out = {t: float(logprobs[t]) for t in (token_id, *also)}
     if k:
         vals, idx = torch.topk(logprobs, k)
         out.update({int(i): float(v) for i, v in zip(idx, vals, strict=True)})
@@ -91,7 +92,8 @@ class Sampler:
         if asked:
             logprobs = torch.log_softmax(logits[torch.tensor(asked, device=logits.device)], dim=-1)
             for lp, i in zip(logprobs, asked, strict=True):
-                top = top_logprobs(lp, rows[i].params.logprobs, token_ids[i])
+                p = rows[i].params
+                top = top_logprobs(lp, p.logprobs, token_ids[i], p.logprob_token_ids)
                 results[i] = SampleResult(token_ids[i], top[token_ids[i]], top)
         return results
 

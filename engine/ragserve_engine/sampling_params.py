@@ -25,6 +25,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top-k logprobs per generated token
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] = field(default_factory=list)  # with logprobs: these tokens' logprobs too
     use_beam_search: bool = False
     beam_width: int = 1
     length_penalty: float = 1.0
@@ -54,6 +55,7 @@ class SamplingParams:
             ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "must be in [0, 20]"),
             ("beam_width", 1 <= self.beam_width <= 16, "must be in [1, 16]"),
             ("stop_token_ids", all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "must be token ids"),
+            ("logprob_token_ids", all(isinstance(t, int) and t >= 0 for t in self.logprob_token_ids), "must be ids"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
         ]
         for name, ok, message in checks:

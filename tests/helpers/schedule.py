@@ -20,7 +20,8 @@ SECONDS_FILE = Path(__file__).resolve().parent.parent / "unit_seconds.json"
 WHOLE_DIRECTORIES = {"cachestore", "charts", "operator", "router"}
 # Modules that share one session fixture (tests/engine/conftest.py's smollm2_engine): one unit of work.
 SHARED_MODULES = {
-    f"tests/engine/{m}.py": "tests/engine:smollm2" for m in ("test_structured_outputs", "test_tool_calls")
+    f"tests/engine/{m}.py": "tests/engine:smollm2"
+    for m in ("test_structured_outputs", "test_tool_calls", "test_llm_rerank")
 }
 UNKNOWN_UNIT_SECONDS = 10.0  # a module new since the file was written
 

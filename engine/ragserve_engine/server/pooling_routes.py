@@ -1,5 +1,5 @@
-"""The HTTP routes of an embedding engine (`--task embed`): /v1/embeddings, /v1/rerank (also /rerank and
-/v2/rerank, as vLLM serves it) and /v1/score (also /score)."""
+"""Pooling-style HTTP routes: /v1/embeddings (embedding engines, `--task embed`), /v1/rerank (also /rerank and
+/v2/rerank, as vLLM serves it) and /v1/score (also /score) on every engine (serving_pooling.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ def add_pooling_routes(app: FastAPI, server: EngineServer, auth: list, limit: in
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
 
-    @app.post("/v1/embeddings", dependencies=auth)
     async def embeddings(request: Request) -> Response:
         return await answer(request, EmbeddingRequest, pooling.embeddings)
+
+    if server.embeds:
+        app.add_api_route("/v1/embeddings", embeddings, methods=["POST"], dependencies=auth)
 
     async def rerank(request: Request) -> Response:
         return await answer(request, RerankRequest, pooling.rerank)

@@ -37,9 +37,8 @@ def create_app(server: EngineServer) -> FastAPI:
     created = int(time.time())
     auth = [require_api_key(ApiKeys.single(server.config.api_key))]
 
-    if server.embeds:
-        add_pooling_routes(app, server, auth, limit)
-    else:
+    add_pooling_routes(app, server, auth, limit)
+    if not server.embeds:
         add_generation_routes(app, server, auth, limit)
 
     @app.get("/v1/models", dependencies=auth)

@@ -68,7 +68,7 @@ class OpenAIServing:
             await until_disconnect(request, gen.start())
             if req.stream:
                 return EventStreamResponse(self._stream(gen, req, prompts, request_id, created), gen.close)
-            finals = await until_disconnect(request, _collect(gen))
+            finals = await until_disconnect(request, collect(gen))
         except ValueError as exc:
             raise bad_request(exc, self.prompt_param) from None
         except (RequestError, EngineError) as exc:
@@ -101,7 +101,7 @@ class OpenAIServing:
         raise NotImplementedError
 
 
-async def _collect(gen: Generation) -> dict[int, RequestOutput]:
+async def collect(gen: Generation) -> dict[int, RequestOutput]:
     finals: dict[int, RequestOutput] = {}
     async for i, out in gen.outputs():
         finals[i] = out

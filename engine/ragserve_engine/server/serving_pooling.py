@@ -1,7 +1,9 @@
-"""/v1/embeddings, /v1/rerank and /v1/score of an embedding engine (`--task embed`, a PoolingClient).
+"""/v1/embeddings of an embedding engine (`--task embed`, a PoolingClient); /v1/rerank and /v1/score of every
+engine (one request parsing and answer; only pair_scores differs).
 
-Rerank and score are bi-encoder scores: the cosine similarity of the query's (text_1's) and each document's
-(text_2's) embeddings, as vLLM scores with an embedding model (no cross-encoder ships on PyPI to run offline).
+On an embedding engine rerank and score are bi-encoder scores: the cosine similarity of the query's (text_1's)
+and each document's (text_2's) embeddings, as vLLM scores with an embedding model (no cross-encoder ships on
+PyPI to run offline). On a generation engine they are the model's probability of relevance (relevance.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ragserve_engine.server.pooling_protocol import (
     ScoreRequest,
     invalid,
 )
+from ragserve_engine.server.relevance import relevance_scores
 from ragserve_engine.server.transport import ClientDisconnected, until_disconnect
 
 TOKENIZE_OFF_LOOP = 16  # inputs: more are tokenized on a worker thread
@@ -55,9 +58,7 @@ class PoolingServing:
 
     async def rerank(self, request: Request, req: RerankRequest) -> JSONResponse:
         texts = req.texts
-        prompts = await self.tokenize(req, [req.query, *texts], "documents")
-        vectors = await self.run(request, req, prompts, "rerank")
-        scores = _cosine(vectors[:1], vectors[1:])
+        scores, prompts = await self.pair_scores(request, req, [req.query] * len(texts), texts, "documents")
         order = sorted(range(len(texts)), key=lambda i: -scores[i])[: req.top_n or None]
         results = []
         for i in order:
@@ -69,14 +70,23 @@ class PoolingServing:
         return JSONResponse(self._header("rerank") | {"results": results, "usage": usage})
 
     async def score(self, request: Request, req: ScoreRequest) -> JSONResponse:
-        left, right = req.pairs_left, req.pairs_right
-        distinct = list(dict.fromkeys(left + right))  # a shared text_1 is embedded once
-        prompts = await self.tokenize(req, distinct, "text_1")
-        vectors = await self.run(request, req, prompts, "score")
-        at = {text: i for i, text in enumerate(distinct)}
-        scores = _cosine(vectors[[at[t] for t in left]], vectors[[at[t] for t in right]], pairwise=True)
+        scores, prompts = await self.pair_scores(request, req, req.pairs_left, req.pairs_right, "text_1")
         data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
         return JSONResponse(self._header("score", "list") | {"data": data, "usage": _usage(prompts)})
+
+    async def pair_scores(
+        self, request: Request, req: PoolingRequest, left: list[str], right: list[str], field: str
+    ) -> tuple[np.ndarray, list[list[int]]]:
+        """How relevant right[i] is to left[i], and the prompts run: on a generation engine the model's
+        probability of relevance (relevance.py), on an embedding engine the cosine of the two embeddings."""
+        if not self.server.embeds:
+            return await relevance_scores(self.server, request, left, right, field)
+        distinct = list(dict.fromkeys(left + right))  # a shared query / text_1 is embedded once
+        prompts = await self.tokenize(req, distinct, field)
+        vectors = await self.run(request, req, prompts, "score")
+        at = {text: i for i, text in enumerate(distinct)}
+        scores = _cosine(vectors[[at[t] for t in left]], vectors[[at[t] for t in right]])
+        return scores, prompts
 
     # ---- shared steps -------------------------------------------------------------------------------
     def _dimensions(self, dims: int | None) -> int | None:
@@ -164,8 +174,8 @@ def _usage(prompts: list[list[int]]) -> dict:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
-def _cosine(a: np.ndarray, b: np.ndarray, pairwise: bool = False) -> np.ndarray:
-    """Cosine similarity of a's one row with each row of b (or of a[i] with b[i] when pairwise)."""
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of a[i] with b[i]."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True).clip(min=1e-12)
     b = b / np.linalg.norm(b, axis=1, keepdims=True).clip(min=1e-12)
-    return (a * b).sum(1) if pairwise else (b @ a[0])
+    return (a * b).sum(1)
