@@ -229,6 +229,20 @@ def render(chart):
 
 
 @pytest.fixture(scope="session")
+def render_fails(chart):
+    """render_fails(values, message): values the schema accepts (each is fine alone) whose combination the chart
+    refuses to render, saying message."""
+
+    def _check(values: dict, message: str) -> None:
+        chart.validate_schema(values)
+        with pytest.raises(helm.HelmRenderError) as exc:
+            chart.render(values, name="rs", namespace="ai")
+        assert message in str(exc.value)
+
+    return _check
+
+
+@pytest.fixture(scope="session")
 def scenarios() -> dict[str, dict]:
     return SCENARIOS
 
