@@ -17,8 +17,8 @@ CONSTRAINTS ?= constraints.txt
 # rerun one order with TEST_ORDER=random PYTEST_ARGS=--randomly-seed=N).
 TEST_ORDER ?= file
 # pytest-xdist workers (0: one process). Each test module (each of tests/{cachestore,charts,operator,router})
-# runs whole on one worker, the slowest first (tests/unit_seconds.json, tests/helpers/schedule.py); many
-# tests wait on servers, so two workers keep a 2-core machine busy.
+# runs whole on one worker (tests/helpers/schedule.py); many tests wait on servers, so two workers keep a
+# 2-core machine busy.
 TEST_WORKERS ?= 2
 ifeq ($(TEST_ORDER),random)
 ORDER_ARGS :=

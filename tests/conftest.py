@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests.helpers.net import free_port
-from tests.helpers.schedule import longest_first, unit_of
+from tests.helpers.schedule import unit_of
 from tests.helpers.threads import share_cores
 from tests.helpers.triton_interpret import interpret_triton_language
 
@@ -38,12 +38,9 @@ def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
     """Under `make test`'s xdist workers a module is one unit of work, so its module fixtures start once, and
-    each of WHOLE_DIRECTORIES is one unit (tests.helpers.schedule). Units go out in collection order, which
-    pytest_collection_modifyitems makes longest first. (A scheduler rather than xdist_group marks: xdist 3.8
-    puts the group into item._nodeid, which pytest 9 no longer reads.)"""
+    each of WHOLE_DIRECTORIES is one unit (tests.helpers.schedule). (A scheduler rather than xdist_group marks:
+    xdist 3.8 puts the group into item._nodeid, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # xdist's own order, most tests first, ends on the slow modules
 
     class ModuleOrDirectory(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -53,12 +50,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slowest units first (tests.helpers.schedule) unless pytest-randomly shuffled them. A test marked
-    last_in_module runs after the rest of its module in any order: it ends what the module's fixtures share,
-    e.g. stops the module's stack."""
-    if not config.pluginmanager.hasplugin("randomly"):
-        items[:] = [items[k] for k in longest_first([i.nodeid for i in items])]
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked last_in_module runs after the rest of its module in any order (pytest-randomly's too):
+    it ends what the module's fixtures share, e.g. stops the module's stack."""
     for item in [i for i in items if i.get_closest_marker("last_in_module")]:
         items.remove(item)
         same = [k for k, other in enumerate(items) if other.path == item.path]
