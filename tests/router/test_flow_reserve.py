@@ -1,11 +1,9 @@
 """Flow control with a real router and a real engine: places kept for critical requests
-(--critical-reserve-per-engine), a tenant's fair share of places (--tenant-fair-share) and the class passed to
-the engine as its scheduling priority (--engine-priority). Built, not timed: the engine frozen (SIGSTOP) while the
-situation is set up."""
+(--critical-reserve-per-engine) and a tenant's fair share of places (--tenant-fair-share). Built, not timed: the
+engine frozen (SIGSTOP) while the situation is set up."""
 
 from __future__ import annotations
 
-from ragserve.metric_names import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 from tests.helpers.process import frozen
 from tests.reliability.conftest import ready, start_engines
 from tests.router.test_flow_control import DEPTH, IN_FLIGHT, Holder, Queue, completion
@@ -59,25 +57,3 @@ def test_a_heavy_tenant_holds_its_share_of_the_places_and_a_light_tenant_finds_o
     for name in queue.futures:
         assert queue.result(name).status_code == 200, queue.result(name).text
     assert queue.depth() == 0
-
-
-def test_engine_priority_puts_a_critical_request_ahead_of_standard_ones_waiting_in_the_engine(cluster, metrics, until):
-    """--engine-priority: the router gives a critical request the engine's scheduling priority -1, so an engine on
-    --scheduling-policy priority with its one place taken runs it before the standard requests that came first."""
-    router = cluster.router("--max-inflight-per-engine", "8", "--engine-priority", "--heartbeat-interval-ms", "5000")
-    (engine,) = start_engines(cluster, router, ["prio-0"], "--max-model-len", "1024", "--max-num-seqs", "1",
-                              "--scheduling-policy", "priority")  # fmt: skip
-    until(lambda: ready(router)["healthy_engines"] == 1, timeout=120, message="engine registered")
-    holder = Holder(router.url, metrics, until)  # a 400-token stream holds the engine's one place
-    until(lambda: metrics.total(engine.url, NUM_REQUESTS_RUNNING) == 1, message="the holder running in the engine")
-    queue = Queue(router.url, metrics, until)
-    with frozen([engine]):  # the four arrive together: none can start before the critical one is in
-        for i in range(3):
-            queue.send(f"standard-{i}", completion(f"standard {i}"), {}, queued=False)
-        queue.send("critical", completion("critical"), CRITICAL, queued=False)
-        until(lambda: metrics(router.url, IN_FLIGHT) == 5, message="all four sent to the engine")
-    until(lambda: metrics.total(engine.url, NUM_REQUESTS_WAITING) == 4, message="all four waiting in the engine")
-    holder.release()
-    for name in queue.futures:
-        assert queue.result(name).status_code == 200, queue.result(name).text
-    assert queue.done[0] == "critical", queue.done
