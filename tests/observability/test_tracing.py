@@ -16,11 +16,10 @@ import sys
 import httpx
 import pytest
 
-from tests.helpers.cachestore import CacheStoreProcess
-from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME, start_engine
-from tests.helpers.net import free_port
+from tests.helpers.engine_server import LONG_CONTEXT, MODEL_NAME
 from tests.helpers.otlp import Receiver, Span
-from tests.helpers.process import start, until, wait_http
+from tests.helpers.process import until
+from tests.helpers.traced_stack import traced_stack
 
 CHAT = {
     "model": MODEL_NAME,
@@ -33,29 +32,9 @@ CLIENT_TRACE, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b716920333
 
 @pytest.fixture
 def stack(tmp_path):
-    with Receiver() as receiver:
-        otlp = ("--otlp-traces-endpoint", receiver.endpoint)
-        store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), *otlp)
-        http_port, grpc_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(http_port)]
-        argv += ["--grpc-port", str(grpc_port), "--registry-allow-unauthenticated", *otlp]
-        router = start("router", argv, tmp_path / "router.log")
-        common = ("--num-gpu-blocks", "256", "--cachestore", store.address, *otlp)
-        engines = [
-            start_engine(tmp_path, *common, "--router", f"127.0.0.1:{grpc_port}", "--engine-id", "eng-a"),
-            start_engine(tmp_path, *common),  # not registered: the test asks it directly
-        ]
-        try:
-            store.wait_serving()
-            for engine in engines:
-                engine.wait_ready()
-            url = f"http://127.0.0.1:{http_port}"
-            wait_http(url + "/health", proc=router)
-            until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, what="engine registered")
-            yield receiver, url, engines[1].url
-        finally:
-            for proc in (*engines, router, store):
-                proc.stop()
+    engines = [(True, ("--engine-id", "eng-a")), (False, ())]  # the second is not registered: the test asks it
+    with traced_stack(tmp_path, (), engines) as (receiver, url, procs):
+        yield receiver, url, procs[1].url
 
 
 def one(spans: list[Span], name: str) -> Span:

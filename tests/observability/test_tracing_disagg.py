@@ -4,44 +4,22 @@ router.prefill_leg (the prefill engine's engine.request under it) and the decode
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import pytest
 
-from tests.helpers.cachestore import CacheStoreProcess
-from tests.helpers.engine_server import start_engine
-from tests.helpers.net import free_port
-from tests.helpers.otlp import Receiver
-from tests.helpers.process import start, until, wait_http
+from tests.helpers.process import until
+from tests.helpers.traced_stack import traced_stack
 from tests.observability.test_tracing import CHAT, complete, one
 
 
 @pytest.fixture
 def pd_stack(tmp_path):
-    with Receiver() as receiver:
-        otlp = ("--otlp-traces-endpoint", receiver.endpoint)
-        store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), *otlp)
-        http_port, grpc_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(http_port)]
-        argv += ["--grpc-port", str(grpc_port), "--registry-allow-unauthenticated", "--disagg-min-prompt-tokens", "32"]
-        router = start("router", [*argv, *otlp], tmp_path / "router.log")
-        common = ("--num-gpu-blocks", "256", "--cachestore", store.address, "--router", f"127.0.0.1:{grpc_port}", *otlp)
-        engines = [
-            start_engine(tmp_path, *common, "--role", "prefill", "--engine-id", "pd-p"),
-            start_engine(tmp_path, *common, "--role", "decode", "--engine-id", "pd-d"),
-        ]
-        try:
-            store.wait_serving()
-            for engine in engines:
-                engine.wait_ready()
-            url = f"http://127.0.0.1:{http_port}"
-            wait_http(url + "/health", proc=router)
-            until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 2, what="engines registered")
-            yield receiver, url
-        finally:
-            for proc in (*engines, router, store):
-                proc.stop()
+    engines = [
+        (True, ("--role", "prefill", "--engine-id", "pd-p")),
+        (True, ("--role", "decode", "--engine-id", "pd-d")),
+    ]
+    with traced_stack(tmp_path, ("--disagg-min-prompt-tokens", "32"), engines) as (receiver, url, _):
+        yield receiver, url
 
 
 def test_prefill_leg_has_its_span(pd_stack):
