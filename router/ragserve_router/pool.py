@@ -30,6 +30,10 @@ from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
 
+# a heartbeat is taken on the engine, sent over gRPC and handled here: how old it can be on arrival, at most
+# (an engine finishes a request, our client sees its last byte, then a report taken before that arrives)
+REPORT_TRANSIT_S = 0.25
+
 
 @dataclass(frozen=True)
 class Prefill:
@@ -249,10 +253,12 @@ class EnginePool:
         return self.external.offload_tiers(record.engine_id)
 
     def load(self, record: EngineRecord) -> float:
-        """The engine's reported queue less our requests that finished since that report (a report taken while
-        they ran is stale after), or our own in-flight count if higher."""
+        """The engine's reported queue less our requests that finished since that report was taken (it is
+        stale after), or our own in-flight count if higher. `reported_at` is when it arrived: it was taken up
+        to REPORT_TRANSIT_S before, so a request released just before it arrived may still be counted in it."""
         health = self.health[record.engine_id]
-        reported = max(0, record.load.active - health.left_since(record.load.reported_at))
+        taken = record.load.reported_at - REPORT_TRANSIT_S
+        reported = max(0, record.load.active - health.left_since(taken))
         return max(reported, health.inflight)
 
     def kv_usage(self, record: EngineRecord) -> float:

@@ -361,8 +361,19 @@ def test_pool_load_discounts_requests_that_finished_after_the_report():
     time.sleep(0.01)
     slot.release()
     assert pool.load(record) == 0
-    record.load = Load(num_running=2, reported_at=time.time())  # a newer report: others' requests count again
+    record.load = Load(num_running=2, reported_at=time.time() + 1)  # a newer report: others' count again
     assert pool.load(record) == 2
+
+
+def test_pool_load_discounts_a_report_taken_before_our_request_finished_that_arrives_after():
+    """The engine took the report while our request ran and our client saw the last byte before the
+    heartbeat arrived: the report is stale although it arrived after the release (CI run 12's flake: a
+    prefix-pinned request pushed off its engine by the bounded load)."""
+    pool = EnginePool(RouterConfig(), MemoryState(), RouterMetrics())
+    record = EngineRecord("e0", "http://127.0.0.1:1", ["m"])
+    pool.reserve(record).release()
+    record.load = Load(num_running=1, reported_at=time.time())
+    assert pool.load(record) == 0
 
 
 @pytest.mark.asyncio
