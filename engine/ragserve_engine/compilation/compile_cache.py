@@ -16,10 +16,10 @@ model at 2 threads took 4.7 ms at batch 1 against main's 3.4 (1.4x; 1.15x at bat
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
-from torch._dynamo.utils import counters
 
 from ragserve.model_source import cache_dir
 
@@ -55,5 +55,10 @@ def use_compile_cache() -> Path:
 
 def cache_misses() -> int:
     """Graphs inductor generated code for in this process: an FX-graph cache miss (torch.compile), or an
-    AOTAutograd cache miss (aot_compile, which bundles inductor's output in that cache); a hit loads the .so."""
+    AOTAutograd cache miss (aot_compile, which bundles inductor's output in that cache); a hit loads the .so.
+    Dynamo not imported yet: nothing compiled (importing it costs seconds an eager engine need not pay)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
     return int(counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"])

@@ -11,7 +11,6 @@ import functools
 import threading
 
 import llguidance
-import llguidance.torch as llg_torch
 import numpy as np
 import torch
 
@@ -61,8 +60,11 @@ class GrammarCompiler:
 
     def apply(self, logits: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]) -> None:
         """Mask logits[rows] in place to the tokens each matcher allows."""
-        mask = llg_torch.allocate_token_bitmask(len(rows), self.vocab_size)
-        llg_torch.fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(matchers)], mask)
+        # llguidance.torch's two helpers, inlined: importing it runs a torch.compile (dynamo and inductor, ~2 s
+        # of every engine start) for a kernel we do not use
+        mask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        self.executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], mask.data_ptr(),
+                                              mask.shape[1] * 4, len(rows))  # fmt: skip
         bits = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
         banned = torch.from_numpy(bits).to(logits.device) == 0
         with torch.inference_mode():  # the model's logits are inference tensors
