@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(parser, "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     add_flag(parser, "--peering", default=None, help="kopf peering name to run several replicas (default: standalone)")
+    add_flag(
+        parser,
+        "--retry-delay",
+        type=float,
+        default=15.0,
+        help="seconds before a RAGServe the API refused part of (Degraded: ApplyFailed) is reconciled again",
+    )
     add_flag(parser, "--verbose", action="store_true", help="debug logging")
     add_flag(
         parser, "--print-crd", action="store_true", help="print the CRDs (RAGServe, RAGServeEnginePool; YAML) and exit"
@@ -50,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(crds_yaml())
         return 0
     namespaces = namespaces_of(args)
+    if not args.retry_delay > 0:
+        raise ValueError("--retry-delay must be positive")
     if args.kubeconfig:
         if not os.path.isfile(args.kubeconfig):
             raise FileNotFoundError(f"kubeconfig {args.kubeconfig} does not exist")
@@ -77,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(kube=kube),
+        memo=kopf.Memo(kube=kube, retry_delay=args.retry_delay),
     )
     return 0

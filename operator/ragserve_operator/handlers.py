@@ -37,6 +37,9 @@ def emitter(body: Any) -> Emit:
     return emit
 
 
+RETRY_DELAY_S = 15.0  # `kopf run -m ragserve_operator.handlers`; `ragserve operator --retry-delay` sets memo's
+
+
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.INFO
@@ -54,7 +57,7 @@ def reconcile_ragserve(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
     status = reconcile(memo.kube, namespace, name, emitter)
     reasons = {c["type"]: c["reason"] for c in (status or {}).get("conditions", [])}
     if reasons.get("Degraded") == "ApplyFailed":  # the API refused something: retry later
-        raise kopf.TemporaryError(status["message"], delay=15)
+        raise kopf.TemporaryError(status["message"], delay=getattr(memo, "retry_delay", RETRY_DELAY_S))
 
 
 def reconcile_owner(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

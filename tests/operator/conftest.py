@@ -129,6 +129,8 @@ def start_operator(sim: KubeSim, tmp_path: Path, port: int, metrics_port: int) -
         f"http://127.0.0.1:{port}/healthz",
         "--metrics-address",
         f"127.0.0.1:{metrics_port}",
+        "--retry-delay",  # a refused apply is retried in 1 s, not 15: the tests wait for the retry
+        "1",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGSERVE_") and k != "KUBECONFIG"}
     return start("operator", [sys.executable, "-m", "ragserve.cli", *args], tmp_path / "operator.log", env=env)

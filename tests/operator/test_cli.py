@@ -30,6 +30,7 @@ def test_help_lists_the_flags():
         "--peering",
         "--print-crd",
         "--metrics-address",
+        "--retry-delay",
     ):
         assert flag in out.stdout
 
@@ -40,6 +41,11 @@ def test_scope_must_be_chosen():
     assert "choose either --namespace NS[,NS...] or --all-namespaces" in out.stderr
     out = operator("--namespace", "a", "--all-namespaces")
     assert out.returncode == 2 and "choose either" in out.stderr
+
+
+def test_retry_delay_must_be_positive():
+    out = operator("--all-namespaces", "--retry-delay", "0", "--liveness", "")
+    assert out.returncode == 2 and "--retry-delay must be positive" in out.stderr
 
 
 def test_flags_read_the_environment(monkeypatch):
