@@ -23,7 +23,7 @@ from ragserve_router.fast_routes import FastRoutes
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
-from ragserve_router.routing import Routing
+from ragserve_router.routing import POOLING_PATHS, Routing
 from ragserve_router.upstream import Routed
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def create_app(gw: Gateway) -> ASGIApp:
         return await route(request, request.url.path, chat=False, pooling=True)
 
     routes = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
-    routes |= {path: pool for path in ("/v1/embeddings", "/v1/rerank", "/v1/score")}
+    routes |= {path: pool for path in POOLING_PATHS}
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> Response:

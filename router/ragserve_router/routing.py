@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 POLICY_HEADER = "x-ragserve-policy"
 POOLING_POLICY = "least_loaded"  # embeddings, rerank and score: nothing cached to route to
+# the pooling endpoints and the aliases vLLM (and so the engine) also serves them under
+POOLING_PATHS = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score")
 
 
 def valid_request_id(given: str | None) -> str | None:

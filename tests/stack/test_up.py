@@ -78,6 +78,18 @@ def test_serves_embeddings_through_the_router(up):
     assert [len(d["embedding"]) for d in resp.json()["data"]] == [384, 384]
     assert up.state["embedding_model"] == "all-minilm-l6-v2" and len(up.state["embedding_engines"]) == 1
     assert "/v1/embeddings" in up.output()  # the banner says where
+    query, docs = "Where is a KV cache kept?", ["Paged attention keeps it in blocks.", "Bananas are yellow."]
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):  # vLLM's aliases, routed like the rest
+        resp = httpx.post(
+            up.state["url"] + path, json={"model": "all-minilm-l6-v2", "query": query, "documents": docs}, timeout=60
+        )
+        assert resp.status_code == 200 and resp.headers["x-ragserve-engine"] == "embed-0", (path, resp.text)
+        assert [r["index"] for r in resp.json()["results"]] == [0, 1]
+    for path in ("/v1/score", "/score"):
+        resp = httpx.post(
+            up.state["url"] + path, json={"model": "all-minilm-l6-v2", "text_1": query, "text_2": docs}, timeout=60
+        )
+        assert resp.status_code == 200 and len(resp.json()["data"]) == 2, (path, resp.text)
 
 
 def test_health_probe_command(up):

@@ -26,14 +26,13 @@ from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
 from ragserve_router.priority import tenant_of
-from ragserve_router.routing import Picked, Routing, valid_request_id
+from ragserve_router.routing import POOLING_PATHS, Picked, Routing, valid_request_id
 from ragserve_router.stream_usage import HiddenUsage, hides_usage, with_usage
 
 Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), raises a 429 ApiError
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
-POOLING_PATHS = ("/v1/embeddings", "/v1/rerank", "/v1/score")  # least loaded by model, as app.py's pool()
 
 
 @dataclass
