@@ -106,12 +106,31 @@ class LoadMetric:
     over_pool: str  # combining a pool's pods in autoscaler PromQL: "sum" (per-pod target) or "avg"
     target_key: str  # spec.autoscaling key in the RAGServe CRD (and the chart's engine autoscaling values)
     aliases: tuple[str, ...] = ()  # older names read when `name` is absent
+    roles: tuple[str, ...] = ("prefill", "decode", "both")  # pools (engine --role) the signal sizes
+    required: bool = True  # False: an engine without it (an older version) reads 0 instead of no metrics at all
 
 
 # Requests are summed (each served model's queue is its own work); KV usage is one pool per engine process,
 # repeated under each model_name label, so a pod's usage is the highest series, never the sum.
+# A prefill pool is sized by the prompt work queued on it, a decode pool by what it holds while decoding
+# (a prefill engine's running prompts and its KV of finished prompts, kept as prefix cache, are no pressure).
+DECODING = ("decode", "both")
 LOAD_METRICS: tuple[LoadMetric, ...] = (
     LoadMetric("waiting", NUM_REQUESTS_WAITING, "sum", "sum", "targetWaitingRequests"),
-    LoadMetric("running", NUM_REQUESTS_RUNNING, "sum", "sum", "targetRunningRequests"),
-    LoadMetric("kv_usage", KV_CACHE_USAGE, "max", "avg", "targetKVCacheUsage", (KV_CACHE_USAGE_V0,)),
+    LoadMetric("running", NUM_REQUESTS_RUNNING, "sum", "sum", "targetRunningRequests", roles=DECODING),
+    LoadMetric("kv_usage", KV_CACHE_USAGE, "max", "avg", "targetKVCacheUsage", (KV_CACHE_USAGE_V0,), DECODING),
+    LoadMetric(
+        "queued_prefill_tokens",
+        QUEUED_PREFILL_TOKENS,
+        "sum",
+        "sum",
+        "targetQueuedPrefillTokens",
+        roles=("prefill", "both"),
+        required=False,
+    ),
 )
+
+
+def load_metrics(role: str) -> tuple[LoadMetric, ...]:
+    """The signals that size a pool of engines with this --role."""
+    return tuple(m for m in LOAD_METRICS if role in m.roles)

@@ -84,6 +84,7 @@ class EngineLoad:
     waiting: float  # vllm:num_requests_waiting, summed over served models
     running: float  # vllm:num_requests_running, summed over served models
     kv_usage: float  # vllm:kv_cache_usage_perc, 0..1, the highest series (see the module docstring)
+    queued_prefill_tokens: float  # ragserve:num_queued_prefill_tokens, summed over served models
 
 
 _REDUCE = {"sum": sum, "max": max}
@@ -95,7 +96,7 @@ def engine_load(text: str, required: bool = True) -> EngineLoad:
     out, missing = {}, []
     for metric in LOAD_METRICS:
         series = next((found[n] for n in (metric.name, *metric.aliases) if n in found), None)
-        if series is None:
+        if series is None and metric.required:
             missing.append(metric.name)
         out[metric.field] = float(_REDUCE[metric.per_pod](series)) if series else 0.0
     if missing and required:

@@ -24,4 +24,5 @@ def monitoring_values() -> dict:
 
 def keda_values() -> dict:
     autoscaling = {"mode": "keda", "maxReplicas": 4, "targetWaitingRequests": 2, "targetKVCacheUsage": 0.7}
+    autoscaling["targetQueuedPrefillTokens"] = 2048
     return {"engines": [{"name": monitoring.POOL, "model": "tiny", "autoscaling": autoscaling}]}

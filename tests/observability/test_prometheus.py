@@ -297,7 +297,7 @@ def test_adapter_rules_and_keda_queries_return_data(loaded):
         assert values and all(math.isfinite(v) and v >= 0 for v in values), expr
     (scaled,) = [d for d in render(keda_values()) if d["kind"] == "ScaledObject"]
     triggers = scaled["spec"]["triggers"]
-    assert len(triggers) == 2
+    assert len(triggers) == 3  # waiting requests, KV usage, queued prefill tokens
     for trigger in triggers:
         values = prom.values(trigger["metadata"]["query"])
         assert len(values) == 1 and math.isfinite(values[0]) and values[0] >= 0, trigger

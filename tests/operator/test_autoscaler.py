@@ -7,8 +7,8 @@ from ragserve.prom_text import EngineLoad as PodMetrics
 from ragserve_operator.scaling.decision import Policy, Stabilizer, metric_replicas, recommend
 
 
-def pods(*waiting: float, kv: float = 0.0, running: float = 0.0) -> list[PodMetrics]:
-    return [PodMetrics(waiting=w, running=running, kv_usage=kv) for w in waiting]
+def pods(*waiting: float, kv: float = 0.0, running: float = 0.0, queued: float = 0.0) -> list[PodMetrics]:
+    return [PodMetrics(waiting=w, running=running, kv_usage=kv, queued_prefill_tokens=queued) for w in waiting]
 
 
 def policy(**kw) -> Policy:
@@ -101,3 +101,23 @@ def test_policy_from_spec():
     p = Policy.from_spec(spec.autoscaling, spec.pools[0].raw)
     assert (p.min_replicas, p.max_replicas, p.scale_down_window_s, p.tolerance) == (1, 7, 300, 0.1)
     assert p.targets == {"waiting": 4.0, "kv_usage": 0.8}
+
+
+def test_a_pools_role_picks_its_signals():
+    """Prefill pools scale on waiting requests and queued prefill tokens; decode pools on waiting requests, running
+    requests and KV usage (a prefill engine's KV holds finished prompts kept as prefix cache: no pressure)."""
+    from ragserve_operator.spec import parse_spec
+
+    autoscaling = {"mode": "operator", "targetQueuedPrefillTokens": 2048, "targetRunningRequests": 8}
+    engines = [{"name": r, "model": "m", "role": r, "maxReplicas": 9} for r in ("prefill", "decode", "both")]
+    spec = parse_spec({"engines": engines, "autoscaling": autoscaling})
+    targets = {p.name: Policy.from_spec(spec.autoscaling, p.raw).targets for p in spec.pools}
+    assert targets == {
+        "prefill": {"waiting": 4.0, "queued_prefill_tokens": 2048.0},
+        "decode": {"waiting": 4.0, "running": 8.0, "kv_usage": 0.8},
+        "both": {"waiting": 4.0, "running": 8.0, "kv_usage": 0.8, "queued_prefill_tokens": 2048.0},
+    }
+    prefill = Policy.from_spec(spec.autoscaling, spec.pools[0].raw)
+    busy = pods(1, 1, kv=0.99, queued=8000)  # 2 pods, 8,000 prompt tokens queued on each: ceil(2 x 8000 / 2048) = 8
+    n, why, _ = recommend(2, busy, prefill)
+    assert n == 8 and why.startswith("queued_prefill_tokens 8000/pod")

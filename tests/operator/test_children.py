@@ -42,6 +42,14 @@ SPECS = {
     },
     "hpa": {**FULL, "autoscaling": {"mode": "hpa", "targetRunningRequests": 8}},
     "keda": {**FULL, "autoscaling": {"mode": "keda"}},
+    "pd-hpa": {
+        "engines": [{"name": "p", "model": "m", "role": "prefill"}, {"name": "d", "model": "m", "role": "decode"}],
+        "autoscaling": {"mode": "hpa", "targetRunningRequests": 8, "targetQueuedPrefillTokens": 2048},
+    },
+    "pd-keda": {
+        "engines": [{"name": "p", "model": "m", "role": "prefill"}, {"name": "d", "model": "m", "role": "decode"}],
+        "autoscaling": {"mode": "keda", "targetQueuedPrefillTokens": 2048},
+    },
     "no-cachestore": {"engines": [{"name": "a", "model": "m"}], "cachestore": {"enabled": False}},
     "embedding-pool": {
         "engines": [{"name": "a", "model": "m"}, {"name": "embed", "model": "all-minilm-l6-v2", "task": "embed"}]
@@ -369,6 +377,28 @@ def test_keda_mode():
     pods = 'namespace="ns1",pod=~"demo-engine-big-[a-z0-9]+-[a-z0-9]{5}"'
     assert queries["vllm-num-requests-waiting"] == ("AverageValue", f"sum(vllm:num_requests_waiting{{{pods}}})")
     assert queries["vllm-kv-cache-usage-perc"] == ("Value", f"avg(vllm:kv_cache_usage_perc{{{pods}}})")
+
+
+def test_prefill_and_decode_pools_scale_on_their_own_signals():
+    """A prefill pool's HPA / ScaledObject reads waiting requests and queued prefill tokens, a decode pool's waiting
+    and running requests and KV usage, whatever else the RAGServe's autoscaling sets."""
+    hpas = {n: by_name(children("pd-hpa"), "HorizontalPodAutoscaler", f"demo-engine-{n}")["spec"] for n in "pd"}
+    names = {n: [m["pods"]["metric"]["name"] for m in hpa["metrics"]] for n, hpa in hpas.items()}
+    assert names == {
+        "p": ["vllm_num_requests_waiting", "ragserve_num_queued_prefill_tokens"],
+        "d": ["vllm_num_requests_waiting", "vllm_num_requests_running", "vllm_kv_cache_usage_perc"],
+    }
+    assert hpas["p"]["metrics"][1]["pods"]["target"]["averageValue"] == "2048"
+    objs = children("pd-keda")
+    triggers = {n: by_name(objs, "ScaledObject", f"demo-engine-{n}")["spec"]["triggers"] for n in "pd"}
+    queries = {n: [(t["metricType"], t["metadata"]["query"].split("{")[0]) for t in ts] for n, ts in triggers.items()}
+    assert queries == {
+        "p": [
+            ("AverageValue", "sum(vllm:num_requests_waiting"),
+            ("AverageValue", "sum(ragserve:num_queued_prefill_tokens"),
+        ],
+        "d": [("AverageValue", "sum(vllm:num_requests_waiting"), ("Value", "avg(vllm:kv_cache_usage_perc")],
+    }
 
 
 def mounted(pod: dict, container: dict, path: str) -> dict:

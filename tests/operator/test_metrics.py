@@ -11,15 +11,19 @@ from ragserve.prom_text import samples
 from ragserve_operator.scaling.pod_metrics import pod_metrics_url, scrape_pods
 
 
-def exposition(waiting: dict[str, float], running: float = 0.0, kv: float = 0.0) -> CollectorRegistry:
-    """A registry with the engine's vLLM gauges (one series per served model)."""
+def exposition(
+    waiting: dict[str, float], running: float = 0.0, kv: float = 0.0, queued: float = 0.0
+) -> CollectorRegistry:
+    """A registry with the engine's load gauges (one series per served model)."""
     registry = CollectorRegistry()
     labels = ["model_name"]
     w = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=registry)
     r = Gauge("vllm:num_requests_running", "running", labels, registry=registry)
     k = Gauge("vllm:kv_cache_usage_perc", "kv usage", labels, registry=registry)
+    q = Gauge("ragserve:num_queued_prefill_tokens", "queued prompt tokens", labels, registry=registry)
     for i, (model, n) in enumerate(waiting.items()):
         w.labels(model).set(n)
+        q.labels(model).set(queued)
         r.labels(model).set(running if i == 0 else 0)
         k.labels(model).set(kv if i == 0 else kv / 2)
     Gauge("vllm:num_requests_waiting_total_bogus", "not ours", registry=registry).set(99)
@@ -27,8 +31,8 @@ def exposition(waiting: dict[str, float], running: float = 0.0, kv: float = 0.0)
 
 
 def test_parse_sums_requests_and_takes_the_highest_kv_usage():
-    text = generate_latest(exposition({"a": 3, "b": 2}, running=5, kv=0.5)).decode()
-    assert parse_metrics(text) == PodMetrics(waiting=5.0, running=5.0, kv_usage=0.5)
+    text = generate_latest(exposition({"a": 3, "b": 2}, running=5, kv=0.5, queued=700)).decode()
+    assert parse_metrics(text) == PodMetrics(waiting=5.0, running=5.0, kv_usage=0.5, queued_prefill_tokens=1400.0)
 
 
 def test_parse_names_what_is_missing():
@@ -72,7 +76,7 @@ async def test_scrape_pods_over_http(port):
     finally:
         server.shutdown()
         thread.join()
-    assert samples == [PodMetrics(waiting=7.0, running=2.0, kv_usage=0.25), None, None]
+    assert samples == [PodMetrics(waiting=7.0, running=2.0, kv_usage=0.25, queued_prefill_tokens=0.0), None, None]
 
 
 def test_label_values_with_escapes_and_braces_parse_like_prometheus_client():
@@ -86,7 +90,7 @@ def test_label_values_with_escapes_and_braces_parse_like_prometheus_client():
 
 def test_the_v0_kv_usage_name_and_optional_metrics():
     text = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.4\n'
-    assert parse_metrics(text, required=False) == PodMetrics(waiting=0.0, running=0.0, kv_usage=0.4)
+    assert parse_metrics(text, required=False) == PodMetrics(0.0, 0.0, 0.4, queued_prefill_tokens=0.0)
     with pytest.raises(ValueError, match="vllm:num_requests_waiting, vllm:num_requests_running"):
         parse_metrics(text)
 

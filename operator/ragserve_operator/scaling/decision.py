@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ragserve.metric_names import LOAD_METRICS
+from ragserve.metric_names import load_metrics
 from ragserve.prom_text import EngineLoad
 
 
@@ -27,12 +27,13 @@ class Policy:
 
     @classmethod
     def from_spec(cls, autoscaling: dict, pool: dict) -> Policy:
+        """The RAGServe's targets for the signals that size a pool of the pool's role."""
         return cls(
             min_replicas=pool["minReplicas"],
             max_replicas=pool["maxReplicas"],
             targets={
                 m.field: float(autoscaling[m.target_key])
-                for m in LOAD_METRICS
+                for m in load_metrics(pool.get("role", "both"))
                 if autoscaling.get(m.target_key) is not None
             },
             tolerance=autoscaling["tolerance"],

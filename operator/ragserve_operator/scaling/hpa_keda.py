@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from ragserve.metric_names import LOAD_METRICS, adapter_name
+from ragserve.metric_names import adapter_name, load_metrics
 from ragserve_operator.names import Owner
 from ragserve_operator.spec import GROUP, POOL_KIND, VERSION, Pool, RAGServeSpec
 
-# Per LOAD_METRICS entry: HPA Pods metrics by their prometheus-adapter name; KEDA triggers aggregate over the
-# pool's pods, request counts summed (AverageValue: desired = sum / target), KV usage averaged
-# (Value: desired = current x average / target), as in the chart.
+# Per load_metrics(role) entry (the signals that size a pool of its role): HPA Pods metrics by their
+# prometheus-adapter name; KEDA triggers aggregate over the pool's pods, request and token counts summed
+# (AverageValue: desired = sum / target), KV usage averaged (Value: desired = current x average / target),
+# as in the chart.
 
 
 def quantity(value: float) -> str:
@@ -39,7 +40,7 @@ def engine_hpa(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
                 "target": {"type": "AverageValue", "averageValue": quantity(a[m.target_key])},
             },
         }
-        for m in LOAD_METRICS
+        for m in load_metrics(pool.raw.get("role", "both"))
         if a.get(m.target_key) is not None
     ]
     return {
@@ -72,7 +73,7 @@ def engine_scaledobject(owner: Owner, spec: RAGServeSpec, pool: Pool) -> dict:
                 "threshold": str(a[m.target_key]),
             },
         }
-        for m in LOAD_METRICS
+        for m in load_metrics(pool.raw.get("role", "both"))
         if a.get(m.target_key) is not None
     ]
     return {

@@ -87,8 +87,11 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- fail (printf "engines[%s].modelSource.type=image needs modelSource.image.repository" .name) -}}
 {{- end -}}
 {{- $a := .autoscaling -}}
-{{- if and (ne $a.mode "none") (not (or $a.targetWaitingRequests $a.targetKVCacheUsage $a.targetGPUUtilization)) -}}
-{{- fail (printf "engines[%s].autoscaling needs a target: targetWaitingRequests, targetKVCacheUsage or targetGPUUtilization" .name) -}}
+{{- $role := default "both" .role -}}
+{{- $kv := and (ne $role "prefill") $a.targetKVCacheUsage -}}
+{{- $queued := and (ne $role "decode") $a.targetQueuedPrefillTokens -}}
+{{- if and (ne $a.mode "none") (not (or $a.targetWaitingRequests $kv $queued $a.targetGPUUtilization)) -}}
+{{- fail (printf "engines[%s].autoscaling needs a target for a %s pool: targetWaitingRequests, targetGPUUtilization, %s" .name $role (ternary "targetQueuedPrefillTokens" (ternary "targetKVCacheUsage" "targetKVCacheUsage or targetQueuedPrefillTokens" (eq $role "decode")) (eq $role "prefill"))) -}}
 {{- end -}}
 {{- if and (ne $a.mode "none") (gt (int $a.minReplicas) (int $a.maxReplicas)) -}}
 {{- fail (printf "engines[%s].autoscaling: minReplicas (%d) > maxReplicas (%d)" .name (int $a.minReplicas) (int $a.maxReplicas)) -}}
