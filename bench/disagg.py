@@ -5,7 +5,8 @@
     baseline  router kv_aware; two --role both engines, one pinned to core 0, one to core 1, same cachestore
 
 Every engine: OMP_NUM_THREADS=1, --enforce-eager. The cachestore, both routers and this load generator are not
-pinned: they share the same two cores with the engines (see the result file's caveats).
+pinned (they share the same two cores with the engines, see the result file's caveats), unless --aux-core N pins
+them to core N: with 0, the prefill engine's core, the decode engine's core is its own (a deployment choice).
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
     unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,9 +53,10 @@ TRANSFER = "ragserve:kv_transfer_"
 ANSWER_LEAD_S = 1.0  # a RAG request is on its decode engine from this long before its first token
 
 
-def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
+def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> tuple[str, str]:
     port, grpc = free_port(), free_port()
-    argv = [*PY, "router", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc), "--policy", "kv_aware"]
+    argv = [*pin, *PY, "router", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
+    argv += ["--policy", "kv_aware"]
     procs.start(name, [*argv, "--registry-allow-unauthenticated", "--log-level", "warning", *flags])
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, name)
@@ -241,6 +244,12 @@ def write_md(out: Path, report: dict) -> None:
     for key, label in ROWS.items():
         a, b = med["1P1D"][key], med["baseline"][key]
         lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
+    if (core := report["workload"].get("aux_core")) is not None:
+        lines += [
+            "",
+            f"This run pinned the cachestore, both routers and the load generator to core {core} (`--aux-core`): "
+            f"they took CPU from the engine on core {core} only, not from the other (a deployment choice).",
+        ]
     lines += ["", CAVEATS, ""]
     out.write_text("\n".join(lines))
 
@@ -255,6 +264,7 @@ def main() -> None:
     p.add_argument("--unloaded-tokens", type=int, default=128)
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=16)
+    p.add_argument("--aux-core", type=int, default=None, help="pin the cachestore, routers and this client to it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     model = "smollm2-135m"
@@ -265,15 +275,17 @@ def main() -> None:
     docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
     logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
     print(f"process logs: {logs}", flush=True)
-    procs = Procs(logs)
+    procs, aux = Procs(logs), [] if args.aux_core is None else ["taskset", "-c", str(args.aux_core)]
+    if args.aux_core is not None:
+        os.sched_setaffinity(0, {args.aux_core})
     try:
         store_port, metrics_port = free_port(), free_port()
         store, store_metrics = f"127.0.0.1:{store_port}", f"http://127.0.0.1:{metrics_port}/metrics"
         argv = [*PY, "cachestore", "--host", "127.0.0.1", "--port", str(store_port)]
-        procs.start("cachestore", [*argv, "--metrics-port", str(metrics_port), "--memory", "2GiB"])
+        procs.start("cachestore", [*aux, *argv, "--metrics-port", str(metrics_port), "--memory", "2GiB"])
         wait_until(lambda: httpx.get(store_metrics).status_code == 200, "cachestore")
-        pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"])
-        base_url, base_grpc = start_router(procs, "router-baseline", [])
+        pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"], aux)
+        base_url, base_grpc = start_router(procs, "router-baseline", [], aux)
         engines = {
             "1P1D": [start_engine(procs, "prefill", 0, "prefill", pd_grpc, store, model),
                      start_engine(procs, "decode", 1, "decode", pd_grpc, store, model)],
@@ -301,7 +313,7 @@ def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
         "model": model,
         "workload": {
             k: getattr(args, k)
-            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens")
+            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens", "aux_core")
         },  # fmt: skip
         "repeats_done": min(len(rs) for rs in runs.values()),
         "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
