@@ -50,7 +50,7 @@ PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
 LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 TRANSFER = "ragserve:kv_transfer_"
-ANSWER_LEAD_S = 1.0  # a RAG request is on its decode engine from this long before its first token
+ANSWER_LEAD_S = 2.0  # a RAG request is on its decode engine (fetch, landing, last token) this long before its 1st token
 
 
 def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> tuple[str, str]:
@@ -101,8 +101,8 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[fl
 
 def split_gaps(users: list[list[float]], rags: list[list[float]]) -> dict[str, list[float]]:
     """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
-    token, which covers a decode engine's fetch and last-token step, to its last token: the RAG request is on the
-    engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    token, which covers a decode engine's fetch, landing and last-token step, to its last token: the RAG request is
+    on the engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
     spans = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags if len(t) > 1]
     parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
     for times in users:
@@ -228,7 +228,7 @@ So the figures show the shape (does a prefill on the other core stop stalling th
 transfer cost), not what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more
 than one engine per role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the
 transfer over a real network (loopback here). The "..." rows split the users' gaps by whether a RAG answer was on
-an engine (from 1 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
+an engine (from 2 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
 The baseline's `both` engines also offload full blocks to the same store (as a cachestore engine always does), so
 its "put" row is not zero. Bytes and seconds: the engines' own `ragserve:kv_transfer_*_total{direction}` counters
 (KV block bytes, without the store's headers; seconds spent in the calls, on the engines' offload and fetch

@@ -3,12 +3,14 @@
 Nothing here blocks the step loop on the network. Fetch: when a request is admitted, the full
 prompt blocks past its local prefix hit are looked up and downloaded by a fetch thread while the
 request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
-the blocks into free paged-cache blocks under their hash (a memcpy), so the request prefills only
+the blocks into free paged-cache blocks under their hash (a memcpy, at most the scheduler's
+IMPORT_BLOCKS_PER_STEP a step, pinned until the request is admitted), so the request prefills only
 the rest. Blocks arrive in chunks, in chain order; a fetch still running at its deadline is cut there:
 the request keeps the prefix that arrived and recomputes the rest. Blocks that arrive while running
 requests hold the pool wait (in host memory) until they have room. The deadline is at least the time
 recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
-cannot pay; waiting that long costs at most twice the better choice). Offload: after
+cannot pay; waiting that long costs at most twice the better choice). The fetch and offload threads run at a
+lower CPU priority than the step thread (BACKGROUND_NICE). Offload: after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
 bounded queue, which serializes and sends them (dropped under backpressure). A block's bytes (gather,
 scatter, size) are the KV cache's own (attention/kv_cache.py); this module decides what moves and when.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,6 +42,18 @@ MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recom
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
 DIRECTIONS = ("stored", "fetched")
+BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
+
+
+def yield_to_steps() -> None:
+    """Lower the calling thread's CPU priority (Linux nice is per thread): a transfer's (de)serialization and copies
+    (~0.25 s of CPU for a 2k-token float32 prompt) then run when the step thread leaves the core instead of
+    stretching the steps of the requests decoding on it. Where not allowed, nothing changes."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass
@@ -109,7 +124,7 @@ class CacheStoreConnector:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
         self._thread.start()
-        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch")
+        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
         self._fetching: set[Future] = set()
 
     @classmethod
@@ -339,6 +354,7 @@ class CacheStoreConnector:
     def _offload_loop(self) -> None:
         from ragserve_cachestore.client import KVBlock
 
+        yield_to_steps()
         while True:
             batch = [self._queue.get()]
             while batch[-1] is not None and len(batch) < 64:

@@ -1,15 +1,18 @@
 """Fetched KV lands in the paged cache a bounded number of blocks per step (scheduler.IMPORT_BLOCKS_PER_STEP):
 a long prompt's blocks (a disaggregated decode engine's ~100 MB) never stretch one step of the requests decoding
-beside it; the landed blocks stay pinned until the request is admitted; the output is the cold run's."""
+beside it; the landed blocks stay pinned until the request is admitted; the output is the cold run's. The transfer
+threads run at a lower CPU priority than the step thread."""
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import Future
 
 import pytest
 
 from ragserve_engine import scheduler
-from ragserve_engine.kv_connector import PendingFetch
+from ragserve_engine.kv_connector import BACKGROUND_NICE, PendingFetch
 from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_kv_connector import CONTEXT, GREEDY, engine
 from tests.helpers.cachestore import CacheStoreProcess
@@ -88,3 +91,16 @@ def test_landed_blocks_are_pinned_until_the_last_lands_or_the_fetch_is_abandoned
     assert conn.finish_fetch(cut, 8) is None
     conn.abandon(cut)
     assert cut.held is None and refs() == [0] * 8 + [-1] * 12  # nothing left pinned
+
+
+def test_transfer_threads_yield_the_core_to_the_step_thread(cachestore):
+    """The fetch and offload threads run at BACKGROUND_NICE over the step thread's priority (Linux nice is per
+    thread): their copies and (de)serialization do not stretch the steps of the requests decoding beside them."""
+    address = cachestore
+    a, question, _ = stored_context(address)  # ran an offload
+    b = engine(address, loaded_model=a.engine.runner.model)
+    b.generate([question], GREEDY)  # ran a fetch
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    nice = {t.name.split("_")[0]: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()}
+    assert nice["kv-offload"] == nice["kv-fetch"] == min(19, mine + BACKGROUND_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
