@@ -5,7 +5,8 @@
     baseline  router kv_aware; two --role both engines, one pinned to core 0, one to core 1, same cachestore
 
 Every engine: OMP_NUM_THREADS=1, --enforce-eager. The cachestore, both routers and this load generator are not
-pinned: they share the same two cores with the engines (see the result file's caveats).
+pinned (they share the same two cores with the engines, see the result file's caveats), unless --aux-core N pins
+them to core N: with 0, the prefill engine's core, the decode engine's core is its own (a deployment choice).
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
     unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -48,12 +50,13 @@ PY = [sys.executable, "-m", "ragserve.cli"]
 ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
 LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 TRANSFER = "ragserve:kv_transfer_"
-ANSWER_LEAD_S = 1.0  # a RAG request is on its decode engine from this long before its first token
+ANSWER_LEAD_S = 2.0  # a RAG request is on its decode engine (fetch, landing, last token) this long before its 1st token
 
 
-def start_router(procs: Procs, name: str, flags: list[str]) -> tuple[str, str]:
+def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> tuple[str, str]:
     port, grpc = free_port(), free_port()
-    argv = [*PY, "router", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc), "--policy", "kv_aware"]
+    argv = [*pin, *PY, "router", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc)]
+    argv += ["--policy", "kv_aware"]
     procs.start(name, [*argv, "--registry-allow-unauthenticated", "--log-level", "warning", *flags])
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, name)
@@ -98,8 +101,8 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[fl
 
 def split_gaps(users: list[list[float]], rags: list[list[float]]) -> dict[str, list[float]]:
     """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
-    token, which covers a decode engine's fetch and last-token step, to its last token: the RAG request is on the
-    engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    token, which covers a decode engine's fetch, landing and last-token step, to its last token: the RAG request is
+    on the engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
     spans = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags if len(t) > 1]
     parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
     for times in users:
@@ -225,7 +228,7 @@ So the figures show the shape (does a prefill on the other core stop stalling th
 transfer cost), not what a fleet with dedicated cores per component would reach. What 2 cores cannot show: more
 than one engine per role (1P1D only, no xPyD ratios), a decode engine with its own memory bandwidth, and the
 transfer over a real network (loopback here). The "..." rows split the users' gaps by whether a RAG answer was on
-an engine (from 1 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
+an engine (from 2 s before its first token): meaningful for 1P1D; in the baseline almost every gap overlaps one.
 The baseline's `both` engines also offload full blocks to the same store (as a cachestore engine always does), so
 its "put" row is not zero. Bytes and seconds: the engines' own `ragserve:kv_transfer_*_total{direction}` counters
 (KV block bytes, without the store's headers; seconds spent in the calls, on the engines' offload and fetch
@@ -241,6 +244,12 @@ def write_md(out: Path, report: dict) -> None:
     for key, label in ROWS.items():
         a, b = med["1P1D"][key], med["baseline"][key]
         lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
+    if (core := report["workload"].get("aux_core")) is not None:
+        lines += [
+            "",
+            f"This run pinned the cachestore, both routers and the load generator to core {core} (`--aux-core`): "
+            f"they took CPU from the engine on core {core} only, not from the other (a deployment choice).",
+        ]
     lines += ["", CAVEATS, ""]
     out.write_text("\n".join(lines))
 
@@ -255,6 +264,7 @@ def main() -> None:
     p.add_argument("--unloaded-tokens", type=int, default=128)
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=16)
+    p.add_argument("--aux-core", type=int, default=None, help="pin the cachestore, routers and this client to it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     model = "smollm2-135m"
@@ -265,15 +275,17 @@ def main() -> None:
     docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
     logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
     print(f"process logs: {logs}", flush=True)
-    procs = Procs(logs)
+    procs, aux = Procs(logs), [] if args.aux_core is None else ["taskset", "-c", str(args.aux_core)]
+    if args.aux_core is not None:
+        os.sched_setaffinity(0, {args.aux_core})
     try:
         store_port, metrics_port = free_port(), free_port()
         store, store_metrics = f"127.0.0.1:{store_port}", f"http://127.0.0.1:{metrics_port}/metrics"
         argv = [*PY, "cachestore", "--host", "127.0.0.1", "--port", str(store_port)]
-        procs.start("cachestore", [*argv, "--metrics-port", str(metrics_port), "--memory", "2GiB"])
+        procs.start("cachestore", [*aux, *argv, "--metrics-port", str(metrics_port), "--memory", "2GiB"])
         wait_until(lambda: httpx.get(store_metrics).status_code == 200, "cachestore")
-        pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"])
-        base_url, base_grpc = start_router(procs, "router-baseline", [])
+        pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"], aux)
+        base_url, base_grpc = start_router(procs, "router-baseline", [], aux)
         engines = {
             "1P1D": [start_engine(procs, "prefill", 0, "prefill", pd_grpc, store, model),
                      start_engine(procs, "decode", 1, "decode", pd_grpc, store, model)],
@@ -301,7 +313,7 @@ def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
         "model": model,
         "workload": {
             k: getattr(args, k)
-            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens")
+            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens", "aux_core")
         },  # fmt: skip
         "repeats_done": min(len(rs) for rs in runs.values()),
         "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},

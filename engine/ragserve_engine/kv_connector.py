@@ -3,12 +3,14 @@
 Nothing here blocks the step loop on the network. Fetch: when a request is admitted, the full
 prompt blocks past its local prefix hit are looked up and downloaded by a fetch thread while the
 request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
-the blocks into free paged-cache blocks under their hash (a memcpy), so the request prefills only
+the blocks into free paged-cache blocks under their hash (a memcpy, at most the scheduler's
+IMPORT_BLOCKS_PER_STEP a step, pinned until the request is admitted), so the request prefills only
 the rest. Blocks arrive in chunks, in chain order; a fetch still running at its deadline is cut there:
 the request keeps the prefix that arrived and recomputes the rest. Blocks that arrive while running
 requests hold the pool wait (in host memory) until they have room. The deadline is at least the time
 recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
-cannot pay; waiting that long costs at most twice the better choice). Offload: after
+cannot pay; waiting that long costs at most twice the better choice). The fetch and offload threads run at a
+lower CPU priority than the step thread (BACKGROUND_NICE). Offload: after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
 bounded queue, which serializes and sends them (dropped under backpressure). A block's bytes (gather,
 scatter, size) are the KV cache's own (attention/kv_cache.py); this module decides what moves and when.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from ragserve import tracing
 from ragserve_engine.attention.kv_cache import KVCacheTensors
 from ragserve_engine.block_pool import KVCacheBlock
-from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.kv_cache_manager import KVCacheBlocks, KVCacheManager
 
 log = logging.getLogger("ragserve_engine.connector")
 _SEEN_LIMIT = 1 << 16
@@ -39,6 +42,18 @@ MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recom
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
 DIRECTIONS = ("stored", "fetched")
+BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
+
+
+def yield_to_steps() -> None:
+    """Lower the calling thread's CPU priority (Linux nice is per thread): a transfer's (de)serialization and copies
+    (~0.25 s of CPU for a 2k-token float32 prompt) then run when the step thread leaves the core instead of
+    stretching the steps of the requests decoding on it. Where not allowed, nothing changes."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass
@@ -77,6 +92,10 @@ class PendingFetch:
     tail: tuple[int, bytes] | None = None  # (tokens, key) of the prompt's tail block to fetch too (kv_tail.py)
     tail_arrived: list = field(default_factory=list)  # the tail block, once downloaded after the whole chain
     tail_kv: tuple[int, bytes] | None = None  # (tokens, KV bytes) of the tail, once settled with the whole chain
+    to_land: int | None = None  # settled blocks that had room to land (set at the first finish_fetch)
+    landed: int = 0  # of them, written into the paged cache so far (finish_fetch lands them over steps)
+    held: KVCacheBlocks | None = None  # the pin on the landed prefix until the request is admitted
+    land_s: float = 0.0  # seconds spent writing them
 
     def done(self) -> bool:
         return self.future.done()
@@ -105,7 +124,7 @@ class CacheStoreConnector:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
         self._thread.start()
-        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch")
+        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
         self._fetching: set[Future] = set()
 
     @classmethod
@@ -228,35 +247,63 @@ class CacheStoreConnector:
         """Free KV blocks the fetched blocks may land in, keeping the local prefix they extend."""
         return self.kv_manager.num_importable_blocks(pending.hashes[: pending.num_local])
 
-    def finish_fetch(self, pending: PendingFetch) -> int:
+    def finish_fetch(self, pending: PendingFetch, max_blocks: int | None = None) -> int | None:
         """On the step thread: cache the settled blocks that have a free KV block to land in (the request
-        recomputes the rest); returns how many were added."""
+        recomputes the rest), at most `max_blocks` more per call (the scheduler's IMPORT_BLOCKS_PER_STEP: a
+        2k-token float32 prompt is ~100 MB to copy, which lands over a few steps instead of stretching one).
+        Returns how many were added in all once the last landed, None while some are still to land (the landed
+        ones stay pinned until then)."""
         blocks = self.settle(pending)
-        room = self.room(pending)
-        self.stats.not_imported += max(0, len(blocks) - room)
-        blocks = blocks[:room]
-        if not blocks:
-            return 0
+        if pending.to_land is None:
+            pending.to_land = min(len(blocks), self.room(pending))
+            self.stats.not_imported += len(blocks) - pending.to_land
+        start = pending.num_local + pending.landed
+        n = min(pending.to_land - pending.landed, self.kv_manager.num_importable_blocks(pending.hashes[:start]))
+        n = n if max_blocks is None else min(n, max_blocks)
+        if n > 0:
+            self._land(pending, blocks[pending.landed : pending.landed + n])
+        if pending.landed < pending.to_land and n > 0:
+            return None
+        self.stats.not_imported += pending.to_land - pending.landed  # room taken since: the request computes them
+        self.release(pending)
+        if pending.landed:
+            self._finish_landing(pending)
+        return pending.landed
+
+    def _land(self, pending: PendingFetch, blocks: list) -> None:
+        """Write `blocks` (the next ones of the chain) into free KV blocks, cached under their hashes, and pin
+        the landed prefix so nothing evicts it before the request is admitted."""
         t0 = time.perf_counter()
-        hashes, num_local = pending.hashes, pending.num_local
-        fetched = hashes[num_local : num_local + len(blocks)]
-        parent = hashes[num_local - 1] if num_local else None
-        pinned = self.kv_manager.pin(hashes[:num_local])  # the import must not evict the prefix it extends
+        hashes, start = pending.hashes, pending.num_local + pending.landed
+        fetched = hashes[start : start + len(blocks)]
+        parent = hashes[start - 1] if start else None
+        pinned = self.kv_manager.pin(hashes[:start])  # the import must not evict the prefix it extends
         try:
             bs = self.kv_manager.block_size
-            tokens = pending.token_ids[num_local * bs : (num_local + len(fetched)) * bs]
+            tokens = pending.token_ids[start * bs : (start + len(fetched)) * bs]
             self.kv_manager.import_blocks(
                 fetched, parent, lambda i, b: self.kv_cache.write_block(b, blocks[i].data), tokens, pending.cache_salt
             )
         finally:
             self.kv_manager.unpin(pinned)
+        self.release(pending)
+        pending.landed += len(blocks)
+        pending.held = self.kv_manager.pin(hashes[: start + len(blocks)])
+        pending.land_s += time.perf_counter() - t0
         for h in fetched:
             self._remember(h)
-        self.stats.hits += len(blocks) * self.kv_manager.block_size
+
+    def _finish_landing(self, pending: PendingFetch) -> None:
+        self.stats.hits += pending.landed * self.kv_manager.block_size
         if span := tracing.live.get(pending.request_id):
-            span.set_attribute(tracing.FETCHED_TOKENS, len(blocks) * self.kv_manager.block_size)
-        self._observe_cost((pending.seconds + time.perf_counter() - t0) / len(blocks))
-        return len(blocks)
+            span.set_attribute(tracing.FETCHED_TOKENS, pending.landed * self.kv_manager.block_size)
+        self._observe_cost((pending.seconds + pending.land_s) / pending.landed)
+
+    def release(self, pending: PendingFetch) -> None:
+        """Unpin the blocks landed so far (they stay cached: the request's admission hits them)."""
+        if pending.held is not None:
+            self.kv_manager.unpin(pending.held)
+            pending.held = None
 
     def _observe_cost(self, cost: float) -> None:
         old = self.stats.fetch_s_per_block
@@ -268,6 +315,7 @@ class CacheStoreConnector:
         router's fetch cost, the next deadline) learns it, instead of being measured only on fetches fast
         enough to finish (with blocks arrived, finish_fetch measures those). Once per fetch: one cut at its
         deadline that then waits for room may be aborted too."""
+        self.release(pending)
         if pending.stop.is_set():
             return
         now = time.monotonic()
@@ -306,6 +354,7 @@ class CacheStoreConnector:
     def _offload_loop(self) -> None:
         from ragserve_cachestore.client import KVBlock
 
+        yield_to_steps()
         while True:
             batch = [self._queue.get()]
             while batch[-1] is not None and len(batch) < 64:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ragserve_engine.kv_connector import CacheStoreConnector, PendingFetch
 
 INLINE_FETCH_WAIT_S = 0.003  # a fetch answered this fast (usually a miss) is admitted in the same step
+IMPORT_BLOCKS_PER_STEP = 32  # fetched blocks landed in the paged cache per step (~24 MB of SmolLM2 float32 KV)
 
 
 @dataclass
@@ -276,7 +277,11 @@ class Scheduler:
         pending = self.connector.start_fetch(hashes, num_local, req.request_id, tokens, req.cache_salt, tail)
         if pending is None:
             return 0
-        if self.connector.wait(pending, INLINE_FETCH_WAIT_S) and self._room_for(pending):
+        if (
+            self.connector.wait(pending, INLINE_FETCH_WAIT_S)
+            and self._room_for(pending)
+            and self._lands_at_once(pending)
+        ):
             return self._finish_fetch(req, pending)
         self.waiting.remove(req)
         req.status = Status.WAITING_FOR_REMOTE_KVS
@@ -286,10 +291,18 @@ class Scheduler:
     def _room_for(self, pending: PendingFetch) -> bool:
         """A settled fetch imports when its blocks fit; else it waits while running requests hold the blocks
         it needs (they free them as they finish): importing part of it would mean recomputing the rest."""
+        if pending.to_land is not None:  # landing: the blocks left had room when it started
+            return True
         return len(self.connector.settle(pending)) <= self.connector.room(pending) or not self.running
 
-    def _finish_fetch(self, req: Request, pending: PendingFetch) -> int:
-        num_fetched = self.connector.finish_fetch(pending)
+    def _lands_at_once(self, pending: PendingFetch) -> bool:
+        return len(self.connector.settle(pending)) <= IMPORT_BLOCKS_PER_STEP
+
+    def _finish_fetch(self, req: Request, pending: PendingFetch, max_blocks: int | None = None) -> int | None:
+        """Land the fetched blocks (at most max_blocks more); None while some are still to land."""
+        num_fetched = self.connector.finish_fetch(pending, max_blocks)
+        if num_fetched is None:
+            return None
         req.external_blocks = pending.num_local + num_fetched
         if pending.tail_kv and req.external_blocks == len(pending.hashes):
             self.tails[req] = pending.tail_kv
@@ -312,12 +325,17 @@ class Scheduler:
 
     def _poll_remote(self) -> None:
         """Fetched requests (and those past their deadline, with what arrived) go back to waiting once their
-        blocks have room."""
-        now = time.monotonic()
+        blocks have room and landed: IMPORT_BLOCKS_PER_STEP blocks per step over all of them, so a long prompt's
+        KV is copied into the paged cache over a few steps, each a little longer, not in one long one."""
+        now, budget = time.monotonic(), IMPORT_BLOCKS_PER_STEP
         for req, pending in list(self.remote.items()):
-            if not (pending.done() or pending.expired(now)) or not self._room_for(pending):
+            if budget <= 0 or not (pending.done() or pending.expired(now)) or not self._room_for(pending):
                 continue
-            self._finish_fetch(req, pending)  # past its deadline: the prefix that arrived, the rest recomputes
+            landed = pending.landed
+            done = self._finish_fetch(req, pending, budget)  # past its deadline: the prefix that arrived
+            budget -= pending.landed - landed
+            if done is None:
+                continue
             del self.remote[req]
             req.status = Status.WAITING
             self.waiting.append(req)

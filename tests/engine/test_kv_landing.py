@@ -1,0 +1,106 @@
+"""Fetched KV lands in the paged cache a bounded number of blocks per step (scheduler.IMPORT_BLOCKS_PER_STEP):
+a long prompt's blocks (a disaggregated decode engine's ~100 MB) never stretch one step of the requests decoding
+beside it; the landed blocks stay pinned until the request is admitted; the output is the cold run's. The transfer
+threads run at a lower CPU priority than the step thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from ragserve_engine import scheduler
+from ragserve_engine.kv_connector import BACKGROUND_NICE, PendingFetch
+from ragserve_engine.sampling_params import SamplingParams
+from tests.engine.test_kv_connector import CONTEXT, GREEDY, engine
+from tests.helpers.cachestore import CacheStoreProcess
+from tests.helpers.net import free_port
+
+PER_STEP = 6  # 20 context blocks land over 4 steps
+
+
+@pytest.fixture
+def cachestore(tmp_path):
+    store = CacheStoreProcess(tmp_path / "cachestore.log", free_port(), "--memory", "256MiB").wait_serving()
+    yield store.address
+    store.stop()
+
+
+@pytest.fixture
+def small_landing(monkeypatch):
+    monkeypatch.setattr(scheduler, "IMPORT_BLOCKS_PER_STEP", PER_STEP)
+
+
+def stored_context(address: str):
+    a = engine(address)
+    question = CONTEXT + [61]
+    reference = a.generate([question], GREEDY)[0]
+    a.engine.connector.flush()
+    return a, question, reference
+
+
+def test_a_long_fetch_lands_over_steps_while_others_decode(cachestore, small_landing):
+    address = cachestore
+    a, question, reference = stored_context(address)
+    b = engine(address, loaded_model=a.engine.runner.model)
+    eng = b.engine
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    eng.add_request("bystander", list(range(9000, 9020)), long)
+    eng.step()  # the bystander's prefill: it decodes from now on
+    eng.add_request("question", question, GREEDY)
+    landed, bystander_tokens, finished = [], [], {}
+    while eng.has_unfinished_requests():
+        outs = eng.step()
+        finished.update((out.request_id, out) for out in outs if out.finished)
+        pending = next(iter(eng.scheduler.remote.values()), None)
+        if pending is not None and pending.landed:
+            landed.append(pending.landed)
+            bystander_tokens.append(sum(out.request_id == "bystander" for out in outs))
+    # it landed in steps of at most PER_STEP blocks, the bystander decoding a token in each of them
+    assert landed == [6, 12, 18]  # then the last 2 and the admission, in the same step
+    assert bystander_tokens == [1, 1, 1]
+    assert finished["question"].num_cached_tokens == 20 * 16
+    assert finished["question"].outputs[0].token_ids == reference.outputs[0].token_ids
+    assert eng.connector.stats.hits == 20 * 16 and eng.connector.stats.not_imported == 0
+
+
+def test_landed_blocks_are_pinned_until_the_last_lands_or_the_fetch_is_abandoned(cachestore):
+    address = cachestore
+    a, _, _ = stored_context(address)
+    hashes = a.engine.kv_manager.hash_blocks(CONTEXT, None)
+    blocks = a.engine.connector.client.get(hashes)
+    assert len(blocks) == 20
+
+    def fresh():
+        kv = engine(address, loaded_model=a.engine.runner.model).engine
+        done: Future = Future()
+        done.set_result((blocks, 0.01))
+        refs = lambda: [b.ref_cnt if (b := kv.kv_manager.pool.get_cached_block(h)) else -1 for h in hashes]  # noqa: E731
+        return kv.connector, PendingFetch(hashes, 0, done, deadline=0.0), refs
+
+    conn, whole, refs = fresh()
+    assert conn.finish_fetch(whole, 8) is None and conn.finish_fetch(whole, 8) is None
+    assert refs() == [1] * 16 + [-1] * 4  # landed and held; the rest not yet cached
+    assert conn.finish_fetch(whole, 8) == 20
+    assert refs() == [0] * 20  # cached and free: the admission hits them
+    assert conn.stats.hits == 20 * 16
+
+    conn, cut, refs = fresh()  # the request aborted after one piece landed
+    assert conn.finish_fetch(cut, 8) is None
+    conn.abandon(cut)
+    assert cut.held is None and refs() == [0] * 8 + [-1] * 12  # nothing left pinned
+
+
+def test_transfer_threads_yield_the_core_to_the_step_thread(cachestore):
+    """The fetch and offload threads run at BACKGROUND_NICE over the step thread's priority (Linux nice is per
+    thread): their copies and (de)serialization do not stretch the steps of the requests decoding beside them."""
+    address = cachestore
+    a, question, _ = stored_context(address)  # ran an offload
+    b = engine(address, loaded_model=a.engine.runner.model)
+    b.generate([question], GREEDY)  # ran a fetch
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    nice = {t.name.split("_")[0]: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()}
+    assert nice["kv-offload"] == nice["kv-fetch"] == min(19, mine + BACKGROUND_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
