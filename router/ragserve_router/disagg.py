@@ -92,7 +92,11 @@ async def _attempts(gw, r, metrics: DisaggMetrics, engines: list[EngineRecord]) 
         slot = gw.pool.reserve(engine, predicted.computed_tokens if predicted else 0, r.key.hashes)
         failure = ""
         try:
-            resp = await upstream.client.post(engine.url + r.path, content=raw, headers=headers)
+            resp = await upstream.http.post(engine.url + r.path, headers, raw)
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
         except httpx.TimeoutException:
             failure = TIMEOUT
         except httpx.HTTPError:

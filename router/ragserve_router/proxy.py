@@ -14,6 +14,7 @@ from starlette.background import BackgroundTask
 
 from ragserve.http.errors import ERROR_SCOPE_HEADER, ApiError
 from ragserve.router_args import RouterConfig
+from ragserve_router.engine_client import EngineResponse
 from ragserve_router.engines import CONNECT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
@@ -60,7 +61,7 @@ class Proxy:
         self.metrics = metrics
         self.upstream = Upstream(cfg, pool, metrics)
 
-    def _response_headers(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> dict[str, str]:
+    def _response_headers(self, r: Routed, engine: EngineRecord, resp: EngineResponse) -> dict[str, str]:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in PASS_HEADERS}
         headers["X-Ragserve-Engine"] = engine.engine_id
         headers["X-Request-Id"] = r.request_id
@@ -112,7 +113,7 @@ class Proxy:
         finally:
             await resp.aclose()
 
-    def _relay(self, r: Routed, engine: EngineRecord, resp: httpx.Response) -> StreamingResponse:
+    def _relay(self, r: Routed, engine: EngineRecord, resp: EngineResponse) -> StreamingResponse:
         relay = Relay(self.upstream, r, engine, resp)
         headers = self._response_headers(r, engine, resp)
         # the background task also runs when the client left before the body started

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from ragserve.http.errors import REQUEST_SCOPE, ApiError, error_body
+from ragserve_router.engine_client import EngineResponse
 from ragserve_router.engines import CONNECT, SERVER_ERROR, EngineRecord
 from ragserve_router.stream_usage import sse
 from ragserve_router.upstream import Routed, Upstream
@@ -28,7 +29,7 @@ DONE, CUT, ENGINE_ERROR, REQUEST_ERROR = "done", "cut", "engine_error", "request
 class Relay:
     """close() runs exactly once, however the stream ends (the client leaving included)."""
 
-    def __init__(self, upstream: Upstream, r: Routed, engine: EngineRecord, resp: httpx.Response) -> None:
+    def __init__(self, upstream: Upstream, r: Routed, engine: EngineRecord, resp: EngineResponse) -> None:
         self.upstream, self.r, self.engine, self.resp = upstream, r, engine, resp
         self.plan = r.plan
         self.tokens: list[int] = []  # output token ids streamed so far (a resume continues after them)

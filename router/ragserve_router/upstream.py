@@ -16,7 +16,7 @@ from fastapi import Request
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
-from ragserve_router.engine_client import PerEngineTransport, engine_http_client
+from ragserve_router.engine_client import EngineHTTP, EngineResponse
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.pool import EnginePool
@@ -46,22 +46,21 @@ class Routed(Picked):
         return elapsed
 
 
-def request_scoped(resp: httpx.Response) -> bool:
+def request_scoped(resp: EngineResponse) -> bool:
     """The engine's answer is about this request alone: the client gets it as it is."""
     scope = resp.headers.get(ERROR_SCOPE_HEADER, "")
     return resp.status_code < 500 or scope == REQUEST_SCOPE
 
 
 class Upstream:
-    """The engines' side of the proxy: one HTTP client (a pool per engine), the retry order, and each request's
-    end."""
+    """The engines' side of the proxy: one HTTP client (a pool per engine, engine_client.py), the retry order, and
+    each request's end."""
 
     def __init__(self, cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> None:
         self.cfg = cfg
         self.pool = pool
         self.metrics = metrics
-        self.transport = PerEngineTransport(cfg)  # the proxied requests (post); the client: prefill legs
-        self.client = engine_http_client(cfg, self.transport)
+        self.http = EngineHTTP(cfg)  # the proxied requests and the prefill legs (disagg.py)
 
     def headers(self, r: Routed) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-Id": r.request_id}
@@ -71,7 +70,7 @@ class Upstream:
             headers["Authorization"] = f"Bearer {self.cfg.engine_api_key}"
         return headers | tracing.headers()
 
-    async def connect(self, r: Routed, engines: list[EngineRecord], body: bytes) -> tuple[EngineRecord, httpx.Response]:
+    async def connect(self, r: Routed, engines: list[EngineRecord], body: bytes) -> tuple[EngineRecord, EngineResponse]:
         """Send to engines in order (at most --max-attempts) until one answers or fails for the request's own
         reasons; the request's slot moves along."""
         failure = "unavailable"
@@ -82,7 +81,7 @@ class Upstream:
             if r.slot.engine.engine_id != engine.engine_id:
                 r.slot.move(engine)
             try:
-                resp = await self.transport.post(engine.url + r.path, self.headers(r), body, self.client.timeout)
+                resp = await self.http.post(engine.url + r.path, self.headers(r), body)
             except httpx.PoolTimeout:  # our own connection pool is full: not the engine's fault
                 raise ApiError(503, "the router is overloaded; try again", "overloaded") from None
             except httpx.TimeoutException:
@@ -116,4 +115,4 @@ class Upstream:
         r.request.state.engine = engine.engine_id
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.http.aclose()
