@@ -105,12 +105,18 @@ def add_generation_routes(app: FastAPI, server: EngineServer, auth: list, limit:
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
         server.check_accepting()
-        return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
+        req = await parse(request, ChatCompletionRequest, limit)
+        server.check_model(req.model)
+        await server.prefiller.run(request, "/v1/chat/completions")  # named by the endpoint picker (prefiller.py)
+        return await server.chat.create(request, req)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
         server.check_accepting()
-        return await server.completion.create(request, await parse(request, CompletionRequest, limit))
+        req = await parse(request, CompletionRequest, limit)
+        server.check_model(req.model)
+        await server.prefiller.run(request, "/v1/completions")
+        return await server.completion.create(request, req)
 
     @app.post("/v1/warmup", dependencies=auth)
     async def warmup(request: Request) -> Response:
