@@ -9,7 +9,6 @@ make the engine call anywhere else); otherwise it is ignored, with a log line.""
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import time
 import uuid
@@ -67,8 +66,9 @@ class Prefiller:
             return None
         return f"http://{value.strip()}"
 
-    async def run(self, request: Request, path: str) -> None:
-        """The prefill leg, when the request names an allowed prefiller; returns once it ended, however it ended."""
+    async def run(self, request: Request, path: str, body: dict) -> None:
+        """The prefill leg of `body` (the request's, parsed and checked), when the request names an allowed
+        prefiller; returns once it ended, however it ended."""
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         url = self.target(request.headers.get(PREFILLER_HEADER), request_id)
         if url is None:
@@ -78,7 +78,7 @@ class Prefiller:
             headers["Authorization"] = f"Bearer {self.api_key}"
         if parent := request.headers.get("traceparent"):
             headers["traceparent"] = parent
-        raw = prefill_body(json.loads(await request.body()))  # the body parsed already: a JSON object
+        raw = prefill_body(body)
         t0 = time.monotonic()
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
