@@ -107,11 +107,12 @@ def test_short_prompt_gets_no_prefiller_and_a_clients_is_removed(pd):
     assert {o: metric(decode.url, LEGS, outcome=o) for o in legs} == legs  # no leg ran, none was refused
 
 
-@pytest.mark.parametrize("named", ["10.9.8.7:{port}", "localhost:{port}", "garbage"])
-def test_prefiller_not_allowed_is_ignored(pd, named):
-    """Outside --prefiller-allow (127.0.0.0/8 here), or a name rather than an IP: the decode engine computes."""
+@pytest.mark.parametrize("doc, named", [(2, "10.9.8.7:{port}"), (4, "localhost:{port}"), (5, "garbage")])
+def test_prefiller_not_allowed_is_ignored(pd, doc, named):
+    """Outside --prefiller-allow (127.0.0.0/8 here), or a name rather than an IP: the decode engine computes (each
+    case its own context, so nothing is cached from another)."""
     _, prefill, decode, reference = pd
-    body = rag(2, f"Which item weighs 26 grams ({named[:2]})?")
+    body = rag(doc, "Which item weighs 26 grams?")
     ignored, stored = metric(decode.url, LEGS, outcome="ignored"), metric(prefill.url, STORED, direction="stored")
     data = answer(decode.url, body, {PREFILLER_HEADER: named.format(port=prefill.port)})
     assert text(data) == text(answer(reference.url, body))
