@@ -42,8 +42,9 @@ class Prefiller:
             m.DISAGG_PREFILL_SECONDS, "Prefill legs that worked: sent until the KV is in the cachestore",
             [m.MODEL_NAME_LABEL], buckets=LEG_BUCKETS, registry=registry,
         )  # fmt: skip
-        for outcome in OUTCOMES:
+        for outcome in OUTCOMES:  # zeros before the first leg
             self.legs.labels(model_name, outcome)
+        self.seconds.labels(model_name)
 
     def target(self, value: str | None, request_id: str) -> str | None:
         """The prefiller's base URL when this engine may call it, else None (logged)."""
