@@ -57,7 +57,7 @@ class Prefiller:
         host, _, port = value.strip().rpartition(":")
         try:
             ip = ipaddress.ip_address(host.strip("[]"))
-            ok = 0 < int(port) < 65536 and any(ip in net for net in self.allowed)
+            ok = port.isdigit() and 0 < int(port) < 65536 and any(ip in net for net in self.allowed)
         except ValueError:
             ok = False
         if not ok:
