@@ -6,6 +6,7 @@ chart's engine values. Torch-free, so `ragserve --help`, the operator and the ch
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 import time
@@ -159,6 +160,15 @@ class ServerConfig(FromArgs):
         "hermes", "format of chat tool calls (docs/api.md)", "server", choices=TOOL_CALL_PARSERS
     )
     otlp_traces_endpoint: str | None = option(None, "OTLP/gRPC collector for traces (off when unset)", "server")
+    prefiller_allow: list[str] = option(
+        [], "a --role decode engine runs the prefill leg on the x-prefiller-host-port the endpoint picker names only "
+        "when its IP is in this CIDR (repeat it; default: none, the header is ignored; docs/disaggregation.md)",
+        "cluster", repeat=True,
+    )  # fmt: skip
+    prefiller_timeout: float = option(
+        120.0, "seconds a prefill leg may take before the decode engine computes the prompt itself", "cluster",
+        type=float,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.engine_id:
@@ -171,6 +181,7 @@ class ServerConfig(FromArgs):
             (not self.router or ":" in self.router, f"--router must be HOST:PORT, got {self.router!r}"),
             (bool(self.tls_cert_file) == bool(self.tls_key_file), "--tls-cert-file and --tls-key-file go together"),
             (not self.tls_client_ca_file or bool(self.tls_cert_file), "--tls-client-ca-file needs --tls-cert-file"),
+            (self.prefiller_timeout > 0, "--prefiller-timeout must be positive"),
             (
                 not self.advertise_url or self.advertise_url.startswith(("http://", "https://")),
                 f"--advertise-url must be an http(s) URL, got {self.advertise_url!r}",
@@ -184,6 +195,14 @@ class ServerConfig(FromArgs):
             if path and not os.path.isfile(path):
                 raise FileNotFoundError(f"file {path} does not exist")
         self.kv_events()  # a bad --kv-events-config fails at start (ValueError naming the problem)
+        self.prefiller_networks()  # and a bad --prefiller-allow
+
+    def prefiller_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """--prefiller-allow, parsed (a bare IP is a /32 or /128)."""
+        try:
+            return [ipaddress.ip_network(cidr.strip(), strict=False) for cidr in self.prefiller_allow]
+        except ValueError as exc:
+            raise ValueError(f"--prefiller-allow must be a CIDR or an IP: {exc}") from None
 
     def kv_events(self) -> KVEventsConfig | None:
         """The parsed --kv-events-config (None when unset)."""

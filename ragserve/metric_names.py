@@ -61,6 +61,12 @@ KV_TRANSFER_SECONDS = "ragserve:kv_transfer_seconds"
 KV_TRANSFER_REQUESTS = "ragserve:kv_transfer_requests"
 KV_TRANSFER_DIRECTION_LABEL = "direction"
 KV_TRANSFER_DIRECTIONS = ("stored", "fetched")
+# Prefill legs a --role decode engine ran itself on the prefill engine the endpoint picker named (x-prefiller-host-
+# port), by DISAGG_OUTCOME_LABEL (ragserve.disagg: ok, refused, failed; ignored: not allowed or malformed), and the
+# seconds of those that worked; the router's own legs are ragserve_router_disagg_prefill_legs / _seconds.
+DISAGG_PREFILL_LEGS = "ragserve:disagg_prefill_legs"
+DISAGG_PREFILL_SECONDS = "ragserve:disagg_prefill_seconds"
+DISAGG_OUTCOME_LABEL = "outcome"
 # vLLM-format KV events an engine published (--kv-events-config): batches (one per step with events), and
 # events by type (label KV_EVENT_TYPE_LABEL: BlockStored, BlockRemoved, AllBlocksCleared).
 KV_EVENT_BATCHES_PUBLISHED = "ragserve:kv_event_batches_published"

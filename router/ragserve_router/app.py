@@ -18,7 +18,7 @@ from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.admin import install_admin
 from ragserve_router.auth import LimitedKey, RateLimiter
-from ragserve_router.disagg import DisaggMetrics, prefill_engines, run_prefill
+from ragserve_router.disagg import prefill_engines, run_prefill
 from ragserve_router.fast_routes import FastRoutes
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
@@ -52,7 +52,6 @@ def create_app(gw: Gateway) -> ASGIApp:
     app = FastAPI(title="ragserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
     install_error_handlers(app, "router", log)
-    disagg_metrics = DisaggMetrics(gw.metrics.registry)
 
     def rate_limit(request: Request, key: LimitedKey | None) -> None:
         client = request.client.host if request.client else "-"
@@ -76,7 +75,7 @@ def create_app(gw: Gateway) -> ASGIApp:
             if not (engines := prefill_engines(gw, routed)):
                 return await gw.proxy.forward(routed)
             try:  # a long prompt for a decode engine: its prefill leg first, on a prefill engine (disagg.py)
-                leg = await race_disconnect(request, run_prefill(gw, routed, disagg_metrics, engines))
+                leg = await race_disconnect(request, run_prefill(gw, routed, engines))
             except ClientGone:
                 routed.slot.release()
                 return Response(status_code=CLIENT_CLOSED)

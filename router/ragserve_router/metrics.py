@@ -61,6 +61,15 @@ class RouterMetrics:
         self.engine_ttft = latency(
             "engine_ttft_seconds", "Time from request arrival to the first streamed byte, by engine", "engine"
         )
+        self.disagg_legs = Counter(
+            p + "disagg_prefill_legs",
+            "Prefill legs by outcome (delegated: the endpoint picker named a prefill engine to the decode engine)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.disagg_leg_seconds = Histogram(
+            p + "disagg_prefill_seconds", "Prefill leg: sent to the prefill engine until its KV is in the cachestore",
+            registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+        )  # fmt: skip
         self.disagg_decode_ttft = Histogram(
             p + "disagg_decode_ttft_seconds",
             "Disaggregated requests: the decode leg's part of the TTFT (the prefill leg's end to the first byte)",

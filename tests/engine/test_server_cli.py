@@ -32,6 +32,15 @@ def test_contract_flags_parse_into_the_configs():
     assert (server.max_body_bytes, server.engine_id) == (2**20, "e1")
 
 
+def test_prefiller_allow_repeats_and_reads_the_environment(monkeypatch):
+    args = build_parser().parse_args(["engine", "--prefiller-allow", "10.0.0.0/8", "--prefiller-allow", "fd00::1"])
+    nets = [str(n) for n in ServerConfig.from_args(args).prefiller_networks()]
+    assert nets == ["10.0.0.0/8", "fd00::1/128"]
+    monkeypatch.setenv("RAGSERVE_PREFILLER_ALLOW", "10.1.0.0/16;192.168.0.0/24")
+    nets = [str(n) for n in ServerConfig.from_args(build_parser().parse_args(["engine"])).prefiller_networks()]
+    assert nets == ["10.1.0.0/16", "192.168.0.0/24"]
+
+
 def test_flags_read_ragserve_environment(monkeypatch):
     monkeypatch.setenv("RAGSERVE_PORT", "9123")
     monkeypatch.setenv("RAGSERVE_ROUTER", "router:50051")
@@ -56,6 +65,9 @@ def test_building_the_parser_does_not_import_torch():
         (["--block-size", "7"], "block_size must be"),
         (["--quantization", "int4", "--device", "cuda"], "quantization int4 runs on CPU only"),
         (["--kv-events-config", "{not json"], "kv-events-config is not valid JSON"),
+        (["--prefiller-allow", "10.0.0.0/33"], "--prefiller-allow must be a CIDR or an IP"),
+        (["--prefiller-allow", "prefill-pod"], "--prefiller-allow must be a CIDR or an IP"),
+        (["--prefiller-timeout", "0"], "--prefiller-timeout must be positive"),
         (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "unknown publisher 'kafka'"),
         (
             ["--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://nohost"}'],

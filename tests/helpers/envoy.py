@@ -86,6 +86,8 @@ class Pick:
     header: str = ""  # x-gateway-destination-endpoint as set on the request
     metadata: str = ""  # dynamic_metadata envoy.lb x-gateway-destination-endpoint
     set_headers: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)  # request headers the picker removed
+    client_headers: dict[str, str] = field(default_factory=dict)  # the client's, forwarded less `removed`
     body_echo: bytes = b""  # the request body the picker sent back
 
     @property
@@ -128,6 +130,7 @@ class Envoy:
         stream.send(request_body=ext.HttpBody(body=pieces[-1], end_of_stream=True))
         first = stream.recv()
         pick = Pick(stream, path, raw, time.perf_counter() - t0)
+        pick.client_headers = {k: v for k, v in pairs.items() if not k.startswith(":")}
         if first.HasField("immediate_response"):
             pick.immediate = first.immediate_response
             stream.close()
@@ -135,6 +138,7 @@ class Envoy:
         assert first.HasField("request_headers"), first
         options = first.request_headers.response.header_mutation.set_headers
         pick.set_headers = {o.header.key: (o.header.raw_value or o.header.value.encode()).decode() for o in options}
+        pick.removed = list(first.request_headers.response.header_mutation.remove_headers)
         pick.header = pick.set_headers.get(DESTINATION, "")
         pick.metadata = first.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value
         second = stream.recv()
@@ -142,10 +146,12 @@ class Envoy:
         return pick
 
     def serve(self, pick: Pick, client: httpx.Client | None = None, cut_after: int | None = None) -> Served:
-        """Forward to the endpoints in order (the next on a refused connection), then send the upstream's answer
-        back through the stream with the served endpoint. cut_after: cut the stream after that many body chunks."""
+        """Forward to the endpoints in order (the next on a refused connection), with the client's headers less those
+        the picker removed, plus those it set; then send the upstream's answer back through the stream with the
+        served endpoint. cut_after: cut the stream after that many body chunks."""
         client = client or httpx.Client(timeout=120)
-        headers = {k: v for k, v in pick.set_headers.items() if not k.startswith(":")}
+        headers = {k: v for k, v in pick.client_headers.items() if k.lower() not in pick.removed}
+        headers |= {k: v for k, v in pick.set_headers.items() if not k.startswith(":")}
         for endpoint in pick.endpoints:
             try:
                 url = f"http://{endpoint}{pick.path}"  # the body as the picker sent it back goes upstream

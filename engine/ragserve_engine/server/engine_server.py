@@ -9,6 +9,7 @@ from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.errors import ApiError
 from ragserve_engine.engine_client import EngineClient, EngineStats
 from ragserve_engine.server.metrics import EngineMetrics
+from ragserve_engine.server.prefiller import Prefiller
 from ragserve_engine.server.serving_chat import ChatServing
 from ragserve_engine.server.serving_completion import CompletionServing
 from ragserve_engine.server.serving_pooling import PoolingServing
@@ -39,6 +40,7 @@ class EngineServer:
         self.completion = CompletionServing(self)
         self.pooling = PoolingServing(self)
         self.warmups = WarmupManager(self)
+        self.prefiller = Prefiller(self.config, self.engine_config.role, self.model_name, self.metrics.registry)
 
     def attach(self, llm: EngineClient) -> None:
         """The model is loaded: start serving it."""

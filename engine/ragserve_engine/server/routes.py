@@ -23,7 +23,7 @@ from ragserve_engine.server.protocol import (
     WarmupRequest,
 )
 from ragserve_engine.server.tools import tool_request
-from ragserve_engine.server.transport import M, parse
+from ragserve_engine.server.transport import M, parse, parse_body
 
 log = logging.getLogger("ragserve_engine.server")
 
@@ -105,12 +105,18 @@ def add_generation_routes(app: FastAPI, server: EngineServer, auth: list, limit:
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
         server.check_accepting()
-        return await server.chat.create(request, await parse(request, ChatCompletionRequest, limit))
+        req, body = await parse_body(request, ChatCompletionRequest, limit)
+        server.check_model(req.model)
+        await server.prefiller.run(request, "/v1/chat/completions", body)  # named by the endpoint picker
+        return await server.chat.create(request, req)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
         server.check_accepting()
-        return await server.completion.create(request, await parse(request, CompletionRequest, limit))
+        req, body = await parse_body(request, CompletionRequest, limit)
+        server.check_model(req.model)
+        await server.prefiller.run(request, "/v1/completions", body)
+        return await server.completion.create(request, req)
 
     @app.post("/v1/warmup", dependencies=auth)
     async def warmup(request: Request) -> Response:

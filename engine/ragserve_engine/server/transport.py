@@ -19,9 +19,14 @@ class ClientDisconnected(Exception):
 
 
 async def parse(request: Request, model: type[M], limit: int) -> M:
+    return (await parse_body(request, model, limit))[0]
+
+
+async def parse_body(request: Request, model: type[M], limit: int) -> tuple[M, dict]:
+    """The request parsed, and its JSON body as sent (the body streams once)."""
     body = parse_json_object(await read_body(request, limit))
     try:
-        return model.model_validate(body)
+        return model.model_validate(body), body
     except ValidationError as exc:
         raise validation_error(exc) from None
 

@@ -2,7 +2,8 @@
 
 Request side: headers, then the body in chunks; at its end (end_of_stream, or the trailers) the request is routed
 with routing.Routing.pick, exactly as the HTTP gateway routes it, and the picker answers the headers (destination
-endpoints in a header and in dynamic metadata) and the body (unchanged). Response side: the served endpoint from
+endpoints in a header and in dynamic metadata; for a long prompt picked onto a decode engine, the prefill engine in
+x-prefiller-host-port) and the body (unchanged). Response side: the served endpoint from
 metadata_context (the slot and the routing history move there when the gateway fell back), the first streamed
 byte (TTFT), usage; the end releases the slot. close() releases it too when the stream is cut.
 """
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from starlette.datastructures import Headers
 
+from ragserve.disagg import PREFILLER_HEADER
 from ragserve.http.auth import ApiKey, ApiKeys
 from ragserve.http.errors import ApiError
 from ragserve.http.outcomes import CLIENT_CLOSED, Outcome, error_reason
+from ragserve_router.disagg import prefill_engines, rank_prefill
 from ragserve_router.engines import EngineRecord
 from ragserve_router.epp import protocol
 from ragserve_router.epp.answer import Answer
@@ -33,6 +36,7 @@ Admit = Callable[[str, ApiKey | None], None]  # the rate limit: (client, key), r
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
+DELEGATED = "delegated"  # ragserve_router_disagg_prefill_legs_total: a prefill leg left to the decode engine
 
 
 @dataclass
@@ -124,7 +128,19 @@ class Exchange:
         if hides_usage(body):  # the engine streams its usage for the quotas; the client gets none of it
             raw, self.hidden = json.dumps(with_usage(body)).encode(), HiddenUsage(self.routing.cfg.max_body_bytes)
         endpoints = [protocol.endpoint(e) for e in picked.decision.order[: self.routing.cfg.max_attempts]]
-        return [protocol.route_to(endpoints, self._upstream_headers(), len(raw)), protocol.request_body(raw)]
+        headers = self._upstream_headers() | await self._prefiller(body, PATHS.get(path, False))
+        # a client's own x-prefiller-host-port never reaches an engine: only the picker names a prefiller
+        remove = () if PREFILLER_HEADER in headers else (PREFILLER_HEADER,)
+        return [protocol.route_to(endpoints, headers, len(raw), remove), protocol.request_body(raw)]
+
+    async def _prefiller(self, body: dict, chat: bool) -> dict[str, str]:
+        """A long prompt picked onto a decode engine: the prefill engine the router's disaggregation would run its
+        leg on (ragserve_router/disagg.py), named to the decode engine, which runs the leg itself."""
+        if self.picked is None or not (engines := prefill_engines(self.routing, self.picked)):
+            return {}
+        decision = await rank_prefill(self.routing, self.picked, body, chat, self.headers, engines)
+        self.routing.metrics.disagg_legs.labels(DELEGATED).inc()
+        return {PREFILLER_HEADER: protocol.endpoint(decision.order[0])}
 
     def _upstream_headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.request_id}

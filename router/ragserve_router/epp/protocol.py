@@ -70,16 +70,17 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(header=header, append_action=OVERWRITE)
 
 
-def route_to(endpoints: Iterable[str], extra: dict[str, str], body_length: int | None) -> ext.ProcessingResponse:
-    """The request headers' answer: the endpoints (primary first) in the header and in dynamic metadata."""
+def route_to(
+    endpoints: Iterable[str], extra: dict[str, str], body_length: int | None, remove: Iterable[str] = ()
+) -> ext.ProcessingResponse:
+    """The request headers' answer: the endpoints (primary first) in the header and in dynamic metadata; `extra`
+    headers set, `remove` ones removed."""
     value = ",".join(endpoints)
     headers = {DESTINATION: value, **extra}
     if body_length is not None:
         headers["content-length"] = str(body_length)
-    common = ext.CommonResponse(
-        header_mutation=ext.HeaderMutation(set_headers=[_header(k, v) for k, v in headers.items()]),
-        clear_route_cache=True,
-    )
+    mutation = ext.HeaderMutation(set_headers=[_header(k, v) for k, v in headers.items()], remove_headers=list(remove))
+    common = ext.CommonResponse(header_mutation=mutation, clear_route_cache=True)
     metadata = struct_pb2.Struct()
     metadata.update({LB_NAMESPACE: {DESTINATION: value}})
     return ext.ProcessingResponse(request_headers=ext.HeadersResponse(response=common), dynamic_metadata=metadata)
