@@ -19,7 +19,11 @@ c. quota: one tenant with 1200 tokens/min sending as fast as it is let for 20 s:
 
     flock /tmp/cpu.lock .venv/bin/python bench/flow_fairness.py [--repeats 3]
 
-Results: bench/results/flow_fairness.{json,md}.
+Between phases the script waits for every stack's router to hold no request (its in-flight gauge at 0): a
+place still held then is a leak (a client that left mid-stream whose place never came back), and the run stops
+saying so rather than later with a 503 queue_timeout.
+
+Results: bench/results/NAME.{json,md} (--name, default flow_fairness).
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQS = 8  # the engine's running batch, and the flow router's places per engine
 QUOTA_TENANT, QUOTA_TPM = "metered", 1200
 PROMPT = " ".join(f"word{i}" for i in range(60))
+
+
+def held(url: str) -> float:
+    """The router's requests in flight (each holds a place in its queue's count)."""
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("ragserve_router_requests_in_flight "))
+
+
+def settle(urls: dict[str, str], after: str, timeout: float = 30) -> None:
+    """Every router back to nothing in flight once the clients of a phase left (the engine aborts their streams)."""
+    for mode, url in urls.items():
+        deadline = time.monotonic() + timeout
+        while (n := held(url)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if n:
+            raise SystemExit(f"{mode}: {n:g} requests still in flight {timeout:g} s after {after}: leaked places")
 
 
 def body(tag: str, max_tokens: int, stream: bool = True) -> dict:
@@ -234,7 +254,7 @@ def table(rows: dict[str, dict], digits: int, heads: dict[str, str]) -> list[str
 
 
 def write(out: Path, report: dict) -> None:
-    (out / "flow_fairness.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{report['name']}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Flow control under overload (real engines)", "", f"Command: `{report['command']}`", ""]
     lines += [report["setup"], "", f"Median of {report['repeats']} interleaved repeats.", ""]
     lines += ["## a. Priority", "", *table(report["priority"], 2, HEADS)]
@@ -242,7 +262,7 @@ def write(out: Path, report: dict) -> None:
     lines += table(report["fairness"], 3, HEADS)
     lines += ["", f"## c. Quota ({QUOTA_TPM} tokens/min, one tenant, as fast as admitted)", ""]
     lines += table(report["quota"], 2, {"flow": "flow control (quota)", "baseline": "baseline (no quota)"})
-    (out / "flow_fairness.md").write_text("\n".join(lines) + "\n")
+    (out / f"{report['name']}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -253,6 +273,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="fairness measuring window")
     p.add_argument("--quota-seconds", type=float, default=20.0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--name", default="flow_fairness", help="result files' name (.json, .md) under --out")
     args = p.parse_args()
     if args.model is None:
         from tests.helpers.tiny_models import tiny_model
@@ -278,7 +299,9 @@ def main() -> None:
             for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
                 print(f"repeat {rep} {mode}", flush=True)
                 runs["priority"][mode].append(asyncio.run(priority(urls[mode], args.probes)))
+                settle(urls, f"repeat {rep} {mode} priority")
                 runs["fairness"][mode].append(asyncio.run(fairness(urls[mode], args.seconds)))
+                settle(urls, f"repeat {rep} {mode} fairness")
                 print(runs["priority"][mode][-1], runs["fairness"][mode][-1], flush=True)
         report = {
             "command": "python bench/flow_fairness.py " + " ".join(sys.argv[1:]),
@@ -286,6 +309,7 @@ def main() -> None:
             f"flow control: --max-inflight-per-engine {SEQS}; tuned: also --critical-reserve-per-engine 1 "
             "--engine-priority --tenant-fair-share, the engine on --scheduling-policy priority. Times in ms, "
             "rates per second.",
+            "name": args.name,
             "repeats": args.repeats,
             "runs": runs,
             "quota": {m: quota(urls[m], args.quota_seconds) for m in ("flow", "baseline")},

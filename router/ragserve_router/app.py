@@ -67,7 +67,7 @@ def create_app(gw: Gateway) -> ASGIApp:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
         try:  # a client that leaves while its request waits in the router queue gives its place up
-            routed = await race_disconnect(request, _route(gw, request, path, raw, chat, started, pooling))
+            routed = await race_disconnect(request, _route(gw, request, path, raw, chat, started, pooling), _let_go)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         attributes = _trace_attributes(routed) if tracing.enabled() else None
@@ -133,6 +133,11 @@ async def _route(
     plan = ResumePlan(body, raw, chat, unresumable(body, chat, stream, gw.cfg.migration_limit, first))
     return Routed(**picked.fields(), request=request, request_id=request.state.request_id, path=path, body=raw,
                   stream=stream, plan=plan, prefill_s=0.0)  # fmt: skip
+
+
+def _let_go(routed: Routed) -> None:
+    """A request routed after its client left (a cancel swallowed on the way): its slot and places go back."""
+    routed.slot.release()
 
 
 def _trace_attributes(routed: Routed) -> dict:

@@ -103,10 +103,11 @@ class FlowControl:
     async def _wait(self, waiter: Waiter) -> None:
         deadline = waiter.since + self.queue_timeout
         while (left := deadline - time.monotonic()) > 0:
-            try:
-                return await asyncio.wait_for(asyncio.shield(waiter.admitted), min(left, RECHECK))
-            except TimeoutError:
-                self.dispatch(waiter.model)
+            # not wait_for: on Python 3.11 it returns the result when the client leaves (a cancel) just as the place
+            # is granted, and the request goes on to take an engine slot that nobody releases
+            if (await asyncio.wait({waiter.admitted}, timeout=min(left, RECHECK)))[0]:
+                return waiter.admitted.result()
+            self.dispatch(waiter.model)
         if waiter.admitted.done():
             return waiter.admitted.result()
         self._forget(waiter)

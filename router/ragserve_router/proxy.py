@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 from fastapi import Request, Response
@@ -39,8 +40,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def race_disconnect(request: Request, work: Awaitable):
-    """Await work unless the client goes away first (then cancel it and raise ClientGone)."""
+async def race_disconnect(request: Request, work: Awaitable, orphan: Callable[[Any], None] | None = None):
+    """Await work unless the client goes away first (then cancel it and raise ClientGone). `orphan` gets the
+    result of work that finished all the same (a cancel it swallowed), so what it holds can be let go."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
@@ -50,7 +52,9 @@ async def race_disconnect(request: Request, work: Awaitable):
     if task in done:
         return task.result()
     task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    (result,) = await asyncio.gather(task, return_exceptions=True)
+    if orphan is not None and not isinstance(result, BaseException):
+        orphan(result)
     raise ClientGone
 
 

@@ -194,5 +194,7 @@ class Relay:
         if self.closed:
             return
         self.closed = True
-        await self.resp.aclose()
-        self.upstream.finish(self.r, self.engine, self.usage)
+        try:  # a client that left cancels this (level-triggered, anyio) wherever httpx's close awaits
+            await self.resp.aclose()
+        finally:  # its slot and queue place go back all the same (else each such exit leaks one for good)
+            self.upstream.finish(self.r, self.engine, self.usage)

@@ -35,9 +35,11 @@ class Holder:
     """A request the router admitted to the (frozen) engine, holding its only place until release(): a raw socket,
     so that leaving is closing it, whatever the engine is doing."""
 
-    def __init__(self, router_url: str, metrics, until, headers: dict | None = None, in_flight: int = 1) -> None:
+    def __init__(
+        self, router_url: str, metrics, until, headers: dict | None = None, in_flight: int = 1, max_tokens: int = 400
+    ) -> None:
         host, port = router_url.removeprefix("http://").split(":")
-        data = json.dumps(completion("hold the engine", max_tokens=400, stream=True)).encode()
+        data = json.dumps(completion("hold the engine", max_tokens=max_tokens, stream=True)).encode()
         lines = ["POST /v1/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json"]
         lines += [f"Content-Length: {len(data)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
         self.sock = socket.create_connection((host, int(port)))
