@@ -254,6 +254,7 @@ def table(rows: dict[str, dict], digits: int, heads: dict[str, str]) -> list[str
 
 
 def write(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{report['name']}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Flow control under overload (real engines)", "", f"Command: `{report['command']}`", ""]
     lines += [report["setup"], "", f"Median of {report['repeats']} interleaved repeats.", ""]
