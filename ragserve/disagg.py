@@ -16,6 +16,7 @@ GENERATION_ONLY = (
 # how a leg ended: its KV is in the store; the prefill engine refused the request (4xx: its own fault, the decode
 # engine answers it with the same error); it failed (died, timed out, 5xx: the decode engine computes the prompt)
 OK, REFUSED, FAILED = "ok", "refused", "failed"
+LEG_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)  # a leg's seconds, router's and engine's alike
 
 
 def prefill_body(body: dict) -> bytes:

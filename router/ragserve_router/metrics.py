@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ragserve.disagg import LEG_SECONDS_BUCKETS
 from ragserve.http.outcomes import Outcome
 from ragserve.metric_names import LATENCY_BUCKETS
 from ragserve_router.engines import CONNECT, SERVER_ERROR, SOURCES, TIMEOUT
@@ -68,7 +69,7 @@ class RouterMetrics:
         )  # fmt: skip
         self.disagg_leg_seconds = Histogram(
             p + "disagg_prefill_seconds", "Prefill leg: sent to the prefill engine until its KV is in the cachestore",
-            registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+            registry=r, buckets=LEG_SECONDS_BUCKETS,
         )  # fmt: skip
         self.disagg_decode_ttft = Histogram(
             p + "disagg_decode_ttft_seconds",

@@ -194,7 +194,7 @@ class Relay:
         if self.closed:
             return
         self.closed = True
-        try:  # a client that left cancels this (level-triggered, anyio) wherever httpx's close awaits
+        try:  # a client that left may cancel this (level-triggered, anyio) at any await in the close
             await self.resp.aclose()
         finally:  # its slot and queue place go back all the same (else each such exit leaks one for good)
             self.upstream.finish(self.r, self.engine, self.usage)

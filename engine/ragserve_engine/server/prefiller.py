@@ -18,13 +18,22 @@ from fastapi import Request
 from prometheus_client import Counter, Histogram
 
 from ragserve import metric_names as m
-from ragserve.disagg import DECODE, FAILED, OK, PREFILLER_HEADER, REFUSED, leg_outcome, prefill_body, prefill_headers
+from ragserve.disagg import (
+    DECODE,
+    FAILED,
+    LEG_SECONDS_BUCKETS,
+    OK,
+    PREFILLER_HEADER,
+    REFUSED,
+    leg_outcome,
+    prefill_body,
+    prefill_headers,
+)
 from ragserve.engine_args import ServerConfig
 
 log = logging.getLogger("ragserve_engine.server")
 IGNORED = "ignored"  # the header named a prefiller this engine may not call, or none it can parse
 OUTCOMES = (OK, REFUSED, FAILED, IGNORED)
-LEG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)  # the router's ragserve_router_disagg_prefill_seconds'
 
 
 class Prefiller:
@@ -40,7 +49,7 @@ class Prefiller:
         self.legs = Counter(m.DISAGG_PREFILL_LEGS, doc, labels, registry=registry)
         self.seconds = Histogram(
             m.DISAGG_PREFILL_SECONDS, "Prefill legs that worked: sent until the KV is in the cachestore",
-            [m.MODEL_NAME_LABEL], buckets=LEG_BUCKETS, registry=registry,
+            [m.MODEL_NAME_LABEL], buckets=LEG_SECONDS_BUCKETS, registry=registry,
         )  # fmt: skip
         for outcome in OUTCOMES:  # zeros before the first leg
             self.legs.labels(model_name, outcome)
