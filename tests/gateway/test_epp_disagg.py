@@ -52,6 +52,8 @@ def pd(gateway_cluster, tmp_path_factory):
     (reference,) = gateway_cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["epp-both"])
     for engine in (prefill, decode):
         gateway_cluster.wait_registered(engine)
+    ready = lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200  # noqa: E731
+    process.until(ready, timeout=300, what="the reference engine ready", proc=reference)  # up is not ready
     process.until(lambda: envoy.health_status(picker.envoy.chan, "readiness") == "SERVING", what="picker ready")
     yield picker, prefill, decode, reference
     picker.envoy.close()
