@@ -40,6 +40,7 @@ class RouterLaunch:
     cachestore_token_file: str | None = None
     api_keys_file: str | None = None
     tenant_quotas_file: str | None = None
+    admin_api_key_file: str | None = None  # turns on /admin/*
     # Gateway API Inference Extension: the Endpoint Picker (Envoy ext_proc over gRPC) on this port; TLS with a
     # certificate made at start unless cert/key files are given, h2c with epp_plaintext.
     epp_port: int | None = None
@@ -77,6 +78,7 @@ def router_command(launch: RouterLaunch) -> list[str]:
     args += switch("registry_allow_unauthenticated", r.registry_allow_unauthenticated)
     args += tls_flags("cachestore", r.cachestore_tls) + arg("cachestore_token_file", r.cachestore_token_file)
     args += arg("api_keys_file", r.api_keys_file) + arg("tenant_quotas_file", r.tenant_quotas_file)
+    args += arg("admin_api_key_file", r.admin_api_key_file)
     args += arg("epp_port", r.epp_port)
     args += switch("epp_plaintext", r.epp_plaintext) + arg("epp_cert_file", r.epp_cert_file)
     args += arg("epp_key_file", r.epp_key_file) + arg("otlp_traces_endpoint", r.otlp_traces_endpoint)

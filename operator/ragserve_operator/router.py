@@ -22,13 +22,14 @@ from ragserve_operator.vllm import external_block_size, router_external_engines
 
 API_KEYS_DIR = "/etc/ragserve/api-keys"
 TENANT_QUOTAS_DIR = "/etc/ragserve/tenant-quotas"
+ADMIN_KEY_DIR = "/etc/ragserve/admin-key"
 HTTP_TLS_DIR = "/etc/ragserve/http-tls"
 ENGINE_CA_DIR, ENGINE_CLIENT_DIR = "/etc/ragserve/engine-ca", "/etc/ragserve/engine-client"  # the chart's paths
 
 
 def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
     """A router pod's command line settings, and the Secrets it mounts for them: registry TLS and token, the
-    cachestore's CA / client certificate / token (for store lookups), API keys, tenant quotas."""
+    cachestore's CA / client certificate / token (for store lookups), API keys, tenant quotas, the admin key."""
     r, mounts = spec.router, Mounts()
     tls = serving_tls_files(r["tls"], mounts)
     token = registry_token_file(spec)
@@ -42,6 +43,10 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
     if secret := r.get("tenantQuotasSecret"):
         mounts.secret("tenant-quotas", secret["name"], TENANT_QUOTAS_DIR)
         quotas = f"{TENANT_QUOTAS_DIR}/{secret['key']}"
+    admin_key = None
+    if secret := r.get("adminKeySecret"):
+        mounts.secret("admin-key", secret["name"], ADMIN_KEY_DIR)
+        admin_key = f"{ADMIN_KEY_DIR}/{secret['key']}"
     mutual_tls = r["tls"]["enabled"] and r["tls"]["clientAuth"]
     https = r["httpTls"]["enabled"]
     if https:
@@ -69,6 +74,7 @@ def router_pod(owner: Owner, spec: RAGServeSpec) -> tuple[RouterLaunch, Mounts]:
         cachestore_token_file=store_token,
         api_keys_file=api_keys,
         tenant_quotas_file=quotas,
+        admin_api_key_file=admin_key,
         **epp,
         settings=group_settings(r),
     )

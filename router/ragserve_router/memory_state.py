@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from ragserve_router.admin_view import ADMIN_SETS, AdminChange, AdminView
 from ragserve_router.approx_index import ApproxIndex
 from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
 from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
@@ -19,6 +20,7 @@ class MemoryState(RouterState):
         self._blocks: dict[str, set[bytes]] = {}
         self._tokenizers: dict[str, TokenizerBlob] = {}
         self.approx = ApproxIndex(approx_max_entries, clock)
+        self._admin: dict[str, set[str]] = {name: set() for name in ADMIN_SETS}
 
     async def register(self, record: EngineRecord, tokenizer: TokenizerBlob, ttl_s: float) -> int:
         self._tokenizers.setdefault(record.tokenizer_fingerprint, tokenizer)
@@ -91,3 +93,12 @@ class MemoryState(RouterState):
 
     async def trim_approx(self) -> int:
         return 0  # the in-process index evicts as it records
+
+    async def admin_view(self) -> AdminView:
+        return AdminView(**{name: frozenset(urls) for name, urls in self._admin.items()})
+
+    async def admin_change(self, change: AdminChange) -> None:
+        for name, urls in change.discard.items():
+            self._admin[name].difference_update(urls)
+        for name, urls in change.add.items():
+            self._admin[name].update(urls)

@@ -20,6 +20,8 @@ import httpx
 
 from ragserve.prom_text import engine_load
 from ragserve.router_args import RouterConfig
+from ragserve_router import admin_view
+from ragserve_router.admin_view import AdminView
 from ragserve_router.breaker import STATE_VALUE, STATES, Breaker
 from ragserve_router.engine_tls import engine_verify
 from ragserve_router.engines import CONNECT, EXTERNAL, GRPC, SOURCES, STATIC, TIMEOUT, EngineRecord, Load, ModelSpec
@@ -287,12 +289,20 @@ class EnginePool:
         self.breaker(record.engine_id).success()
 
     async def refresh(self) -> None:
-        """Re-read registered engines from the shared state."""
+        """Re-read registered engines and the admin API's changes from the shared state."""
         self.registered = {r.engine_id: r for r in await self.state.engines()}
+        await self.apply_admin(await self.state.admin_view())
         for source in SOURCES:
             count = sum(1 for r in self.all() if r.source == source)
             self.metrics.engines_registered.labels(source).set(count)
         self.metrics.engines_healthy.set(len(self.healthy()))
+
+    async def apply_admin(self, view: AdminView) -> None:
+        added = admin_view.sync(self.discovered, {r.url for r in self.registered.values()}, view)
+        self.draining = {r.engine_id for r in self.all() if r.url in view.draining}
+        for record in added:
+            self.health[record.engine_id] = Health(healthy=False)  # until a probe answers
+        await asyncio.gather(*(self.probe(r) for r in added))
 
     async def sweep(self) -> None:
         """Drop registered engines that missed 3 heartbeats; their blocks leave the index."""

@@ -3,7 +3,8 @@
 Keys (under the prefix): `engines` hash id -> EngineRecord JSON; `alive:<id>` expires
 after 3 missed heartbeats; `seq:<id>` last applied KV-event seq; `blocks:<id>` set of
 block hashes; `tok:<fingerprint>` tokenizer JSON; `approx:<hash hex>` hash engine ->
-time routed (expires after the approximate TTL) and `approx_lru` bounding their number.
+time routed (expires after the approximate TTL) and `approx_lru` bounding their number; `admin:<set>` the
+admin API's draining, added and removed engine URLs (admin_view.py).
 
 Redis is a cache of state, not its owner: each replica remembers the engines registered through it
 and publishes them again when Redis lost them (a restart without persistence), then asks each such
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from ragserve_router.admin_view import ADMIN_SETS, AdminChange, AdminView
 from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
 from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
 
@@ -220,6 +222,22 @@ class RedisState(RouterState):
         if evicted:
             await self.redis.delete(*(self._k("approx", member.decode()) for member, _ in evicted))
         return len(evicted)
+
+    async def admin_view(self) -> AdminView:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for name in ADMIN_SETS:
+                pipe.smembers(self._k("admin", name))
+            sets = await pipe.execute()
+        urls = (frozenset(url.decode() for url in members) for members in sets)
+        return AdminView(**dict(zip(ADMIN_SETS, urls, strict=True)))
+
+    async def admin_change(self, change: AdminChange) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for name, urls in change.discard.items():
+                pipe.srem(self._k("admin", name), *urls)
+            for name, urls in change.add.items():
+                pipe.sadd(self._k("admin", name), *urls)
+            await pipe.execute()
 
     async def ping(self) -> bool:
         try:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragserve.v1 import registry_pb2
+from ragserve_router.admin_view import AdminChange, AdminView
 from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
 
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
@@ -105,6 +106,14 @@ class RouterState(ABC):
     @abstractmethod
     async def trim_approx(self) -> int:
         """Enforce the approximate index's size bound; returns how many entries were evicted."""
+
+    @abstractmethod
+    async def admin_view(self) -> AdminView:
+        """What the admin API drained, added and removed (admin_view.py)."""
+
+    @abstractmethod
+    async def admin_change(self, change: AdminChange) -> None:
+        """Apply the admin API's set updates atomically."""
 
     async def ping(self) -> bool:
         return True

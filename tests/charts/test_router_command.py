@@ -24,6 +24,7 @@ EXTRA = {
             "kubernetesDiscovery": {"enabled": True},
             "apiKeys": {"existingSecret": "keys", "key": "k"},
             "tenantQuotasFile": {"existingSecret": "quotas", "key": "q"},
+            "adminApiKey": {"existingSecret": "admin", "key": "a"},
             "maxBodyBytes": 2097152,
             "drainDelaySeconds": 10,
             "terminationGracePeriodSeconds": 120,
@@ -95,7 +96,7 @@ def expected(values: dict) -> list[str]:
     """router_command() for the chart's values, with the chart's wiring (mount paths, Services, grace period)."""
     r, store = values["router"], values["cachestore"]
     auth, discover = r["registryAuth"], r["kubernetesDiscovery"]["enabled"]
-    keys, quotas = r["apiKeys"], r["tenantQuotasFile"]
+    keys, quotas, admin = r["apiKeys"], r["tenantQuotasFile"], r["adminApiKey"]
     launch = RouterLaunch(
         port=r["port"],
         grpc_port=r["grpcPort"],
@@ -123,6 +124,7 @@ def expected(values: dict) -> list[str]:
         else None,
         api_keys_file=f"/etc/ragserve/api-keys/{keys['key']}" if keys["existingSecret"] else None,
         tenant_quotas_file=f"/etc/ragserve/tenant-quotas/{quotas['key']}" if quotas["existingSecret"] else None,
+        admin_api_key_file=f"/etc/ragserve/admin-key/{admin['key']}" if admin["existingSecret"] else None,
         **epp_launch(values),
         settings=group_settings(r),
         extra_args=tuple(r["extraArgs"]),

@@ -103,6 +103,7 @@ SPECS = {
             "retry": {"maxAttempts": 4, "backoff": 0.1, "backoffMax": 1.5, "jitter": 1},
             "health": {"probeInterval": 0.5, "failureThreshold": 3, "successThreshold": 2},
             "tenantQuotasSecret": {"name": "tenant-quotas"},
+            "adminKeySecret": {"name": "router-admin", "key": "k"},
         },
     },
 }
@@ -201,8 +202,12 @@ def test_router_flow_control_quota_breaker_retry_and_health_settings_follow_the_
     assert volume["secret"]["secretName"] == "tenant-quotas"
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tenant-quotas")
     assert mount == {"name": "tenant-quotas", "mountPath": "/etc/ragserve/tenant-quotas", "readOnly": True}
+    assert args.admin_api_key_file == "/etc/ragserve/admin-key/k"
+    volume = next(v for v in pod["volumes"] if v["name"] == "admin-key")
+    assert volume["secret"]["secretName"] == "router-admin"
     minimal = by_name(children("minimal"), "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]
-    assert not {"--queue-size", "--breaker-failures", "--retry-jitter", "--tenant-quotas-file"} & set(minimal["args"])
+    unset = {"--queue-size", "--breaker-failures", "--retry-jitter", "--tenant-quotas-file", "--admin-api-key-file"}
+    assert not unset & set(minimal["args"])
 
 
 def test_router_https_api_from_its_secret():

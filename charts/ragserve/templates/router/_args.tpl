@@ -54,6 +54,9 @@
 {{- if $r.tenantQuotasFile.existingSecret }}
 {{- include "ragserve.arg" (list "--tenant-quotas-file" (printf "/etc/ragserve/tenant-quotas/%s" $r.tenantQuotasFile.key)) }}
 {{- end }}
+{{- if $r.adminApiKey.existingSecret }}
+{{- include "ragserve.arg" (list "--admin-api-key-file" (printf "/etc/ragserve/admin-key/%s" $r.adminApiKey.key)) }}
+{{- end }}
 {{- include "ragserve.eppArgs" . }}
 {{- /* router_args.SETTING_GROUPS, in its order (ragserve.router_command: RouterLaunch.settings) */}}
 {{- with $r.flowControl }}
