@@ -285,6 +285,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--name", default="flow_fairness", help="result files' name (.json, .md) under --out")
     args = p.parse_args()
+    code = commit()  # now: the tree may change while it runs
     if args.model is None:
         from tests.helpers.tiny_models import tiny_model
 
@@ -318,7 +319,7 @@ def main() -> None:
             "setup": f"Per mode: a router and one real engine (tiny test model, CPU, --max-num-seqs {SEQS}); "
             f"flow control: --max-inflight-per-engine {SEQS}; tuned: also --critical-reserve-per-engine 1 "
             "--engine-priority --tenant-fair-share, the engine on --scheduling-policy priority. Times in ms, "
-            f"rates per second. Code at {commit()}.",
+            f"rates per second. Code at {code}.",
             "name": args.name,
             "repeats": args.repeats,
             "runs": runs,
