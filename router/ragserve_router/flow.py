@@ -15,8 +15,9 @@ nobody waits, to the counter of the tenant served last (VTC's rule), so neither 
 credit: a tenant that joins while another is served alone does not start thousands of tokens behind it.
 With --tenant-fair-share each active tenant has a max-min fair allocation of the model's places by its recent
 demand (fair_share.py); a tenant at or over its allocation takes a free place only while more stay free than the
-other tenants' allocations lack (work-conserving otherwise): a heavy tenant's admitted requests do not fill the
-places a light tenant's clients come back for, so its next request finds one free.
+other tenants' allocations lack, each at most one more than it holds and waits for (work-conserving otherwise): a
+heavy tenant's admitted requests do not fill the places a light tenant's clients come back for, so its next request
+finds one free.
 """
 
 from __future__ import annotations
@@ -150,7 +151,13 @@ class FlowControl:
         shares = alloc(cls)
         if self.held[model, tenant] < shares.get(tenant, 0):
             return True
-        return free > sum(max(0, n - self.held[model, t]) for t, n in shares.items() if t != tenant)
+        return free > sum(self._owed(model, t, n) for t, n in shares.items() if t != tenant)
+
+    def _owed(self, model: str, tenant: str, share: int) -> int:
+        """Free places kept for a tenant under its allocation: what it lacks, but at most one more than it holds
+        and waits for (a tenant whose answers all ended, or that left, keeps one free while its demand decays)."""
+        asking = self.held[model, tenant] + self.queued[model, tenant]
+        return max(0, min(share - self.held[model, tenant], asking + 1))
 
     def _allocations(self, model: str) -> Callable[[str], dict[str, int]]:
         """The tenants' fair allocation of the places a class may fill (--tenant-fair-share), computed once a class."""

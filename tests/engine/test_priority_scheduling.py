@@ -1,7 +1,7 @@
 """--scheduling-policy priority on a tiny model: a waiting request of higher priority than the running ones is
 admitted at once, preempting the lowest-priority running request when no seat is free, and its prefill runs in a
-step of its own (the lower-priority requests skip that one step); every request's greedy output is what it is
-alone, the preempted one's included (it resumes by recompute or from swap)."""
+step of its own (the lower-priority requests skip that one step); every request's greedy output is the same as in
+a plain batch, the preempted one's included (it resumes by recompute or from swap)."""
 
 from __future__ import annotations
 
