@@ -5,9 +5,9 @@ it preempts the standard request holding the only seat.
 
 Built, not timed: the engine's only seat (--max-num-seqs 1) is held by a long stream; the standard requests reach
 the engine while it is frozen (SIGSTOP), then wait in its queue (its vllm:num_requests_waiting gauge says when);
-the critical request arrives after them and preempts the holder; the holder's client leaves after it ended. The engine runs one request at a
-time, so the order they complete in is the order it admitted them in (the standard ones, that reached it
-frozen, in whatever order it read them)."""
+the critical request arrives after them and preempts the holder; the holder's client leaves after it ended. The
+engine runs one request at a time, so the order they complete in is the order it admitted them in (the standard
+ones, that reached it frozen, in whatever order it read them)."""
 
 from __future__ import annotations
 
