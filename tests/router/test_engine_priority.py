@@ -42,7 +42,7 @@ def test_the_engine_admits_a_critical_request_before_the_standard_ones_waiting_i
     # client still waits for its stream, and before the standard requests that reached the engine first
     assert queue.result("critical").status_code == 200, queue.result("critical").text
     assert queue.done == ["critical"], queue.done
-    assert metrics.total(engine.url, NUM_PREEMPTIONS) >= 1
+    assert metrics.total(engine.url, NUM_PREEMPTIONS + "_total") >= 1
     assert metrics.total(router.url, "ragserve_router_queue_depth") == 0  # the router queued none of them
     holder.release()  # its client leaves: the engine aborts it and its seat goes to the standard requests
     for name in queue.futures:
