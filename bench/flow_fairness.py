@@ -3,10 +3,11 @@
 Three stacks, each a router and one real engine (tiny test model, --max-num-seqs 8): "flow" with the router's
 flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas file), "tuned" the same with one
 place per engine kept for critical requests (--critical-reserve-per-engine 1), the class sent to the engine as
-its scheduling priority (--engine-priority; the engine on --scheduling-policy priority) and tenants held to their
-share of the places while others are active (--tenant-fair-share), "baseline" with flow
-control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved (repeats rotate which
-goes first); c on flow and baseline; the table gives the median over repeats.
+its scheduling priority (--engine-priority; the engine on --scheduling-policy priority, which admits a critical
+request at once, preempting a lower-priority one if need be, and prefills it in a step of its own) and each tenant's
+max-min fair allocation of the places, by its recent demand, kept free for it (--tenant-fair-share), "baseline"
+with flow control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved
+(repeats rotate which goes first); c on flow and baseline; the table gives the median over repeats.
 
 a. priority: TTFT p95 of critical probes (X-Ragserve-Priority: 1, one at a time) unloaded, then while 32
    standard and 8 sheddable clients (closed loops) overload the engine; the ratio (goal <= 1.5x), and what
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -238,6 +240,13 @@ def quota(url: str, seconds: float) -> dict:
     }
 
 
+def commit() -> str:
+    """The checked-out commit (with "+changes" when the tree differs from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -276,6 +285,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--name", default="flow_fairness", help="result files' name (.json, .md) under --out")
     args = p.parse_args()
+    code = commit()  # now: the tree may change while it runs
     if args.model is None:
         from tests.helpers.tiny_models import tiny_model
 
@@ -309,7 +319,7 @@ def main() -> None:
             "setup": f"Per mode: a router and one real engine (tiny test model, CPU, --max-num-seqs {SEQS}); "
             f"flow control: --max-inflight-per-engine {SEQS}; tuned: also --critical-reserve-per-engine 1 "
             "--engine-priority --tenant-fair-share, the engine on --scheduling-policy priority. Times in ms, "
-            "rates per second.",
+            f"rates per second. Code at {code}.",
             "name": args.name,
             "repeats": args.repeats,
             "runs": runs,

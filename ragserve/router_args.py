@@ -150,8 +150,9 @@ class RouterConfig(FromArgs):
     tenant_max_concurrent: int = option(0, "requests per tenant at once (0: no limit; over it: 429)", "flow control",
                                         type=int, schema=AT_LEAST_0)  # fmt: skip
     tenant_fair_share: bool = option(
-        False, "with --max-inflight-per-engine: a tenant holds at most its share of the places while others are "
-        "active (places / active tenants)", "flow control", negatable=False,
+        False, "with --max-inflight-per-engine: each active tenant's max-min fair share of the places, by its "
+        "recent demand, is kept free for it (others take a place only while more stay free)", "flow control",
+        negatable=False,
     )  # fmt: skip
     tenant_quotas_file: str | None = option(
         None, "per-tenant quotas, one a line: 'TENANT [tpm=N] [concurrent=M]' (others: the two flags above)",

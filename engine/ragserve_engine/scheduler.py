@@ -6,6 +6,10 @@ lockstep: they are scheduled, preempted and resumed together with equal chunk si
 With a cachestore, a request whose prefix is being fetched waits in WAITING_FOR_REMOTE_KVS
 (`remote`) while the others keep stepping; it returns to `waiting` when the fetch is done or
 its deadline passed (then it recomputes the rest) and the fetched blocks have free KV blocks to land in.
+Under --scheduling-policy priority a waiting request of higher priority than a running one is admitted at once:
+the lowest-priority running requests are preempted for its seat and KV blocks (as vLLM's priority policy does),
+and when it outranks every running request its first chunk runs in a step of its own priority only, so it is
+not slowed by a full batch of lower-priority work (those requests skip that one step).
 """
 
 from __future__ import annotations
@@ -90,13 +94,47 @@ class Scheduler:
         if self.remote:
             self._poll_remote()
         budget = self.config.max_num_batched_tokens
+        if self._schedule_urgent(out, budget):
+            out.copies = self.kv_manager.take_pending_copies()
+            return out
+        preempted = out.num_preempted  # for the urgent request, not for lack of KV below
         budget = self._schedule_running(out, budget)
-        if out.num_preempted == 0:
+        if out.num_preempted == preempted:
             budget = self._schedule_swapped(out, budget)
-        if out.num_preempted == 0 and not self.swapped:
+        if out.num_preempted == preempted and not self.swapped:
             self._schedule_waiting(out, budget)
         out.copies = self.kv_manager.take_pending_copies()
         return out
+
+    def _schedule_urgent(self, out: SchedulerOutput, budget: int) -> bool:
+        """--scheduling-policy priority, a waiting request above a running one's priority: preempt the lowest-priority
+        running requests for its seat and blocks; when it then outranks every running one, schedule the waiting
+        requests of its priority or higher alone this step. True when that step scheduled something."""
+        if self.config.scheduling_policy != "priority" or not self.waiting or not self.running:
+            return False
+        head = self.waiting[0]
+        if head.priority >= max(r.priority for r in self.running):
+            return False
+        while self.num_running_seqs + len(head.live_seqs) > self.config.max_num_seqs or not self._kv_for(head, budget):
+            victim = max(self.running, key=self._key)
+            if victim.priority <= head.priority:
+                break
+            self.running.remove(victim)
+            self._preempt(victim, out)
+            if not self.running:
+                break
+        if any(r.priority <= head.priority for r in self.running):
+            return False
+        self._schedule_waiting(out, budget, up_to=head.priority)
+        return bool(out.scheduled)
+
+    def _kv_for(self, req: Request, budget: int) -> bool:
+        """Free KV blocks for the waiting request's first chunk (past its local prefix hit)."""
+        seqs, hits = req.live_seqs, self._prefix_hits(req)
+        remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size
+        chunk = max(1, min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining)))
+        needed = sum(self.kv_manager.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
+        return self.kv_manager.can_allocate(needed, [b for h in hits for b in h])
 
     def _chunk(self, req: Request, budget: int) -> int:
         seqs = req.live_seqs
@@ -189,12 +227,14 @@ class Scheduler:
             budget -= self._emit(out, req, chunk)
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, up_to: int | None = None) -> None:
         computing = self._blocks_in_prefill()
         deferred: list[Request] = []
         while self.waiting and budget > 0:
             req = self.waiting[0]
             seqs = req.live_seqs
+            if up_to is not None and req.priority > up_to:  # an urgent step: its priority or higher only
+                break
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             hits = self._prefix_hits(req)

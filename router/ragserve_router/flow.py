@@ -13,10 +13,11 @@ as in Sheng et al., "Fairness in Serving Large Language Models"); within a tenan
 A tenant with nothing waiting that sends a request is lifted to the least counter of the tenants waiting, or, when
 nobody waits, to the counter of the tenant served last (VTC's rule), so neither idle time nor arriving late banks
 credit: a tenant that joins while another is served alone does not start thousands of tokens behind it.
-With --tenant-fair-share a tenant over its share of the model's places, ceil(places / active tenants) (active:
-holding or waiting for a place, or admitted or done within the last second), takes a free place only while one
-stays free for each other active tenant under its share: a heavy tenant's admitted requests do not fill every
-place, and a light tenant's next request finds one free.
+With --tenant-fair-share each active tenant has a max-min fair allocation of the model's places by its recent
+demand (fair_share.py); a tenant at or over its allocation takes a free place only while more stay free than the
+other tenants' allocations lack, each at most one more than it holds and waits for (work-conserving otherwise): a
+heavy tenant's admitted requests do not fill the places a light tenant's clients come back for, so its next request
+finds one free.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ragserve.http.errors import ApiError
+from ragserve_router.fair_share import TenantDemand, fair_allocation
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.priority import CRITICAL, RANK, SHEDDABLE
 
 PROMPT_WEIGHT, COMPLETION_WEIGHT = 1.0, 2.0
 MAX_TENANTS = 10_000  # counters kept; an idle tenant's is forgotten past this (the lift makes that harmless)
 RECHECK = 1.0  # seconds between a waiter's own looks at the capacity (engines that joined since)
-RECENT = 1.0  # seconds a tenant counts as active after its last admission or answer (--tenant-fair-share)
 
 
 @dataclass(eq=False)
@@ -59,7 +60,8 @@ class FlowControl:
     reserve: int = 0  # --critical-reserve-per-engine
     fair_share: bool = False  # --tenant-fair-share
     held: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> places taken
-    seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, tenant) -> last admitted or done
+    queued: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> requests waiting
+    demand: TenantDemand = field(default_factory=TenantDemand)  # --tenant-fair-share
     counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
     inflight: Counter[str] = field(default_factory=Counter)  # model -> places taken
     waiting: list[Waiter] = field(default_factory=list)
@@ -82,8 +84,9 @@ class FlowControl:
         if not self.enabled:
             return
         self._lift(tenant)
+        self._note(model, tenant, arriving=1)
         self.dispatch(model)  # then no waiter fits: this request goes ahead only if it does
-        if self._fits(model, cls, tenant, self._active(model, tenant)):
+        if self._fits(model, cls, tenant, self._allocations(model)):
             self._admit(model, tenant)
             self.metrics.queue_wait.labels(cls).observe(0)
             return
@@ -117,7 +120,6 @@ class FlowControl:
         """A request's answer ended: its place goes to the next waiter."""
         if self.enabled:
             self.inflight[model] = max(0, self.inflight[model] - 1)
-            self._seen(model, tenant)
             if (held := self.held[model, tenant] - 1) > 0:
                 self.held[model, tenant] = held
             else:
@@ -132,8 +134,8 @@ class FlowControl:
     def dispatch(self, model: str) -> None:
         """Admit waiters for the model while it has free places: highest class, then least-served tenant."""
         while True:
-            active = self._active(model)
-            ready = [w for w in self.waiting if w.model == model and self._fits(model, w.cls, w.tenant, active)]
+            alloc = self._allocations(model)
+            ready = [w for w in self.waiting if w.model == model and self._fits(model, w.cls, w.tenant, alloc)]
             if not ready:
                 return
             best = min(ready, key=lambda w: (RANK[w.cls], self.counters.get(w.tenant, 0.0), w.seq))
@@ -141,35 +143,43 @@ class FlowControl:
             self._admit(model, best.tenant)
             best.admitted.set_result(None)
 
-    def _fits(self, model: str, cls: str, tenant: str, active: set[str]) -> bool:
-        """A free place for the class; with --tenant-fair-share, one that no other active tenant is owed."""
+    def _fits(self, model: str, cls: str, tenant: str, alloc: Callable[[str], dict[str, int]]) -> bool:
+        """A free place for the class; with --tenant-fair-share, one that no other tenant's allocation lacks."""
         free = self.capacity(model, cls) - self.inflight[model]
         if free <= 0 or not self.fair_share:
             return free > 0
-        share = math.ceil(self.capacity(model, cls) / max(1, len(active)))
-        if self.held[model, tenant] < share:
+        shares = alloc(cls)
+        if self.held[model, tenant] < shares.get(tenant, 0):
             return True
-        return free > sum(1 for t in active if t != tenant and self.held[model, t] < share)
+        return free > sum(self._owed(model, t, n) for t, n in shares.items() if t != tenant)
+
+    def _owed(self, model: str, tenant: str, share: int) -> int:
+        """Free places kept for a tenant under its allocation: what it lacks, but at most one more than it holds
+        and waits for (a tenant whose answers all ended, or that left, keeps one free while its demand decays)."""
+        asking = self.held[model, tenant] + self.queued[model, tenant]
+        return max(0, min(share - self.held[model, tenant], asking + 1))
+
+    def _allocations(self, model: str) -> Callable[[str], dict[str, int]]:
+        """The tenants' fair allocation of the places a class may fill (--tenant-fair-share), computed once a class."""
+        if not self.fair_share:
+            return lambda cls: {}
+        demands, by_cls = self.demand.demands(model, self.held + self.queued), {}
+
+        def alloc(cls: str) -> dict[str, int]:
+            if cls not in by_cls:
+                by_cls[cls] = fair_allocation(demands, self.capacity(model, cls))
+            return by_cls[cls]
+
+        return alloc
 
     def _admit(self, model: str, tenant: str) -> None:
         self.inflight[model] += 1
         self.held[model, tenant] += 1
-        self._seen(model, tenant)
+        self._note(model, tenant)
 
-    def _seen(self, model: str, tenant: str) -> None:
+    def _note(self, model: str, tenant: str, arriving: int = 0) -> None:
         if self.fair_share:
-            self.seen[model, tenant] = time.monotonic()
-
-    def _active(self, model: str, arriving: str | None = None) -> set[str]:
-        """The model's active tenants (--tenant-fair-share; else none are counted)."""
-        if not self.fair_share:
-            return set()
-        now = time.monotonic()
-        for key in [k for k, at in self.seen.items() if now - at > RECENT]:
-            del self.seen[key]
-        active = {t for m, t in self.held if m == model} | {t for m, t in self.seen if m == model}
-        active |= {w.tenant for w in self.waiting if w.model == model} | ({arriving} if arriving else set())
-        return active
+            self.demand.note(model, tenant, self.held[model, tenant] + self.queued[model, tenant] + arriving)
 
     def _enqueue(self, model: str, cls: str, tenant: str) -> Waiter:
         if len(self.waiting) >= self.queue_size:
@@ -178,6 +188,7 @@ class FlowControl:
             self._forget_idle()
         waiter = Waiter(model, cls, tenant, next(self._seq), time.monotonic())
         self.waiting.append(waiter)
+        self.queued[model, tenant] += 1
         self.metrics.queue_depth.labels(cls).inc()
         return waiter
 
@@ -201,6 +212,10 @@ class FlowControl:
     def _forget(self, waiter: Waiter) -> None:
         if waiter in self.waiting:
             self.waiting.remove(waiter)
+            if (n := self.queued[waiter.model, waiter.tenant] - 1) > 0:
+                self.queued[waiter.model, waiter.tenant] = n
+            else:
+                self.queued.pop((waiter.model, waiter.tenant), None)
             self.metrics.queue_depth.labels(waiter.cls).dec()
 
     def _forget_idle(self) -> None:

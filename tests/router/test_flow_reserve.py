@@ -34,9 +34,12 @@ def test_a_critical_request_takes_a_reserved_place_at_once_while_standard_ones_w
     assert queue.depth() == 0
 
 
-def test_a_heavy_tenant_holds_its_share_of_the_places_and_a_light_tenant_finds_one(cluster, metrics, until):
-    """--tenant-fair-share, 4 places: with the light tenant active the heavy one holds at most 2, so its third
-    request waits though a place is free, and the light tenant's next request takes that place at once."""
+def test_a_heavy_tenant_takes_the_places_a_light_tenant_does_not_ask_for_and_not_the_ones_it_does(
+    cluster, metrics, until
+):
+    """--tenant-fair-share, 4 places, max-min fair by demand: the light tenant asks for one, so the heavy one may
+    take the other three (the old even split held it at two); when the light tenant asks for a second, its
+    allocation is two, and the next free place goes to it, not to the heavy tenant's request waiting before it."""
     router = cluster.router("--max-inflight-per-engine", "4", "--tenant-fair-share", "--tenant-header", "X-Tenant",
                             "--heartbeat-interval-ms", "5000")  # fmt: skip
     (engine,) = start_engines(cluster, router, ["share-0"], "--max-model-len", "1024")
@@ -44,16 +47,18 @@ def test_a_heavy_tenant_holds_its_share_of_the_places_and_a_light_tenant_finds_o
     heavy, light = {"X-Tenant": "heavy"}, {"X-Tenant": "light"}
     queue = Queue(router.url, metrics, until)
     with frozen([engine]):
-        holder = Holder(router.url, metrics, until, light)
-        for i, in_flight in ((0, 2), (1, 3)):
+        light_holder = Holder(router.url, metrics, until, light)
+        heavy_holder = Holder(router.url, metrics, until, heavy, in_flight=2)
+        for i, in_flight in ((1, 3), (2, 4)):  # within its allocation (3 of 4): admitted at once
             queue.send(f"heavy-{i}", completion(f"heavy {i}"), heavy, queued=False)
             until(lambda n=in_flight: metrics(router.url, IN_FLIGHT) == n, message=f"heavy-{i} admitted")
-        queue.send("heavy-2", completion("heavy 2"), heavy)  # over its share (2 of 4): it waits
-        assert metrics(router.url, IN_FLIGHT) == 3
-        queue.send("light", completion("light again"), light, queued=False)
-        until(lambda: metrics(router.url, IN_FLIGHT) == 4, message="the light tenant admitted at once")
-        assert queue.depth() == 1
-        holder.release()
-    for name in queue.futures:
+        queue.send("heavy-3", completion("heavy 3"), heavy)  # no place free: it waits
+        queue.send("light-2", completion("light 2"), light)  # and so does this one
+        heavy_holder.release()  # one place frees: the light tenant's allocation (2) lacks one, the heavy one's not
+        until(lambda: queue.depth() == 1, message="a waiter admitted")
+        assert metrics(router.url, IN_FLIGHT) == 4
+    for name in queue.futures:  # heavy-3 is admitted when one of the others ends
         assert queue.result(name).status_code == 200, queue.result(name).text
-    assert queue.depth() == 0
+    light_holder.release()
+    assert queue.done.index("light-2") < queue.done.index("heavy-3"), queue.done
+    until(lambda: metrics(router.url, IN_FLIGHT) == 0, message="every place back")

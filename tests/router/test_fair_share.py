@@ -1,0 +1,57 @@
+"""--tenant-fair-share in the router queue itself (the end-to-end case is in test_flow_reserve.py): a tenant's recent
+demand keeps its max-min fair allocation of the places for its clients' next requests (one place free, and the
+places that free go to it) while a heavy tenant waits, and once that demand has decayed the heavy tenant takes every
+place (work-conserving). The decay is real
+time: a long half-life holds the demand for the whole test, a short one and a longer sleep let it lapse."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ragserve_router.fair_share import TenantDemand, fair_allocation
+from ragserve_router.flow import FlowControl
+from ragserve_router.metrics import RouterMetrics
+from ragserve_router.priority import STANDARD
+
+
+def test_max_min_fair_allocation():
+    assert fair_allocation({"light": 4, "heavy": 40}, 7) == {"light": 4, "heavy": 3}
+    assert fair_allocation({"a": 40, "b": 40}, 7) == {"a": 4, "b": 3}
+    assert fair_allocation({"a": 1, "b": 2, "c": 40}, 8) == {"a": 1, "b": 2, "c": 5}
+    assert fair_allocation({"a": 5, "b": 5, "c": 5}, 2) == {"a": 1, "b": 1, "c": 0}
+    assert fair_allocation({"a": 2}, 8) == {"a": 2}
+
+
+def test_a_light_tenants_recent_demand_keeps_its_places_free_until_it_decays():
+    asyncio.run(_recent_demand())
+
+
+async def _recent_demand() -> None:
+    flow = FlowControl(per_engine=8, queue_size=64, queue_timeout=60, metrics=RouterMetrics(), engines=lambda _: 1,
+                       fair_share=True, demand=TenantDemand(half_life=60))  # fmt: skip
+    light = [await flow.acquire("tiny", STANDARD, "light") for _ in range(3)]  # its three clients' requests
+    heavy = [asyncio.create_task(flow.acquire("tiny", STANDARD, "heavy")) for _ in range(10)]
+    for _ in range(3):  # each task admitted or queued in its first step
+        await asyncio.sleep(0)
+    assert flow.held["tiny", "heavy"] == 5 and flow.inflight["tiny"] == 8  # max-min: light 3, heavy 5
+    for _ in light:  # its answers end: one place free for it (its next request), the rest to the heavy tenant
+        flow.release("tiny", "light")
+    assert flow.held["tiny", "heavy"] == 7 and len(flow.waiting) == 3
+    await asyncio.wait_for(flow.acquire("tiny", STANDARD, "light"), timeout=1)  # at once, though heavy ones wait
+    back = [asyncio.create_task(flow.acquire("tiny", STANDARD, "light")) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(flow.waiting) == 5
+    flow.release("tiny", "heavy")  # the heavy tenant over its allocation (5 of 8): the places go to light
+    flow.release("tiny", "heavy")
+    await asyncio.wait_for(asyncio.gather(*back), timeout=1)
+    assert flow.held["tiny", "light"] == 3 and flow.held["tiny", "heavy"] == 5 and len(flow.waiting) == 3
+    for _ in range(3):
+        flow.release("tiny", "light")
+    assert flow.held["tiny", "heavy"] == 7  # the light tenant's demand still keeps one place free
+    flow.demand.half_life = 0.01
+    await asyncio.sleep(0.5)  # 50 half-lives: its demand is gone
+    flow.dispatch("tiny")
+    assert flow.held["tiny", "heavy"] == 8 and not flow.waiting
+    for task in heavy:
+        task.cancel()
+    await asyncio.gather(*heavy, return_exceptions=True)
