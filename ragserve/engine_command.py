@@ -24,6 +24,8 @@ class EnginePod:
     served_model_name: str | None = None
     task: str = "generate"  # embed: an embedding pool (`--task embed`; no cachestore: nothing to cache)
     role: str = "both"  # prefill | decode: a disaggregated pool (`--role`, docs/disaggregation.md)
+    prefiller_allow: tuple[str, ...] = ()  # a decode pool: CIDRs of prefill engines the endpoint picker may name
+    prefiller_timeout: float | None = None  # a decode pool: seconds a prefill leg may take (unset: the engine's)
     engine: Mapping[str, Any] = field(default_factory=dict)  # settings by camelCase key (spec_options())
     host: str = "0.0.0.0"
     port: int = ENGINE_PORT
@@ -64,10 +66,17 @@ def role_flags(role: str) -> list[str]:
     return [] if role == "both" else arg("role", role)
 
 
+def prefiller_flags(allow: tuple[str, ...], timeout: float | None) -> list[str]:
+    """A decode pool's prefill leg behind the endpoint picker (docs/gateway.md): --prefiller-allow per CIDR and
+    --prefiller-timeout, each left out when unset."""
+    return [a for cidr in allow for a in arg("prefiller_allow", cidr)] + arg("prefiller_timeout", timeout)
+
+
 def engine_command(pod: EnginePod) -> list[str]:
     """`ragserve engine ...` arguments (the container's args; its command is `ragserve`)."""
     args = ["engine", *arg("host", pod.host), *arg("port", pod.port), *arg("model", pod.model)]
     args += arg("served_model_name", pod.served_model_name) + task_flags(pod.task) + role_flags(pod.role)
+    args += prefiller_flags(pod.prefiller_allow, pod.prefiller_timeout)
     args += spec_flags(pod.engine)
     args += arg("engine_id", pod.engine_id) + arg("tls_cert_file", pod.tls_cert_file)
     args += arg("tls_key_file", pod.tls_key_file) + arg("tls_client_ca_file", pod.tls_client_ca_file)

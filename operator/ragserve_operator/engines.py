@@ -57,6 +57,8 @@ def engine_args(owner: Owner, spec: RAGServeSpec, pool: Pool) -> list[str]:
             served_model_name=pool.raw.get("servedModelName"),
             task=pool.raw.get("task", "generate"),
             role=pool.raw.get("role", "both"),
+            prefiller_allow=tuple(pool.raw.get("prefiller", {}).get("allow", ())),
+            prefiller_timeout=pool.raw.get("prefiller", {}).get("timeout"),
             engine=pool.engine_flags,
             port=ENGINE_PORT,
             router=f"{owner.host(owner.child('router-registry'))}:{spec.router['grpcPort']}",

@@ -102,6 +102,11 @@ POOL_RULES: list[tuple[str, Any]] = [
         lambda p: not _https(p)["enabled"] or p["runtime"] != "vllm",
     ),
     (
+        "prefiller is for role decode pools (the prefill leg a decode engine runs on the prefill engine the endpoint "
+        "picker names)",
+        lambda p: "prefiller" not in p or p["role"] == "decode",
+    ),
+    (
         "runtime vllm needs gpus >= 1 (the vllm/vllm-openai image is CUDA)",
         lambda p: p["runtime"] != "vllm" or p["gpus"] >= 1,
     ),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragserve.cli import build_parser
 from ragserve.command_line import ServingTLS, TLSFiles
 from ragserve.engine_command import EnginePod, engine_command
 
@@ -33,6 +34,14 @@ EXTRA = {
         "engines": [
             {"name": "prefill", "model": "m", "role": "prefill"},
             {"name": "decode", "model": "m", "role": "decode"},
+        ],
+    },
+    "decode-pool-behind-the-picker": {
+        "engines": [
+            {"name": "prefill", "model": "m", "role": "prefill"},
+            {"name": "d1", "model": "m", "role": "decode", "prefiller": {"allow": ["10.0.0.0/8", "fd00::/8"]}},
+            {"name": "d2", "model": "m", "role": "decode", "prefiller": {"allow": ["10.1.2.3"], "timeout": 7.5}},
+            {"name": "d3", "model": "m", "role": "decode", "prefiller": {"timeout": 30}},
         ],
     },
     "embedding-pool": {
@@ -126,6 +135,8 @@ def expected(values: dict, pool: dict) -> list[str]:
         served_model_name=pool["servedModelName"],
         task=pool["task"],
         role=pool["role"],
+        prefiller_allow=tuple(pool["prefiller"]["allow"]),
+        prefiller_timeout=pool["prefiller"]["timeout"],
         engine=pool["engine"],
         port=pool["port"],
         router=f"{host('router-registry', values)}:{router['grpcPort']}" if registers else None,
@@ -167,3 +178,20 @@ def test_chart_engine_args_are_engine_command(render, values):
 @pytest.mark.parametrize("name", list(EXTRA))
 def test_more_engine_settings(render, name):
     check_engine_args(render, EXTRA[name])
+
+
+def test_decode_pool_renders_its_prefiller_flags(render):
+    """engines[].prefiller: what `ragserve engine` parses as --prefiller-allow / --prefiller-timeout; a pool that
+    sets neither renders neither (the engine's defaults: no prefiller allowed, 120 s)."""
+    docs = {
+        d["metadata"]["name"]: d for d in render(EXTRA["decode-pool-behind-the-picker"]) if d["kind"] == "Deployment"
+    }
+    parsed = {}
+    for pool in ("prefill", "d1", "d2", "d3"):
+        (c,) = docs[f"{FULLNAME}-engine-{pool}"]["spec"]["template"]["spec"]["containers"]
+        args = [a.replace("$(POD_IP)", "10.0.0.7") for a in c["args"]]
+        parsed[pool] = build_parser().parse_args(args)
+    assert (parsed["d1"].prefiller_allow, parsed["d1"].prefiller_timeout) == (["10.0.0.0/8", "fd00::/8"], 120.0)
+    assert (parsed["d2"].prefiller_allow, parsed["d2"].prefiller_timeout) == (["10.1.2.3"], 7.5)
+    assert (parsed["d3"].prefiller_allow, parsed["d3"].prefiller_timeout) == ([], 30.0)
+    assert (parsed["prefill"].prefiller_allow, parsed["prefill"].prefiller_timeout) == ([], 120.0)

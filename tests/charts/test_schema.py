@@ -28,6 +28,17 @@ BAD_VALUES = [
     ({"engines": [{"name": "Big_Pool", "model": "m"}]}, "/engines/0/name", "does not match pattern"),
     ({"engines": [{"name": "a", "model": "m", "gpu": 1}]}, "/engines/0", "additional properties 'gpu'"),
     (
+        {"engines": [{"name": "d", "model": "m", "prefiller": {"timeout": 0}}]},
+        "/engines/0/prefiller/timeout",
+        "exclusive",
+    ),
+    (
+        {"engines": [{"name": "d", "model": "m", "prefiller": {"allow": "10.0.0.0/8"}}]},
+        "/engines/0/prefiller/allow",
+        "array",
+    ),
+    ({"engines": [{"name": "d", "model": "m", "prefiller": {"cidrs": []}}]}, "/engines/0/prefiller", "'cidrs'"),
+    (
         {"engines": [{"name": "a", "model": "m", "engine": {"blockSize": 24}}]},
         "/engines/0/engine/blockSize",
         "must be one of 8, 16, 32, 64, 128",
@@ -94,6 +105,8 @@ CONFLICTS = [
     ({"engines": [{"name": "a", "model": "m", "modelSource": {"type": "image"}}]}, "needs modelSource.image"),
     ({"engines": [{"name": "p", "model": "m", "role": "prefill", "useCachestore": False}]}, "role=prefill needs the"),
     ({"cachestore": {"enabled": False}, "engines": [{"name": "d", "model": "m", "role": "decode"}]}, "decode needs"),
+    ({"engines": [{"name": "b", "model": "m", "prefiller": {"allow": ["10.0.0.0/8"]}}]}, "engines[b].prefiller is for"),
+    ({"engines": [{"name": "p", "model": "m", "role": "prefill", "prefiller": {"timeout": 5}}]}, "role is prefill"),
     (
         {"engines": [{"name": "a", "model": "m", "autoscaling": {"mode": "hpa", "minReplicas": 5, "maxReplicas": 2}}]},
         "engines[a].autoscaling: minReplicas (5) > maxReplicas (2)",

@@ -2,8 +2,9 @@
 cachestore, a --role prefill and a --role decode engine registered with a router serving the endpoint picker, driven
 by the Envoy-like client, and a `both` engine alone for reference. A long prompt picked onto the decode engine
 carries x-prefiller-host-port naming the prefill engine; the decode engine runs the prefill leg there, fetches the
-prompt and computes its last token only, answering exactly as the reference does. A short prompt gets no header (and
-a client's own is removed); a prefiller outside --prefiller-allow is ignored, a dead one costs a recompute."""
+prompt and computes its last token only, answering exactly as the reference does, streamed or not, n=1 or 2. A short
+prompt gets no header (and a client's own is removed); a prefiller outside --prefiller-allow is ignored; a dead or a
+frozen one costs a recompute (the latter after --prefiller-timeout), never an error."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ CHAT = "/v1/chat/completions"
 LEGS = "ragserve:disagg_prefill_legs_total"  # the decode engine's
 ROUTER_LEGS = "ragserve_router_disagg_prefill_legs_total"
 STORED = "ragserve:kv_transfer_requests_total"  # the prefill engine's prompts stored for a decode engine
+LEG_TIMEOUT_S = 5  # the decode engine's --prefiller-timeout: what the frozen-prefiller test waits out
 
 
 def metric(url: str, name: str, **labels: str) -> float:
@@ -47,7 +49,7 @@ def pd(gateway_cluster, tmp_path_factory):
                         tls=False, name="epp-pd-router")  # fmt: skip
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
     (prefill,) = gateway_cluster.real_engines(picker.router, 1, *flags, "--role", "prefill", ids=["epp-prefill"])
-    allow = ["--prefiller-allow", "127.0.0.0/8", "--prefiller-timeout", "30"]
+    allow = ["--prefiller-allow", "127.0.0.0/8", "--prefiller-timeout", str(LEG_TIMEOUT_S)]
     (decode,) = gateway_cluster.real_engines(picker.router, 1, *flags, "--role", "decode", *allow, ids=["epp-decode"])
     (reference,) = gateway_cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["epp-both"])
     for engine in (prefill, decode):
@@ -68,6 +70,22 @@ def answer(url: str, body: dict, headers: dict | None = None) -> dict:
 
 def text(data: dict) -> str:
     return data["choices"][0]["message"]["content"]
+
+
+def served_by_decode(picker, prefill, decode, body: dict) -> bytes:
+    """`body` through the picker: onto the decode engine, the prefill engine named; what the client got."""
+    pick = picker.envoy.pick(CHAT, body)
+    assert pick.endpoints[0] == endpoint(decode)
+    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    served = picker.envoy.serve(pick)
+    assert served.status == 200 and served.endpoint == endpoint(decode)
+    return served.body
+
+
+def sse_chunks(raw: bytes) -> list[dict]:
+    events = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    return [httpx.Response(200, content=e).json() for e in events[:-1]]
 
 
 def test_long_prompt_is_prefilled_by_the_named_prefill_engine(pd):
@@ -131,3 +149,55 @@ def test_dead_prefiller_costs_a_recompute_not_an_error(pd):
     assert text(data) == text(answer(reference.url, body))
     assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert metric(decode.url, LEGS, outcome="failed") == failed + 1
+
+
+def test_streamed_request_takes_the_prefill_leg(pd):
+    picker, prefill, decode, reference = pd
+    body = rag(6, "Which item weighs 65 grams?")
+    legs = metric(decode.url, LEGS, outcome="ok")
+    streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse_chunks(served_by_decode(picker, prefill, decode, streamed))
+    expected = answer(reference.url, body)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == text(expected)
+    usage = chunks[-1]["usage"]
+    assert usage["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert usage["completion_tokens"] == expected["usage"]["completion_tokens"]
+    assert metric(decode.url, LEGS, outcome="ok") == legs + 1
+
+
+def test_n2_request_takes_one_prefill_leg(pd):
+    picker, prefill, decode, reference = pd
+    body = rag(7, "Which item weighs 78 grams?") | {"n": 2}
+    legs, stored = metric(decode.url, LEGS, outcome="ok"), metric(prefill.url, STORED, direction="stored")
+    data = httpx.Response(200, content=served_by_decode(picker, prefill, decode, body)).json()
+    expected = answer(reference.url, body)
+    assert [c["message"]["content"] for c in data["choices"]] == [text(expected)] * 2  # greedy: both alike
+    usage = data["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        expected["usage"]["prompt_tokens"], expected["usage"]["completion_tokens"]
+    )  # fmt: skip
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert metric(decode.url, LEGS, outcome="ok") == legs + 1  # one leg for both choices
+    assert metric(prefill.url, STORED, direction="stored") == stored + 1
+
+
+def test_frozen_prefiller_costs_a_recompute_after_the_timeout(pd, gateway_cluster):
+    """The prefill engine stops answering once the picker named it: the leg times out (--prefiller-timeout) and the
+    decode engine computes the prompt itself. Last in the module: the router drops the frozen engine meanwhile."""
+    picker, prefill, decode, reference = pd
+    body = rag(8, "Which item weighs 91 grams?")
+    failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
+    expected = answer(reference.url, body)
+    pick = picker.envoy.pick(CHAT, body)
+    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    with process.frozen([prefill]):
+        served = picker.envoy.serve(pick)
+        assert served.status == 200 and served.endpoint == endpoint(decode)
+        assert metric(decode.url, LEGS, outcome="failed") == failed + 1
+    data = httpx.Response(200, content=served.body).json()
+    assert text(data) == text(expected)
+    assert data["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
+    assert metric(decode.url, LEGS, outcome="ok") == ok
+    gateway_cluster.wait_registered(prefill)  # thawed, it registers again

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ragserve.metric_names import LATENCY_BUCKETS
 from ragserve.stack import monitoring
+from ragserve_engine.server.prefiller import OUTCOMES as LEG_OUTCOMES
 from tests.helpers.process import until
 from tests.helpers.prom import histogram_quantile, within_one_bucket
 from tests.helpers.stack import Up, tiny
@@ -223,6 +224,10 @@ def test_every_dashboard_query_returns_plausible_data(loaded, stack):
             assert within_one_bucket(value, 0, hi, LATENCY_BUCKETS), (title, legend, value, hi)
     codes = {c: v for c, v in zip(*_labelled(prom, panel_expr(board, "Router answers by status")), strict=True)}
     assert {"200", "400", "404"} <= set(codes)
+    # the engines' own prefill legs (behind the endpoint picker): every outcome from the start, none here (both engines)
+    legs = prom.query(panel_expr(board, "Prefill legs run by decode engines"))
+    assert {r["metric"].get("outcome") for r in legs} == set(LEG_OUTCOMES), legs
+    assert all(float(r["value"][1]) == 0 for r in legs), legs
 
 
 def histogram_buckets(urls: list[str], name: str) -> dict[float, float]:

@@ -54,6 +54,10 @@ def ragserve(spec: dict, name: str = "demo") -> dict:
 POOL = {"name": "a", "model": "m"}
 NAME = "metadata.name must be a DNS-1035 label of at most 31 characters (it prefixes the names of the children)"
 SHARED = "router.replicas > 1 needs shared state: set redis.mode to inCluster or external"
+PREFILLER = (
+    "prefiller is for role decode pools (the prefill leg a decode engine runs on the prefill engine the endpoint "
+    "picker names)"
+)
 TIER = "cachestore.redisTier needs a Redis: set redis.mode to inCluster or external"
 CASES: list[tuple[str, dict, str, set[str]]] = [
     ("minimal", {"engines": [POOL]}, "demo", set()),
@@ -96,6 +100,14 @@ CASES: list[tuple[str, dict, str, set[str]]] = [
         {"minReplicas must be <= maxReplicas"},
     ),
     ("pool min = max", {"engines": [{**POOL, "minReplicas": 2, "maxReplicas": 2}]}, "demo", set()),
+    (
+        "decode pool, prefiller",
+        {"engines": [{**POOL, "role": "decode", "prefiller": {"allow": ["10.0.0.0/8"], "timeout": 5}}]},
+        "demo",
+        set(),
+    ),
+    ("both pool, prefiller", {"engines": [{**POOL, "prefiller": {"allow": ["10.0.0.0/8"]}}]}, "demo", {PREFILLER}),
+    ("prefill pool, prefiller", {"engines": [{**POOL, "role": "prefill", "prefiller": {}}]}, "demo", {PREFILLER}),
 ]
 VLLM = {"name": "v", "model": "/models/llama", "runtime": "vllm", "gpus": 1}
 TOKENIZER = {"tokenizer": {"path": "/tokenizer"}}

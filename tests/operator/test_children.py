@@ -57,6 +57,13 @@ SPECS = {
     "prefill-decode": {
         "engines": [{"name": "p", "model": "m", "role": "prefill"}, {"name": "d", "model": "m", "role": "decode"}]
     },
+    "decode-behind-the-picker": {
+        "engines": [
+            {"name": "p", "model": "m", "role": "prefill"},
+            {"name": "d", "model": "m", "role": "decode", "prefiller": {"allow": ["10.0.0.0/8", "fd00::/8"]}},
+            {"name": "e", "model": "m", "role": "decode", "prefiller": {"allow": ["10.1.2.3"], "timeout": 7.5}},
+        ]
+    },
     "secure": {
         "engines": [{"name": "a", "model": "m"}],
         "router": {"registryAuth": {"tokenSecret": {"name": "registry"}}},
@@ -266,6 +273,17 @@ def test_engine_roles():
         ).role
         == "both"
     )
+
+
+def test_decode_pools_prefiller_flags():
+    """spec.engines[].prefiller: what the decode engine parses as --prefiller-allow / --prefiller-timeout; the prefill
+    pool gets neither (the engine's defaults)."""
+    objs = children("decode-behind-the-picker")
+    args = {p: parse(by_name(objs, "Deployment", f"demo-engine-{p}")["spec"]["template"]["spec"]["containers"][0])
+            for p in "pde"}  # fmt: skip
+    assert (args["d"].prefiller_allow, args["d"].prefiller_timeout) == (["10.0.0.0/8", "fd00::/8"], 120.0)
+    assert (args["e"].prefiller_allow, args["e"].prefiller_timeout) == (["10.1.2.3"], 7.5)
+    assert (args["p"].prefiller_allow, args["p"].prefiller_timeout) == ([], 120.0)
 
 
 def test_engine_pods():

@@ -276,10 +276,20 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 [
                     ("prefill leg", mean(ROUTER + "disagg_prefill_seconds")),
                     ("decode-leg TTFT", mean(ROUTER + "disagg_decode_ttft_seconds")),
+                    ("prefill leg (decode engine)", mean(m.DISAGG_PREFILL_SECONDS, ENGINE)),
                 ],
                 "s",
                 "The router's split of a disaggregated request's TTFT: the prefill leg (until the KV is in the"
-                " cachestore) and the rest (decode engine's fetch, last-token step, first byte). 0: no leg.",
+                " cachestore) and the rest (decode engine's fetch, last-token step, first byte); and the legs decode"
+                " engines ran themselves behind the endpoint picker (those that worked). 0: no leg.",
+            ),
+            Panel(
+                "Prefill legs run by decode engines",
+                [("{{outcome}}", rate(total(m.DISAGG_PREFILL_LEGS), ENGINE, m.DISAGG_OUTCOME_LABEL))],
+                "ops",
+                "Behind the endpoint picker (x-prefiller-host-port, docs/gateway.md), by outcome: ok (the KV is in the"
+                " cachestore), refused (4xx), failed (refused connection, 5xx, --prefiller-timeout: the decode"
+                " engine computed the prompt), ignored (not in --prefiller-allow).",
             ),
         ],
     ),

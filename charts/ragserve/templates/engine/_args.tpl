@@ -16,6 +16,10 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- if and $p.role (ne $p.role "both") }}
 {{- include "ragserve.arg" (list "--role" $p.role) }}
 {{- end }}
+{{- range $p.prefiller.allow }}
+{{- include "ragserve.arg" (list "--prefiller-allow" .) }}
+{{- end }}
+{{- include "ragserve.arg" (list "--prefiller-timeout" $p.prefiller.timeout) }}
 {{- include "ragserve.arg" (list "--dtype" $e.dtype) }}
 {{- include "ragserve.arg" (list "--device" $e.device) }}
 {{- include "ragserve.arg" (list "--block-size" $e.blockSize) }}
@@ -88,6 +92,9 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- end -}}
 {{- $a := .autoscaling -}}
 {{- $role := default "both" .role -}}
+{{- if and (ne $role "decode") (or .prefiller.allow (not (kindIs "invalid" .prefiller.timeout))) -}}
+{{- fail (printf "engines[%s].prefiller is for role: decode pools (the prefill leg a decode engine runs on the prefill engine the endpoint picker names); this pool's role is %s" .name $role) -}}
+{{- end -}}
 {{- $kv := and (ne $role "prefill") $a.targetKVCacheUsage -}}
 {{- $queued := and (ne $role "decode") $a.targetQueuedPrefillTokens -}}
 {{- if and (ne $a.mode "none") (not (or $a.targetWaitingRequests $kv $queued $a.targetGPUUtilization)) -}}
