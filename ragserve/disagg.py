@@ -13,8 +13,9 @@ GENERATION_ONLY = (
     "stream", "stream_options", "n", "best_of", "use_beam_search", "logprobs", "top_logprobs", "prompt_logprobs",
     "echo", "min_tokens", "max_completion_tokens", "return_token_ids", "resume_token_ids",
 )  # fmt: skip
-# how a leg ended: its KV is in the store; the prefill engine refused the request (4xx: its own fault, the decode
-# engine answers it with the same error); it failed (died, timed out, 5xx: the decode engine computes the prompt)
+# how a leg ended: its KV is in the store; the prefill engine refused the request (4xx: the request's own fault; it
+# goes to the decode engine unchanged, which answers it, with its own error if it finds the same fault); it failed
+# (died, timed out, 5xx). Every outcome but ok leaves the prompt to the decode engine to compute.
 OK, REFUSED, FAILED = "ok", "refused", "failed"
 LEG_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)  # a leg's seconds, router's and engine's alike
 
