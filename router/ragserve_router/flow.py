@@ -84,7 +84,7 @@ class FlowControl:
         if not self.enabled:
             return
         self._lift(tenant)
-        self._note(model, tenant, arriving=1)
+        self._note(model, tenant, arriving=int(cls != SHEDDABLE))  # a sheddable one reserves nothing it may not get
         self.dispatch(model)  # then no waiter fits: this request goes ahead only if it does
         if self._fits(model, cls, tenant, self._allocations(model)):
             self._admit(model, tenant)

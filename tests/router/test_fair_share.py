@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from ragserve.http.errors import ApiError
 from ragserve_router.fair_share import TenantDemand, fair_allocation
 from ragserve_router.flow import FlowControl
 from ragserve_router.metrics import RouterMetrics
-from ragserve_router.priority import STANDARD
+from ragserve_router.priority import SHEDDABLE, STANDARD
 
 
 def test_max_min_fair_allocation():
@@ -55,3 +58,19 @@ async def _recent_demand() -> None:
     for task in heavy:
         task.cancel()
     await asyncio.gather(*heavy, return_exceptions=True)
+
+
+def test_a_shed_request_adds_no_demand():
+    asyncio.run(_shed_demand())
+
+
+async def _shed_demand() -> None:
+    flow = FlowControl(per_engine=2, queue_size=8, queue_timeout=60, metrics=RouterMetrics(), engines=lambda _: 1,
+                       fair_share=True, demand=TenantDemand(half_life=60))  # fmt: skip
+    for _ in range(2):
+        await flow.acquire("tiny", STANDARD, "heavy")
+    for _ in range(5):  # every place is held: each sheddable request is refused at once
+        with pytest.raises(ApiError) as refused:
+            await flow.acquire("tiny", SHEDDABLE, "bursty")
+        assert refused.value.status == 429
+    assert flow.demand.demands("tiny", flow.held + flow.queued) == {"heavy": 2}  # no share kept for "bursty"
