@@ -119,15 +119,24 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, out: Stream | 
 
 
 def split_gaps(users: list[Stream], rags: list[Stream]) -> dict[str, list[float]]:
-    """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
-    token, which covers a decode engine's fetch, landing and last-token step, to its last token: the RAG request is
-    on the engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
-    spans = [(r.times[1] - ANSWER_LEAD_S, r.times[-1]) for r in rags if len(r.times) > 1]
-    parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
+    """The users' gaps by what the RAG requests were doing meanwhile: `rag_answering`, those overlapping a RAG
+    request's answer (from ANSWER_LEAD_S before its first token, which covers a decode engine's fetch, landing and
+    last-token step, to its last token: the RAG request is on the engine that decodes), in two parts, `rag_decoding`
+    (overlapping a RAG request's tokens, first to last) and `rag_fetching` (the rest: the lead before its first
+    token), and `rag_prefill_only`, the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    rags = [r.times for r in rags if len(r.times) > 1]
+    answering = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags]
+    decoding = [(t[1], t[-1]) for t in rags]
+    names = ("rag_answering", "rag_decoding", "rag_fetching", "rag_prefill_only")
+    parts: dict[str, list[float]] = {name: [] for name in names}
     for user in users:
         for a, b in zip(user.times[1:], user.times[2:], strict=False):
-            busy = any(a < end and b > start for start, end in spans)
-            parts["rag_answering" if busy else "rag_prefill_only"].append(b - a)
+            if not any(a < end and b > start for start, end in answering):
+                parts["rag_prefill_only"].append(b - a)
+                continue
+            parts["rag_answering"].append(b - a)
+            decodes = any(a < end and b > start for start, end in decoding)
+            parts["rag_decoding" if decodes else "rag_fetching"].append(b - a)
     return parts
 
 
@@ -236,6 +245,10 @@ ROWS = {
     "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
     "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
     "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
+    "itl_rag_fetching_p50_ms": "... of those, before the answer's first token (fetch, landing, last token): p50 (ms)",
+    "itl_rag_fetching_p99_ms": "... the same, p99 (ms)",
+    "itl_rag_decoding_p50_ms": "... of those, while the answer's tokens came (first to last): p50 (ms)",
+    "itl_rag_decoding_p99_ms": "... the same, p99 (ms)",
     "rag_ttft_p50_s": "RAG TTFT p50 (s)",
     "rag_ttft_p95_s": "RAG TTFT p95 (s)",
     "rag_requests": "RAG requests served in the loaded phase",
@@ -275,6 +288,8 @@ def write_md(out: Path, report: dict) -> None:
         lines += ["Run as " + " then ".join(f"`{c}`" for c in report["commands"]) + " (repeats appended).", ""]
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
     for key, label in ROWS.items():
+        if key not in med["1P1D"]:  # a row added after the file's first repeats
+            continue
         a, b = med["1P1D"][key], med["baseline"][key]
         lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
     lines += ["", "Per repeat, the users' ITL p99 loaded / unloaded (ms) and the ratio, in run order:", ""]
