@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -284,6 +285,8 @@ def write_md(out: Path, report: dict) -> None:
     lines = [f"# Disaggregated prefill/decode: 1P1D vs two `both` engines ({report['model']})", ""]
     lines += [f"`{report['commands'][0]}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
     lines += [f"Medians over {report['repeats_done']} repeats (each repeat's values in the JSON).", ""]
+    if commits := report.get("commits"):
+        lines += [f"At commit {', '.join(dict.fromkeys(commits))} (every run's in the JSON).", ""]
     if len(report["commands"]) > 1:
         lines += ["Run as " + " then ".join(f"`{c}`" for c in report["commands"]) + " (repeats appended).", ""]
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
@@ -365,6 +368,15 @@ def main() -> None:
     print(json.dumps(save(args, model, runs, prior)["median"], indent=2))
 
 
+def git_commit() -> str:
+    """The checkout's commit, "-dirty" if it has uncommitted changes (not counting bench/results)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", ".", ":!bench/results"]).returncode != 0
+    return head + ("-dirty" if dirty else "")
+
+
+COMMIT = git_commit()
 WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core")
 POOLED_Q = ("p50", "p95", "p99", "p99.9")
 
@@ -397,6 +409,7 @@ def save(args, model: str, runs: dict[str, list[dict]], prior: dict | None) -> d
     command = "python bench/disagg.py " + " ".join(sys.argv[1:])
     report = {
         "commands": [*(prior["commands"] if prior else []), command],
+        "commits": [*(prior.get("commits", []) if prior else []), COMMIT],
         "model": model,
         "workload": {k: getattr(args, k) for k in WORKLOAD},
         "repeats_done": min(len(rs) for rs in runs.values()),
