@@ -369,10 +369,11 @@ def main() -> None:
 
 
 def git_commit() -> str:
-    """The checkout's commit, "-dirty" if it has uncommitted changes (not counting bench/results)."""
+    """The checkout's commit, "-dirty" if its code has uncommitted changes (docs and bench/results not counted)."""
     git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", ".", ":!bench/results"]).returncode != 0
+    code = [".", ":!bench/results", ":!docs", ":!*.md"]
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", *code]).returncode != 0
     return head + ("-dirty" if dirty else "")
 
 
