@@ -101,6 +101,7 @@ class Stream:
     times: list[float] = field(default_factory=list)
     tokens: int = 0
     multi: int = 0  # chunks that carried more than one token (outputs that queued up on their way)
+    textless: int = 0  # chunks that carried tokens but no text (counted by text, their step went to the next gap)
 
 
 async def stream(client: httpx.AsyncClient, url: str, body: dict, out: Stream | None = None) -> Stream:
@@ -112,10 +113,11 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, out: Stream | 
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
             if line.startswith("data: {") and '"token_ids"' in line:
-                n = sum(len(c.get("token_ids") or ()) for c in json.loads(line[6:])["choices"])
-                if n:
+                choices = json.loads(line[6:])["choices"]
+                if n := sum(len(c.get("token_ids") or ()) for c in choices):
                     out.times.append(time.perf_counter())
                     out.tokens, out.multi = out.tokens + n, out.multi + (n > 1)
+                    out.textless += not any(c.get("delta", {}).get("content") for c in choices)
     return out
 
 
