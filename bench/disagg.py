@@ -177,6 +177,7 @@ async def phase(url: str, args, docs, rag: bool) -> tuple[dict, list[float]]:
     gaps = [1000 * g for g in itls(users)]
     out_tokens = sum(s.tokens for s in users + rag_streams)
     result = itl_figures(gaps) | {"multi_token_chunks": sum(s.multi for s in users)}
+    result["textless_chunks"] = sum(s.textless for s in users)
     if rag:  # the users' gaps split by what the RAG requests were doing meanwhile (see split_gaps)
         for name, part in split_gaps(users, rag_streams).items():
             result |= {f"itl_{name}_p{q}_ms": 1000 * pct(part, q / 100) if part else 0.0 for q in (50, 99)}
@@ -210,7 +211,7 @@ def run_once(name: str, url: str, engines: list[str], args, docs) -> dict:
     n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
     moved = {k: t1.get(k, 0.0) - t0.get(k, 0.0) for k in t1}
     legs, decode_legs, fetches = diff(LEG + "_count"), diff(DECODE_TTFT + "_count"), moved["requests:fetched"]
-    result = {"unloaded_" + k: v for k, v in unloaded.items() if "itl" in k or k == "multi_token_chunks"} | loaded
+    result = {"unloaded_" + k: v for k, v in unloaded.items() if "itl" in k or k.endswith("_chunks")} | loaded
     result |= {
         "itl_p99_loaded_over_unloaded": loaded["itl_p99_ms"] / unloaded["itl_p99_ms"],
         "prefill_legs": legs,
@@ -245,6 +246,7 @@ ROWS = {
     "itl_gaps": "the users' gaps per loaded phase (count)",
     "itl_p99_loaded_over_unloaded": "ITL p99 loaded / unloaded, each repeat's own (median of the ratios)",
     "multi_token_chunks": "users' chunks that carried more than one token (loaded phase)",
+    "textless_chunks": "users' chunks that carried tokens but no text (loaded phase; counted by text: merged gaps)",
     "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
     "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
     "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
