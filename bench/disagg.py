@@ -147,8 +147,8 @@ def itls(streams: list[Stream]) -> list[float]:
     return [b - a for s in streams for a, b in zip(s.times[1:], s.times[2:], strict=False)]
 
 
-def itl_figures(gaps_ms: list[float], prefix: str = "") -> dict[str, float]:
-    return {f"{prefix}itl_p{q}_ms": pct(gaps_ms, q / 100) for q in (50, 95, 99)} | {f"{prefix}itl_gaps": len(gaps_ms)}
+def itl_figures(gaps_ms: list[float]) -> dict[str, float]:
+    return {f"itl_p{q}_ms": pct(gaps_ms, q / 100) for q in (50, 95, 99)} | {"itl_gaps": len(gaps_ms)}
 
 
 async def phase(url: str, args, docs, rag: bool) -> tuple[dict, list[float]]:
