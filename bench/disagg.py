@@ -9,18 +9,22 @@ pinned (they share the same two cores with the engines, see the result file's ca
 them to core N: with 0, the prefill engine's core, the decode engine's core is its own (a deployment choice).
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
-    unloaded  --decoders users stream --unloaded-tokens tokens each (ignore_eos), nothing else: the ITL reference
-    loaded    --rag-clients closed-loop clients keep sending RAG prompts (a demo-corpus document, 1.3-2.8k tokens,
-              made unique per request so nothing is cached; --rag-tokens answer tokens) while the same users stream
-              (ignore_eos) for --window seconds, from the phase's start; then their streams are cut and the RAG
-              requests in flight finish (no work is left on an engine when the next phase starts)
-Measured: the users' inter-token latency p50/p95/p99 (from the stream's chunk arrivals; a gap still open when the
-window ends is not counted), the RAG requests' TTFT p50/p95, output tokens per second over the loaded phase, for
-1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per RAG request, bytes and seconds
-(the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
+    unloaded  --decoders users stream (ignore_eos, --decode-tokens max) for --window seconds, nothing else: the ITL
+              reference, over the same context lengths as the loaded phase
+    loaded    the same users for the same window, while --rag-clients closed-loop clients keep sending RAG prompts (a
+              demo-corpus document, 1.3-2.8k tokens, made unique per request so nothing is cached; --rag-tokens answer
+              tokens); then the users' streams are cut and the RAG requests in flight finish (no work is left on an
+              engine when the next phase starts)
+Measured: the users' inter-token latency p50/p95/p99: the gaps between stream chunks that carry tokens
+(`return_token_ids`; a token without text of its own still counts; a gap still open when the window ends does not),
+per repeat and pooled over the repeats (every gap is in the JSON), the RAG requests' TTFT p50/p95, output tokens per
+second over the loaded phase, for 1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per
+RAG request, bytes and seconds (the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
 
-    .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--out bench/results]
+    .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--aux-core 0] [--append] [--out bench/results]
 
+Result: disagg.{md,json} with --aux-core, disagg-unpinned.{md,json} without. --append adds the run's repeats to the
+file's (same workload; the ABBA order continues), so a long series can run as several shorter ones.
 --quick: the tiny test model and a short workload (a smoke run). Default: SmolLM2-135M.
 """
 
@@ -31,10 +35,12 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -75,52 +81,82 @@ def start_engine(procs: Procs, name: str, core: int, role: str, router: str, sto
 def decode_body(tokens: int) -> dict:
     text = f"[{uuid.uuid4().hex[:8]}] Write a long story about a lighthouse keeper."
     messages = [{"role": "user", "content": text}]
-    return {"model": "bench", "messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    body = {"model": "bench", "messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    return body | {"return_token_ids": True}
 
 
 def rag_body(doc, tokens: int) -> dict:
     system = f"Request {uuid.uuid4().hex}. Answer from the context.\n\n{doc.title}\n\n{doc.text}"
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "Summarise the context."}]
-    return {"model": "bench", "messages": messages, "max_tokens": tokens, "stream": True}
+    return {"model": "bench", "messages": messages, "max_tokens": tokens, "stream": True, "return_token_ids": True}
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict, times: list[float] | None = None) -> list[float]:
-    """Arrival time of every content chunk (the request's send time first), into `times` as they come."""
-    times = [] if times is None else times
-    times.append(time.perf_counter())
+@dataclass
+class Stream:
+    """One streamed request: the send time, then the arrival time of every chunk that carries tokens (an engine
+    step's output), counted by token ids, not by text: a token without text of its own (a special token decoded by
+    an ignore_eos user, a byte of a multi-byte character) is still a step's token; counted by text, it doubled the
+    next gap and made the p99 of a few hundred gaps swing with what the model happened to write."""
+
+    times: list[float] = field(default_factory=list)
+    tokens: int = 0
+    multi: int = 0  # chunks that carried more than one token (outputs that queued up on their way)
+    textless: int = 0  # chunks that carried tokens but no text (counted by text, their step went to the next gap)
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict, out: Stream | None = None) -> Stream:
+    """Fill `out` as the chunks come (a cancelled stream keeps what it had)."""
+    out = Stream() if out is None else out
+    out.times.append(time.perf_counter())
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
-            if line.startswith("data: {") and '"content"' in line:
-                chunk = json.loads(line[6:])
-                if any(c.get("delta", {}).get("content") for c in chunk["choices"]):
-                    times.append(time.perf_counter())
-    return times
+            if line.startswith("data: {") and '"token_ids"' in line:
+                choices = json.loads(line[6:])["choices"]
+                if n := sum(len(c.get("token_ids") or ()) for c in choices):
+                    out.times.append(time.perf_counter())
+                    out.tokens, out.multi = out.tokens + n, out.multi + (n > 1)
+                    out.textless += not any(c.get("delta", {}).get("content") for c in choices)
+    return out
 
 
-def split_gaps(users: list[list[float]], rags: list[list[float]]) -> dict[str, list[float]]:
-    """The users' gaps in two parts: those overlapping a RAG request's answer (from ANSWER_LEAD_S before its first
-    token, which covers a decode engine's fetch, landing and last-token step, to its last token: the RAG request is
-    on the engine that decodes) and the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
-    spans = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags if len(t) > 1]
-    parts: dict[str, list[float]] = {"rag_answering": [], "rag_prefill_only": []}
-    for times in users:
-        for a, b in zip(times[1:], times[2:], strict=False):
-            busy = any(a < end and b > start for start, end in spans)
-            parts["rag_answering" if busy else "rag_prefill_only"].append(b - a)
+def split_gaps(users: list[Stream], rags: list[Stream]) -> dict[str, list[float]]:
+    """The users' gaps by what the RAG requests were doing meanwhile: `rag_answering`, those overlapping a RAG
+    request's answer (from ANSWER_LEAD_S before its first token, which covers a decode engine's fetch, landing and
+    last-token step, to its last token: the RAG request is on the engine that decodes), in two parts, `rag_decoding`
+    (overlapping a RAG request's tokens, first to last) and `rag_fetching` (the rest: the lead before its first
+    token), and `rag_prefill_only`, the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
+    rags = [r.times for r in rags if len(r.times) > 1]
+    answering = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags]
+    decoding = [(t[1], t[-1]) for t in rags]
+    names = ("rag_answering", "rag_decoding", "rag_fetching", "rag_prefill_only")
+    parts: dict[str, list[float]] = {name: [] for name in names}
+    for user in users:
+        for a, b in zip(user.times[1:], user.times[2:], strict=False):
+            if not any(a < end and b > start for start, end in answering):
+                parts["rag_prefill_only"].append(b - a)
+                continue
+            parts["rag_answering"].append(b - a)
+            decodes = any(a < end and b > start for start, end in decoding)
+            parts["rag_decoding" if decodes else "rag_fetching"].append(b - a)
     return parts
 
 
-def itls(streams: list[list[float]]) -> list[float]:
-    return [b - a for times in streams for a, b in zip(times[1:], times[2:], strict=False)]
+def itls(streams: list[Stream]) -> list[float]:
+    return [b - a for s in streams for a, b in zip(s.times[1:], s.times[2:], strict=False)]
 
 
-async def phase(url: str, args, docs, rag: bool) -> dict:
-    tokens = args.decode_tokens if rag else args.unloaded_tokens
+def itl_figures(gaps_ms: list[float]) -> dict[str, float]:
+    return {f"itl_p{q}_ms": pct(gaps_ms, q / 100) for q in (50, 95, 99)} | {"itl_gaps": len(gaps_ms)}
+
+
+async def phase(url: str, args, docs, rag: bool) -> tuple[dict, list[float]]:
+    """The users stream for the window (then their streams are cut), with RAG prompts arriving or without: both
+    phases decode the same context lengths. Returns the figures and the users' gaps (ms)."""
     async with httpx.AsyncClient(timeout=600) as client:
         start, done = time.perf_counter(), asyncio.Event()
-        rag_streams: list[list[float]] = []
+        rag_streams: list[Stream] = []
 
         async def rag_loop(i: int) -> None:
             n = i
@@ -129,31 +165,29 @@ async def phase(url: str, args, docs, rag: bool) -> dict:
                 n += args.rag_clients
 
         loops = [asyncio.create_task(rag_loop(i)) for i in range(args.rag_clients if rag else 0)]
-        users: list[list[float]] = [[] for _ in range(args.decoders)]
-        tasks = [asyncio.create_task(stream(client, url, decode_body(tokens), times)) for times in users]
-        if rag:  # the users stream for the window (their streams then cut), the RAG prompts arriving meanwhile
-            await asyncio.wait(tasks, timeout=args.window)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        else:
-            await asyncio.gather(*tasks)
+        users = [Stream() for _ in range(args.decoders)]
+        tasks = [asyncio.create_task(stream(client, url, decode_body(args.decode_tokens), u)) for u in users]
+        await asyncio.wait(tasks, timeout=args.window)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         done.set()
         await asyncio.gather(*loops)  # the RAG requests in flight finish (none left on an engine for the next phase)
         wall = time.perf_counter() - start
-    gaps = itls(users)
-    out_tokens = sum(len(t) - 1 for t in users + rag_streams)
-    result = {f"itl_p{q}_ms": 1000 * pct(gaps, q / 100) for q in (50, 95, 99)}
+    gaps = [1000 * g for g in itls(users)]
+    out_tokens = sum(s.tokens for s in users + rag_streams)
+    result = itl_figures(gaps) | {"multi_token_chunks": sum(s.multi for s in users)}
+    result["textless_chunks"] = sum(s.textless for s in users)
     if rag:  # the users' gaps split by what the RAG requests were doing meanwhile (see split_gaps)
         for name, part in split_gaps(users, rag_streams).items():
             result |= {f"itl_{name}_p{q}_ms": 1000 * pct(part, q / 100) if part else 0.0 for q in (50, 99)}
             result[f"itl_{name}_gaps"] = len(part)
     result |= {"wall_s": wall, "output_tokens_per_s": out_tokens / wall}
     if rag:
-        ttft = [t[1] - t[0] for t in rag_streams]
+        ttft = [s.times[1] - s.times[0] for s in rag_streams if len(s.times) > 1]
         result |= {"rag_requests": len(rag_streams), "rag_ttft_p50_s": pct(ttft, 0.5)}
         result["rag_ttft_p95_s"] = pct(ttft, 0.95)
-    return result
+    return result, gaps
 
 
 def transfers(engines: list[str]) -> dict[str, float]:
@@ -170,15 +204,16 @@ def transfers(engines: list[str]) -> dict[str, float]:
 
 
 def run_once(name: str, url: str, engines: list[str], args, docs) -> dict:
-    unloaded = asyncio.run(phase(url, args, docs, rag=False))
+    unloaded, unloaded_gaps = asyncio.run(phase(url, args, docs, rag=False))
     r0, t0 = scrape(url + "/metrics"), transfers(engines)
-    loaded = asyncio.run(phase(url, args, docs, rag=True))
+    loaded, loaded_gaps = asyncio.run(phase(url, args, docs, rag=True))
     r1, t1 = scrape(url + "/metrics"), transfers(engines)
     n, diff = max(1, loaded["rag_requests"]), lambda k: r1.get(k, 0.0) - r0.get(k, 0.0)  # noqa: E731
     moved = {k: t1.get(k, 0.0) - t0.get(k, 0.0) for k in t1}
     legs, decode_legs, fetches = diff(LEG + "_count"), diff(DECODE_TTFT + "_count"), moved["requests:fetched"]
-    result = {"unloaded_" + k: v for k, v in unloaded.items() if k.startswith("itl")} | loaded
+    result = {"unloaded_" + k: v for k, v in unloaded.items() if "itl" in k or k.endswith("_chunks")} | loaded
     result |= {
+        "itl_p99_loaded_over_unloaded": loaded["itl_p99_ms"] / unloaded["itl_p99_ms"],
         "prefill_legs": legs,
         "prefill_leg_mean_s": diff(LEG + "_sum") / legs if legs else 0.0,
         "decode_leg_ttft_mean_s": diff(DECODE_TTFT + "_sum") / decode_legs if decode_legs else 0.0,
@@ -188,7 +223,8 @@ def run_once(name: str, url: str, engines: list[str], args, docs) -> dict:
         "fetch_s_per_fetch": moved["seconds:fetched"] / fetches if fetches else 0.0,
     }
     print(name, json.dumps({k: round(v, 3) for k, v in result.items()}), flush=True)
-    return result
+    gaps = {"unloaded": [round(g, 2) for g in unloaded_gaps], "loaded": [round(g, 2) for g in loaded_gaps]}
+    return result | {"gaps_ms": gaps}  # every gap: the pooled percentiles over the repeats (save)
 
 
 def warm(urls: list[str], router: str, docs) -> None:
@@ -200,15 +236,24 @@ def warm(urls: list[str], router: str, docs) -> None:
 
 
 ROWS = {
+    "unloaded_itl_gaps": "the users' gaps per unloaded phase (count: its p99 is the top 1 %)",
     "unloaded_itl_p50_ms": "unloaded decode ITL p50 (ms)",
     "unloaded_itl_p95_ms": "unloaded decode ITL p95 (ms)",
     "unloaded_itl_p99_ms": "unloaded decode ITL p99 (ms)",
     "itl_p50_ms": "decode ITL under RAG load p50 (ms)",
     "itl_p95_ms": "decode ITL under RAG load p95 (ms)",
     "itl_p99_ms": "decode ITL under RAG load p99 (ms)",
+    "itl_gaps": "the users' gaps per loaded phase (count)",
+    "itl_p99_loaded_over_unloaded": "ITL p99 loaded / unloaded, each repeat's own (median of the ratios)",
+    "multi_token_chunks": "users' chunks that carried more than one token (loaded phase)",
+    "textless_chunks": "users' chunks that carried tokens but no text (loaded phase; counted by text: merged gaps)",
     "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
     "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
     "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
+    "itl_rag_fetching_p50_ms": "... of those, before the answer's first token (fetch, landing, last token): p50 (ms)",
+    "itl_rag_fetching_p99_ms": "... the same, p99 (ms)",
+    "itl_rag_decoding_p50_ms": "... of those, while the answer's tokens came (first to last): p50 (ms)",
+    "itl_rag_decoding_p99_ms": "... the same, p99 (ms)",
     "rag_ttft_p50_s": "RAG TTFT p50 (s)",
     "rag_ttft_p95_s": "RAG TTFT p95 (s)",
     "rag_requests": "RAG requests served in the loaded phase",
@@ -235,15 +280,34 @@ its "put" row is not zero. Bytes and seconds: the engines' own `ragserve:kv_tran
 threads, not on their step loops)."""
 
 
+def ratio(r: dict) -> float:
+    return r["itl_p99_loaded_over_unloaded"]
+
+
 def write_md(out: Path, report: dict) -> None:
     med = report["median"]
     lines = [f"# Disaggregated prefill/decode: 1P1D vs two `both` engines ({report['model']})", ""]
-    lines += [f"`{report['command']}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
+    lines += [f"`{report['commands'][0]}`", "", f"Workload: {json.dumps(report['workload'])}", ""]
     lines += [f"Medians over {report['repeats_done']} repeats (each repeat's values in the JSON).", ""]
+    if commits := report.get("commits"):
+        lines += [f"At commit {', '.join(dict.fromkeys(commits))} (every run's in the JSON).", ""]
+    if len(report["commands"]) > 1:
+        lines += ["Run as " + " then ".join(f"`{c}`" for c in report["commands"]) + " (repeats appended).", ""]
     lines += ["| figure | 1P1D | baseline | 1P1D / baseline |", "|---|---|---|---|"]
     for key, label in ROWS.items():
+        if key not in med["1P1D"]:  # a row added after the file's first repeats
+            continue
         a, b = med["1P1D"][key], med["baseline"][key]
         lines.append(f"| {label} | {a:.4g} | {b:.4g} | {a / b:.2f} |" if b else f"| {label} | {a:.4g} | {b:.4g} | |")
+    lines += ["", "Per repeat, the users' ITL p99 loaded / unloaded (ms) and the ratio, in run order:", ""]
+    for name, rs in report["runs"].items():
+        per = ", ".join(f"{r['itl_p99_ms']:.0f}/{r['unloaded_itl_p99_ms']:.0f} = {ratio(r):.2f}" for r in rs)
+        lines.append(f"- {name}: {per}")
+    lines += ["", "Pooled: every repeat's gaps together (ms):", ""]
+    lines += ["| | gaps | p50 | p95 | p99 | p99.9 |", "|---|---|---|---|---|---|"]
+    for name, pooled in report["pooled"].items():
+        for phase_name, f in pooled.items():
+            lines.append(f"| {name} {phase_name} | {f['n']} | " + " | ".join(f"{f[q]:.0f}" for q in POOLED_Q) + " |")
     if (core := report["workload"].get("aux_core")) is not None:
         lines += [
             "",
@@ -260,18 +324,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decoders", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=2000, help="the users' max_tokens in the loaded phase")
-    p.add_argument("--window", type=float, default=36.0, help="seconds the users stream in the loaded phase")
-    p.add_argument("--unloaded-tokens", type=int, default=128)
+    p.add_argument("--window", type=float, default=48.0, help="seconds the users stream in each phase")
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=16)
     p.add_argument("--aux-core", type=int, default=None, help="pin the cachestore, routers and this client to it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--append", action="store_true", help="add the repeats to the result file's (same workload)")
     args = p.parse_args()
     model = "smollm2-135m"
     if args.quick:
         from tests.helpers.tiny_models import tiny_model
 
-        model, args.repeats, args.window, args.unloaded_tokens = str(tiny_model("llama")), 1, 2.0, 16
+        model, args.repeats, args.window = str(tiny_model("llama")), 1, 2.0
+    prior = previous(args)
     docs = [d for d in load_corpus() if len(d.text) > 6000][:6]
     logs = Path(tempfile.mkdtemp(prefix="ragserve-bench-disagg-"))
     print(f"process logs: {logs}", flush=True)
@@ -296,33 +361,73 @@ def main() -> None:
         for name, url in routers.items():
             wait_until(lambda u=url: httpx.get(u + "/ready").json().get("healthy_engines") == 2, name, 600)
             warm(engines[name], url, docs)
-        runs: dict[str, list[dict]] = {name: [] for name in routers}
-        for rep in range(args.repeats):
+        runs: dict[str, list[dict]] = prior["runs"] if prior else {name: [] for name in routers}
+        done = min(len(rs) for rs in runs.values())
+        for rep in range(done, done + args.repeats):  # ABBA, continued over appended runs
             for name in list(routers)[:: 1 if rep % 2 == 0 else -1]:
                 runs[name].append(run_once(name, routers[name], engines[name], args, docs))
-            save(args, model, runs)
+            save(args, model, runs, prior)
     finally:
         procs.stop()
-    print(json.dumps(save(args, model, runs)["median"], indent=2))
+    print(json.dumps(save(args, model, runs, prior)["median"], indent=2))
 
 
-def save(args, model: str, runs: dict[str, list[dict]]) -> dict:
+def git_commit() -> str:
+    """The checkout's commit, "-dirty" if its code has uncommitted changes (docs and bench/results not counted)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    code = [".", ":!bench/results", ":!docs", ":!*.md"]
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", *code]).returncode != 0
+    return head + ("-dirty" if dirty else "")
+
+
+COMMIT = git_commit()
+WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core")
+POOLED_Q = ("p50", "p95", "p99", "p99.9")
+
+
+def result_path(args) -> Path:
+    quick, pinned = "-quick" if args.quick else "", "" if args.aux_core is not None else "-unpinned"
+    return Path(args.out) / f"disagg{pinned}{quick}.json"
+
+
+def previous(args) -> dict | None:
+    """--append: the result file's report, which must have the same workload."""
+    if not args.append or not result_path(args).exists():
+        return None
+    prior = json.loads(result_path(args).read_text())
+    if prior["workload"] != {k: getattr(args, k) for k in WORKLOAD}:
+        raise SystemExit(f"--append: {result_path(args)} has another workload: {prior['workload']}")
+    return prior
+
+
+def pooled(rs: list[dict]) -> dict[str, dict[str, float]]:
+    out = {}
+    for phase_name in ("unloaded", "loaded"):
+        gaps = [g for r in rs for g in r["gaps_ms"][phase_name]]
+        out[phase_name] = {"n": len(gaps)} | {q: pct(gaps, float(q[1:]) / 100) for q in POOLED_Q}
+    return out
+
+
+def save(args, model: str, runs: dict[str, list[dict]], prior: dict | None) -> dict:
     """The result files, over the repeats done so far (written after each one: a cut run keeps them)."""
+    command = "python bench/disagg.py " + " ".join(sys.argv[1:])
     report = {
-        "command": "python bench/disagg.py " + " ".join(sys.argv[1:]),
+        "commands": [*(prior["commands"] if prior else []), command],
+        "commits": [*(prior.get("commits", []) if prior else []), COMMIT],
         "model": model,
-        "workload": {
-            k: getattr(args, k)
-            for k in ("repeats", "decoders", "window", "unloaded_tokens", "rag_clients", "rag_tokens", "aux_core")
-        },  # fmt: skip
+        "workload": {k: getattr(args, k) for k in WORKLOAD},
         "repeats_done": min(len(rs) for rs in runs.values()),
-        "median": {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()},
+        "median": {
+            n: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "gaps_ms"} for n, rs in runs.items()
+        },
+        "pooled": {n: pooled(rs) for n, rs in runs.items()},
         "runs": runs,
     }
-    out, stem = Path(args.out), f"disagg{'-quick' if args.quick else ''}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_md(out / f"{stem}.md", report)
+    path = result_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report) + "\n")  # one line: it holds every gap
+    write_md(path.with_suffix(".md"), report)
     return report
 
 
