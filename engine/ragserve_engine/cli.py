@@ -36,10 +36,11 @@ def start_engine(config: EngineConfig) -> EngineClient:
 
 def run(args: argparse.Namespace) -> int:
     from ragserve.engine_args import EngineConfig, ServerConfig
+
+    engine_config = EngineConfig.from_args(args)  # bad flags exit 2 here, before torch loads (~1.5 s)
+    server_config = ServerConfig.from_args(args)
     from ragserve_engine.server.launcher import serve
 
-    engine_config = EngineConfig.from_args(args)
-    server_config = ServerConfig.from_args(args)
     code = serve(engine_config, server_config, start_engine)
     if any(t.name == COMPILE_THREAD and t.is_alive() for t in threading.enumerate()):
         # drained and deregistered, but a decode graph is still compiling (a cold SmolLM2 graph takes over

@@ -117,7 +117,7 @@ def wait_registered(engine, timeout: float = 300) -> None:
         r = httpx.get(engine.url + "/ready", timeout=5)
         return r.status_code == 200 and r.json().get("registered") is True
 
-    until(registered, timeout=timeout, interval=0.2, what=f"{engine.name} registered", proc=engine)
+    until(registered, timeout=timeout, interval=0.05, what=f"{engine.name} registered", proc=engine)
 
 
 @pytest.fixture

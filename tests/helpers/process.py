@@ -140,7 +140,7 @@ async def until_async(
 
 def wait_http(url: str, *, proc: Proc | None = None, timeout: float = 60.0) -> None:
     """Until GET `url` answers 200."""
-    until(lambda: health.check(url), timeout=timeout, interval=0.2, what=f"GET {url}", proc=proc)
+    until(lambda: health.check(url), timeout=timeout, interval=0.05, what=f"GET {url}", proc=proc)
 
 
 def wait_grpc(
@@ -182,5 +182,5 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     """Wait for processes this test did not start; returns those still running after `timeout`."""
     deadline = time.monotonic() + timeout
     while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     return left

@@ -45,7 +45,7 @@ class Up:
     def wait_ready(self, timeout: float = 180.0) -> dict:
         """Until up writes its state file (every child started and healthy)."""
         try:
-            until(self._state_written, timeout=timeout, interval=0.3, what="the state file", proc=self.process)
+            until(self._state_written, timeout=timeout, interval=0.1, what="the state file", proc=self.process)
         except AssertionError:
             self.stop(signal.SIGKILL)
             raise

@@ -72,7 +72,7 @@ class Cluster:
             return r.status_code == 200 and r.json().get("registered") is True
 
         what = f"{engine.name} registered with the router"
-        process.until(registered, timeout=timeout, interval=0.2, what=what, proc=engine)
+        process.until(registered, timeout=timeout, interval=0.05, what=what, proc=engine)
 
     def router(self, *flags: str, env: dict | None = None, wait: bool = True, name: str = "router") -> Server:
         port, grpc_port = free_port(), free_port()
