@@ -3,6 +3,7 @@ and a block's bytes as the cachestore holds them (its data, then its int8 scales
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +117,20 @@ def allocate_kv_cache(
 ) -> KVCacheTensors:
     """shape = (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)."""
     kv_dtype = quant.canonical(kv_cache_dtype)
-    data = torch.zeros(shape, dtype=quant.storage_dtype(kv_dtype, model_dtype), device=device)
+    data = zeros(shape, quant.storage_dtype(kv_dtype, model_dtype), device)
     scales = None
     if quant.has_scale_tensor(kv_dtype):
         scales = torch.ones(shape[:-1], dtype=quant.SCALE_DTYPE, device=device)
     return KVCacheTensors(data, scales, kv_dtype)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the CPU from calloc'd memory (numpy), whose pages the OS zeroes as they are first written:
+    the cache costs no start-up time or resident memory for blocks never used (torch.zeros writes every byte)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * _element_size(dtype), dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 def _element_size(dtype: torch.dtype) -> int:
