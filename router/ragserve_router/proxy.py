@@ -42,20 +42,37 @@ async def _disconnected(request: Request) -> None:
 
 async def race_disconnect(request: Request, work: Awaitable, orphan: Callable[[Any], None] | None = None):
     """Await work unless the client goes away first (then cancel it and raise ClientGone). `orphan` gets the
-    result of work that finished all the same (a cancel it swallowed), so what it holds can be let go."""
-    task = asyncio.ensure_future(work)
+    result of work that finished all the same (a cancel it swallowed), so what it holds can be let go.
+
+    The work runs in the caller's task; one watcher task cancels that task if the client leaves while the work is
+    on (no task for the work and no asyncio.wait: fewer loop turns per request)."""
+    task = asyncio.current_task()
+    racing, gone = True, False
+
+    def on_gone(watcher: asyncio.Future) -> None:
+        nonlocal gone
+        if racing and not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            task.cancel()
+
     watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(on_gone)
+    result, failed = None, False
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+    except BaseException:
+        if not gone:
+            raise
+        failed = True  # cancelled, or failing as it was
     finally:
+        racing = False
         watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    (result,) = await asyncio.gather(task, return_exceptions=True)
-    if orphan is not None and not isinstance(result, BaseException):
-        orphan(result)
-    raise ClientGone
+    if gone:
+        task.uncancel()
+        if orphan is not None and not failed:  # the work swallowed the cancel and finished
+            orphan(result)
+        raise ClientGone
+    return result
 
 
 class Proxy:

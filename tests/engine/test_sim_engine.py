@@ -159,3 +159,30 @@ def test_metrics_are_the_real_engines_families(fleet, real_engine):
     mine = families(urls["sim-1"])
     assert mine == families(real_engine)
     assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= mine
+
+
+def test_the_sims_connections_send_without_nagle():
+    """The sims serve on sockets they bind themselves (fleet.bind): accepted connections must have TCP_NODELAY,
+    or uvicorn's two writes (headers, body) wait for a delayed ACK, 40 ms, on a busy keep-alive connection."""
+    import asyncio
+    import socket
+
+    from ragserve_engine.sim.fleet import bind
+
+    async def accepted_nodelay() -> int:
+        sock = bind("127.0.0.1", 0)
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_client(_reader, writer) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_client, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname())
+        try:
+            return await seen
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) == 1
