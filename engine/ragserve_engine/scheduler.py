@@ -130,11 +130,18 @@ class Scheduler:
 
     def _kv_for(self, req: Request, budget: int) -> bool:
         """Free KV blocks for the waiting request's first chunk (past its local prefix hit)."""
-        seqs, hits = req.live_seqs, self._prefix_hits(req)
-        remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size
-        chunk = max(1, min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining)))
-        needed = sum(self.kv_manager.num_blocks_needed(s, chunk, len(h)) for s, h in zip(seqs, hits, strict=True))
-        return self.kv_manager.can_allocate(needed, [b for h in hits for b in h])
+        hits = self._prefix_hits(req)
+        _, chunk = self._first_chunk(req, hits, budget)
+        return self.kv_manager.can_allocate(self._blocks_needed(req, hits, max(1, chunk)), [b for h in hits for b in h])
+
+    def _first_chunk(self, req: Request, hits: list[list], budget: int, tail: int = 0) -> tuple[int, int]:
+        """A waiting request's prompt tokens left past its hits (and a fetched tail), and its first chunk of them."""
+        remaining = req.live_seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size - tail
+        return remaining, min(remaining, budget // len(req.live_seqs), self._long_prefill_cap(req, remaining))
+
+    def _blocks_needed(self, req: Request, hits: list[list], tokens: int) -> int:
+        pairs = zip(req.live_seqs, hits, strict=True)
+        return sum(self.kv_manager.num_blocks_needed(s, tokens, len(h)) for s, h in pairs)
 
     def _chunk(self, req: Request, budget: int) -> int:
         seqs = req.live_seqs
@@ -247,16 +254,14 @@ class Scheduler:
                 deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
                 continue
             tail = self._tail(req, len(hits[0]))
-            remaining = seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size - tail
-            chunk = min(remaining, budget // len(seqs), self._long_prefill_cap(req, remaining))
+            remaining, chunk = self._first_chunk(req, hits, budget, tail)
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
             if req.blend is not None and chunk < remaining:  # a blended prefill runs whole (blend/)
                 if remaining <= self.config.max_num_batched_tokens:
                     break
                 req.blend = None  # too long for one step: an exact chunked prefill instead
-            pairs = zip(seqs, hits, strict=True)
-            needed = sum(self.kv_manager.num_blocks_needed(s, chunk + tail, len(h)) for s, h in pairs)
+            needed = self._blocks_needed(req, hits, chunk + tail)
             if not self.kv_manager.can_allocate(needed, [b for h in hits for b in h]):
                 break
             self.waiting.pop(0)

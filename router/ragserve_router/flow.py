@@ -120,10 +120,7 @@ class FlowControl:
         """A request's answer ended: its place goes to the next waiter."""
         if self.enabled:
             self.inflight[model] = max(0, self.inflight[model] - 1)
-            if (held := self.held[model, tenant] - 1) > 0:
-                self.held[model, tenant] = held
-            else:
-                self.held.pop((model, tenant), None)
+            _take_one(self.held, (model, tenant))
             self.dispatch(model)
 
     def charge(self, tenant: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
@@ -212,10 +209,7 @@ class FlowControl:
     def _forget(self, waiter: Waiter) -> None:
         if waiter in self.waiting:
             self.waiting.remove(waiter)
-            if (n := self.queued[waiter.model, waiter.tenant] - 1) > 0:
-                self.queued[waiter.model, waiter.tenant] = n
-            else:
-                self.queued.pop((waiter.model, waiter.tenant), None)
+            _take_one(self.queued, (waiter.model, waiter.tenant))
             self.metrics.queue_depth.labels(waiter.cls).dec()
 
     def _forget_idle(self) -> None:
@@ -230,3 +224,11 @@ class FlowControl:
     def _error(self, reason: str, status: int, why: str) -> ApiError:
         retry = str(max(1, math.ceil(min(self.queue_timeout, 5.0))))
         return ApiError(status, f"{why}; try again later", reason, None, {"Retry-After": retry})
+
+
+def _take_one(counter: Counter[tuple[str, str]], key: tuple[str, str]) -> None:
+    """One fewer for the key; a key at zero leaves the counter (tenants come and go)."""
+    if (n := counter[key] - 1) > 0:
+        counter[key] = n
+    else:
+        counter.pop(key, None)
