@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys
 from ragserve.http.drain import DrainingServer
+from ragserve.http.joined import JoinedHttpProtocol
 from ragserve.logs import setup_logging
 from ragserve.router_args import RouterConfig
 from ragserve.tls import uvicorn_tls
@@ -168,6 +169,7 @@ async def serve(cfg: RouterConfig) -> int:
         host=cfg.host,
         port=cfg.port,
         loop="none",
+        http=JoinedHttpProtocol,  # uvicorn's httptools protocol, an answer's head and body in one write
         log_level=cfg.log_level,
         access_log=cfg.log_level == "debug",
         timeout_graceful_shutdown=cfg.drain_timeout,

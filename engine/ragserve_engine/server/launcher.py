@@ -20,6 +20,7 @@ import zmq
 from ragserve import tracing
 from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.drain import DrainingServer
+from ragserve.http.joined import JoinedHttpProtocol
 from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
 from ragserve.tls import uvicorn_tls
@@ -127,6 +128,7 @@ async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
         host=cfg.host,
         port=cfg.port,
         loop="none",
+        http=JoinedHttpProtocol,  # an answer's head and body in one write
         lifespan="off",
         log_level=cfg.log_level,
         access_log=cfg.log_level == "debug",
