@@ -42,6 +42,7 @@ MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recom
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
 DIRECTIONS = ("stored", "fetched")
+LAND_MARGIN_BLOCKS = 16  # blocks backed past a fetch's own: those the requests decoding meanwhile take first
 BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
 
 
@@ -166,7 +167,9 @@ class CacheStoreConnector:
         self.stats.queries += len(missing) * self.kv_manager.block_size
         arrived, stop, tail_arrived = [], threading.Event(), []
         span, tail_key = tracing.live.get(request_id), tail[1] if tail else None
-        future = self._fetch_pool.submit(self._download, missing, arrived, stop, span, tail_key, tail_arrived)
+        land_ids = self.kv_manager.next_free_block_ids(len(missing) + LAND_MARGIN_BLOCKS)  # where it will land
+        args = (missing, arrived, stop, span, tail_key, tail_arrived, land_ids)
+        future = self._fetch_pool.submit(self._download, *args)
         self._fetching.add(future)
         now = time.monotonic()
         deadline = now + self.deadline_s(len(missing))
@@ -192,15 +195,18 @@ class CacheStoreConnector:
         return True
 
     def _download(
-        self, missing: list[bytes], arrived: list, stop: threading.Event, span=None, tail_key=None, tail_arrived=None
-    ) -> tuple[list, float]:
+        self, missing: list[bytes], arrived: list, stop: threading.Event, span=None, tail_key=None, tail_arrived=None,
+        land_ids: list[int] = (),
+    ) -> tuple[list, float]:  # fmt: skip
         """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread. Chunk by chunk
         into `arrived`, until the prefix ends or the step thread stops waiting (`stop`); then the tail block
-        (`tail_key`) into `tail_arrived` when the whole chain arrived."""
+        (`tail_key`) into `tail_arrived` when the whole chain arrived. First the KV blocks the stored ones will
+        land in (`land_ids`, the free queue's head when the fetch started) are backed (KVCacheTensors.back)."""
         t0 = time.perf_counter()
         try:
             with tracing.use(span):  # the cachestore calls carry the request's traceparent
                 n = self.client.lookup(missing)
+                self.kv_cache.back(list(land_ids[: n + LAND_MARGIN_BLOCKS]) if n else [])
                 for i in range(0, n, FETCH_CHUNK_BLOCKS):
                     if stop.is_set():
                         break
