@@ -151,3 +151,24 @@ def test_a_fetch_backs_the_blocks_it_lands_in_off_the_step_thread(cachestore):
     cache.back([written, fresh])
     assert resident(cache, fresh) and bool((cache.data[fresh] == 0).all())
     assert bool((cache.data[written] == 7.0).all())
+
+
+def test_fetches_in_flight_together_back_the_blocks_each_lands_in(cachestore):
+    """Two requests fetching at once land one after the other from the free queue's head: the second backs the
+    blocks after the first's, so every block either lands in was backed (with huge pages the tiny model's blocks
+    share pages, so this watches which blocks each fetch backs)."""
+    a = engine(cachestore)
+    other = list(range(7000, 7000 + 16 * 20))
+    questions = [CONTEXT + [61], other + [61]]
+    reference = a.generate(questions, GREEDY)
+    a.engine.connector.flush()
+    b = engine(cachestore, loaded_model=a.engine.runner.model)
+    cache = b.engine.connector.kv_cache
+    backed, written, back, write = [], [], cache.back, cache.write_block
+    cache.back = lambda ids: (backed.append(list(ids)), back(ids))[1]
+    cache.write_block = lambda block_id, raw: (written.append(block_id), write(block_id, raw))[1]
+    outs = b.generate(questions, GREEDY)
+    assert len(backed) == 2 and set(backed[0][:20]).isdisjoint(backed[1][:20])  # each its own 20, then a margin
+    assert len(written) == 40 and set(written) <= set(backed[0]) | set(backed[1])
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in reference]
+    assert [o.num_cached_tokens for o in outs] == [20 * 16] * 2
