@@ -4,9 +4,13 @@
               --role decode engine pinned to core 1 (`taskset -c`), both on the cachestore
     baseline  router kv_aware; two --role both engines, one pinned to core 0, one to core 1, same cachestore
 
-Every engine: OMP_NUM_THREADS=1, --enforce-eager. The cachestore, both routers and this load generator are not
-pinned (they share the same two cores with the engines, see the result file's caveats), unless --aux-core N pins
-them to core N: with 0, the prefill engine's core, the decode engine's core is its own (a deployment choice).
+Every engine: OMP_NUM_THREADS=1 and as deployed: compiled decode graphs (with the C++ paged decode attention),
+capture sizes 1, 2, 4, 8 (--max-num-seqs 8), every context of the workload on a graph (--max-seq-len-to-capture is
+the model length). An engine reports ready (registers) once its graphs are compiled or loaded from the graph store;
+the bench waits for that. --eager runs them with --enforce-eager instead (the Python path), for comparison.
+The cachestore, both routers and this load generator are not pinned (they share the same two cores with the engines,
+see the result file's caveats), unless --aux-core N pins them to core N: with 0, the prefill engine's core, the
+decode engine's core is its own (a deployment choice).
 
 Per configuration and repeat (the configurations interleaved, ABBA), through its router:
     unloaded  --decoders users stream (ignore_eos, --decode-tokens max) for --window seconds, nothing else: the ITL
@@ -21,10 +25,11 @@ per repeat and pooled over the repeats (every gap is in the JSON), the RAG reque
 second over the loaded phase, for 1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per
 RAG request, bytes and seconds (the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
 
-    .venv/bin/python bench/disagg.py [--quick] [--repeats 3] [--aux-core 0] [--append] [--out bench/results]
+    .venv/bin/python bench/disagg.py [--quick] [--eager] [--repeats 3] [--aux-core 0] [--append] [--out bench/results]
 
-Result: disagg.{md,json} with --aux-core, disagg-unpinned.{md,json} without. --append adds the run's repeats to the
-file's (same workload; the ABBA order continues), so a long series can run as several shorter ones.
+Result: disagg.{md,json} with --aux-core, disagg-unpinned.{md,json} without, -eager added with --eager. --append
+adds the run's repeats to the file's (same workload, eager or not; the ABBA order continues), so a long series can
+run as several shorter ones.
 --quick: the tiny test model and a short workload (a smoke run). Default: SmolLM2-135M.
 """
 
@@ -53,10 +58,12 @@ from router import ROOT, Procs, pct, wait_until  # noqa: E402
 from tests.helpers.net import free_port  # noqa: E402
 
 PY = [sys.executable, "-m", "ragserve.cli"]
-ENGINE = ["--device", "cpu", "--enforce-eager", "--num-gpu-blocks", "1024", "--max-model-len", "4096"]
+ENGINE = ["--device", "cpu", "--num-gpu-blocks", "1024", "--max-model-len", "4096", "--max-num-seqs", "8"]
+GRAPHS = ["--max-seq-len-to-capture", "4096"]  # the model length: no context of the workload falls back to eager
 LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 TRANSFER = "ragserve:kv_transfer_"
 ANSWER_LEAD_S = 2.0  # a RAG request is on its decode engine (fetch, landing, last token) this long before its 1st token
+READY_S = 1800  # a cold start compiles four engines' decode graphs on 2 cores (a warm one loads them: seconds)
 
 
 def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> tuple[str, str]:
@@ -69,10 +76,12 @@ def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> t
     return url, f"127.0.0.1:{grpc}"
 
 
-def start_engine(procs: Procs, name: str, core: int, role: str, router: str, store: str, model: str) -> str:
+def start_engine(procs: Procs, name: str, core: int, role: str, links: tuple[str, str], model: str, eager: bool) -> str:
+    router, store = links
     port = free_port()
     argv = ["env", "OMP_NUM_THREADS=1", "taskset", "-c", str(core), *PY, "engine", "--model", model]
     argv += ["--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), *ENGINE, "--role", role]
+    argv += ["--enforce-eager"] if eager else GRAPHS
     argv += ["--router", router, "--advertise-url", f"http://127.0.0.1:{port}", "--engine-id", name]
     procs.start(name, [*argv, "--cachestore", store, "--log-level", "warning"])
     return f"http://127.0.0.1:{port}"
@@ -327,6 +336,7 @@ def main() -> None:
     p.add_argument("--window", type=float, default=48.0, help="seconds the users stream in each phase")
     p.add_argument("--rag-clients", type=int, default=2)
     p.add_argument("--rag-tokens", type=int, default=16)
+    p.add_argument("--eager", action="store_true", help="the engines with --enforce-eager (not as deployed)")
     p.add_argument("--aux-core", type=int, default=None, help="pin the cachestore, routers and this client to it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--append", action="store_true", help="add the repeats to the result file's (same workload)")
@@ -352,14 +362,14 @@ def main() -> None:
         pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"], aux)
         base_url, base_grpc = start_router(procs, "router-baseline", [], aux)
         engines = {
-            "1P1D": [start_engine(procs, "prefill", 0, "prefill", pd_grpc, store, model),
-                     start_engine(procs, "decode", 1, "decode", pd_grpc, store, model)],
-            "baseline": [start_engine(procs, "both-0", 0, "both", base_grpc, store, model),
-                         start_engine(procs, "both-1", 1, "both", base_grpc, store, model)],
+            "1P1D": [start_engine(procs, "prefill", 0, "prefill", (pd_grpc, store), model, args.eager),
+                     start_engine(procs, "decode", 1, "decode", (pd_grpc, store), model, args.eager)],
+            "baseline": [start_engine(procs, "both-0", 0, "both", (base_grpc, store), model, args.eager),
+                         start_engine(procs, "both-1", 1, "both", (base_grpc, store), model, args.eager)],
         }  # fmt: skip
         routers = {"1P1D": pd_url, "baseline": base_url}
         for name, url in routers.items():
-            wait_until(lambda u=url: httpx.get(u + "/ready").json().get("healthy_engines") == 2, name, 600)
+            wait_until(lambda u=url: httpx.get(u + "/ready").json().get("healthy_engines") == 2, name, READY_S)
             warm(engines[name], url, docs)
         runs: dict[str, list[dict]] = prior["runs"] if prior else {name: [] for name in routers}
         done = min(len(rs) for rs in runs.values())
@@ -382,13 +392,13 @@ def git_commit() -> str:
 
 
 COMMIT = git_commit()
-WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core")
+WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core", "eager")
 POOLED_Q = ("p50", "p95", "p99", "p99.9")
 
 
 def result_path(args) -> Path:
     quick, pinned = "-quick" if args.quick else "", "" if args.aux_core is not None else "-unpinned"
-    return Path(args.out) / f"disagg{pinned}{quick}.json"
+    return Path(args.out) / f"disagg{pinned}{'-eager' if args.eager else ''}{quick}.json"
 
 
 def previous(args) -> dict | None:

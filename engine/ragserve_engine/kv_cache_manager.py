@@ -7,6 +7,7 @@ prefix_cache_queries / prefix_cache_hits.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -109,6 +110,10 @@ class KVCacheManager:
         extends); one stays free for the admission that follows."""
         kept = sum(1 for block in self._cached_prefix(keep or []) if block.ref_cnt == 0)
         return max(0, self.pool.num_free_blocks - 1 - kept)
+
+    def next_free_block_ids(self, n: int) -> list[int]:
+        """The blocks the next n new blocks are taken from (the free queue's head), as they stand now."""
+        return [block.block_id for block in itertools.islice(self.pool.free_queue, n)]
 
     def import_blocks(
         self,

@@ -42,6 +42,7 @@ MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recom
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
 DIRECTIONS = ("stored", "fetched")
+LAND_MARGIN_BLOCKS = 16  # blocks backed past a fetch's own: those the requests decoding meanwhile take first
 BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
 
 
@@ -96,6 +97,14 @@ class PendingFetch:
     landed: int = 0  # of them, written into the paged cache so far (finish_fetch lands them over steps)
     held: KVCacheBlocks | None = None  # the pin on the landed prefix until the request is admitted
     land_s: float = 0.0  # seconds spent writing them
+    closed: bool = False  # every block that will land has landed
+
+    @property
+    def to_come(self) -> int:
+        """Blocks it may still land (open fetches: the next fetch's blocks land after them)."""
+        if self.closed or self.stop.is_set():
+            return 0
+        return (len(self.hashes) - self.num_local if self.to_land is None else self.to_land) - self.landed
 
     def done(self) -> bool:
         return self.future.done()
@@ -126,6 +135,7 @@ class CacheStoreConnector:
         self._thread.start()
         self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
         self._fetching: set[Future] = set()
+        self._open: list[PendingFetch] = []  # fetches whose blocks have not all landed
 
     @classmethod
     def from_config(
@@ -166,14 +176,20 @@ class CacheStoreConnector:
         self.stats.queries += len(missing) * self.kv_manager.block_size
         arrived, stop, tail_arrived = [], threading.Event(), []
         span, tail_key = tracing.live.get(request_id), tail[1] if tail else None
-        future = self._fetch_pool.submit(self._download, missing, arrived, stop, span, tail_key, tail_arrived)
+        self._open = [p for p in self._open if p.to_come]
+        ahead = sum(p.to_come for p in self._open)  # where it will land: after the open fetches' blocks
+        land_ids = self.kv_manager.next_free_block_ids(ahead + len(missing) + LAND_MARGIN_BLOCKS)[ahead:]
+        args = (missing, arrived, stop, span, tail_key, tail_arrived, land_ids)
+        future = self._fetch_pool.submit(self._download, *args)
         self._fetching.add(future)
         now = time.monotonic()
         deadline = now + self.deadline_s(len(missing))
-        return PendingFetch(
+        pending = PendingFetch(
             hashes, num_local_hits, future, deadline, request_id, now, arrived, stop,
             token_ids=list(token_ids), cache_salt=cache_salt, tail=tail, tail_arrived=tail_arrived,
         )  # fmt: skip
+        self._open.append(pending)
+        return pending
 
     def deadline_s(self, num_blocks: int) -> float:
         """How long a fetch of num_blocks may take: the floor, a margin over the measured fetch cost, or the
@@ -192,15 +208,18 @@ class CacheStoreConnector:
         return True
 
     def _download(
-        self, missing: list[bytes], arrived: list, stop: threading.Event, span=None, tail_key=None, tail_arrived=None
-    ) -> tuple[list, float]:
+        self, missing: list[bytes], arrived: list, stop: threading.Event, span=None, tail_key=None, tail_arrived=None,
+        land_ids: list[int] = (),
+    ) -> tuple[list, float]:  # fmt: skip
         """(blocks of the stored prefix of `missing`, seconds it took); on the fetch thread. Chunk by chunk
         into `arrived`, until the prefix ends or the step thread stops waiting (`stop`); then the tail block
-        (`tail_key`) into `tail_arrived` when the whole chain arrived."""
+        (`tail_key`) into `tail_arrived` when the whole chain arrived. First the KV blocks the stored ones will
+        land in (`land_ids`, the free queue's head when the fetch started) are backed (KVCacheTensors.back)."""
         t0 = time.perf_counter()
         try:
             with tracing.use(span):  # the cachestore calls carry the request's traceparent
                 n = self.client.lookup(missing)
+                self.kv_cache.back(list(land_ids[: n + LAND_MARGIN_BLOCKS]) if n else [])
                 for i in range(0, n, FETCH_CHUNK_BLOCKS):
                     if stop.is_set():
                         break
@@ -266,6 +285,7 @@ class CacheStoreConnector:
             return None
         self.stats.not_imported += pending.to_land - pending.landed  # room taken since: the request computes them
         self.release(pending)
+        pending.closed = True
         if pending.landed:
             self._finish_landing(pending)
         return pending.landed

@@ -5,6 +5,8 @@ threads run at a lower CPU priority than the step thread."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import threading
 from concurrent.futures import Future
@@ -19,6 +21,7 @@ from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 
 PER_STEP = 6  # 20 context blocks land over 4 steps
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @pytest.fixture
@@ -104,3 +107,68 @@ def test_transfer_threads_yield_the_core_to_the_step_thread(cachestore):
     nice = {t.name.split("_")[0]: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()}
     assert nice["kv-offload"] == nice["kv-fetch"] == min(19, mine + BACKGROUND_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def resident(cache, block_id: int) -> bool:
+    """Whether every page of a block's memory is backed (mincore)."""
+    page, size = mmap.PAGESIZE, cache.block_nbytes
+    addr = cache.data.data_ptr() + block_id * size
+    start = addr - addr % page
+    pages = -(-(addr + size - start) // page)
+    vec = (ctypes.c_ubyte * pages)()
+    assert LIBC.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec) == 0
+    return all(v & 1 for v in vec)
+
+
+def test_a_fetch_backs_the_blocks_it_lands_in_off_the_step_thread(cachestore):
+    """The CPU cache's pages are backed as they are first written (kv_cache.zeros), a page fault per page for the
+    thread that writes first: the fetch thread backs the blocks the fetched KV will land in, so the step thread's
+    landing copy takes none (on a VM ~1.7 ms per 0.7 MB SmolLM2 block: a 2k-token prompt stretched 4 steps by
+    ~55 ms each in bench/disagg.py). Backing keeps a block's bytes."""
+    a, question, reference = stored_context(cachestore)
+    # 64 MB of 8 KB blocks: past glibc's largest mmap threshold (32 MB), fresh pages from the OS as a real cache's
+    b = engine(cachestore, num_gpu_blocks=8192, loaded_model=a.engine.runner.model)
+    cache = b.engine.connector.kv_cache
+    assert cache is b.engine.runner.kv_cache
+    landing = b.engine.kv_manager.next_free_block_ids(20)
+    assert not any(resident(cache, i) for i in landing)  # a fresh engine: nothing written there yet
+    written, write = [], cache.write_block
+
+    def observed(block_id: int, raw: bytes) -> None:
+        written.append((block_id, resident(cache, block_id)))
+        write(block_id, raw)
+
+    cache.write_block = observed
+    out = b.generate([question], GREEDY)[0]
+    assert sorted(i for i, _ in written) == sorted(landing)
+    assert all(backed for _, backed in written)  # backed before the step thread wrote them
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids and out.num_cached_tokens == 20 * 16
+
+    written, fresh = 4096, 8191  # free, 32 MB apart: not in one (huge) page, nor near the blocks the fetch backed
+    assert {written, fresh} <= set(b.engine.kv_manager.next_free_block_ids(8192))
+    cache.data[written] = 7.0
+    assert not resident(cache, fresh)
+    cache.back([written, fresh])
+    assert resident(cache, fresh) and bool((cache.data[fresh] == 0).all())
+    assert bool((cache.data[written] == 7.0).all())
+
+
+def test_fetches_in_flight_together_back_the_blocks_each_lands_in(cachestore):
+    """Two requests fetching at once land one after the other from the free queue's head: the second backs the
+    blocks after the first's, so every block either lands in was backed (with huge pages the tiny model's blocks
+    share pages, so this watches which blocks each fetch backs)."""
+    a = engine(cachestore)
+    other = list(range(7000, 7000 + 16 * 20))
+    questions = [CONTEXT + [61], other + [61]]
+    reference = a.generate(questions, GREEDY)
+    a.engine.connector.flush()
+    b = engine(cachestore, loaded_model=a.engine.runner.model)
+    cache = b.engine.connector.kv_cache
+    backed, written, back, write = [], [], cache.back, cache.write_block
+    cache.back = lambda ids: (backed.append(list(ids)), back(ids))[1]
+    cache.write_block = lambda block_id, raw: (written.append(block_id), write(block_id, raw))[1]
+    outs = b.generate(questions, GREEDY)
+    assert len(backed) == 2 and set(backed[0][:20]).isdisjoint(backed[1][:20])  # each its own 20, then a margin
+    assert len(written) == 40 and set(written) <= set(backed[0]) | set(backed[1])
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in reference]
+    assert [o.num_cached_tokens for o in outs] == [20 * 16] * 2

@@ -4,10 +4,13 @@ gap (counted by text, the unloaded p99 swung with what the model wrote: docs/dis
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import sys
 
 import httpx
+import pytest
 
 from tests.helpers.engine_server import MODEL_NAME, running_engine
 from tests.helpers.stack import ROOT
@@ -32,3 +35,18 @@ def test_every_token_is_one_gap(tmp_path):
     assert s.textless >= 1  # the answer's end: the case the measure is for
     assert len(s.times) == 1 + TOKENS  # the send time, then one arrival per token
     assert len(disagg.itls([s])) == TOKENS - 1
+
+
+def test_append_refuses_mixing_eager_and_compiled(tmp_path):
+    """--eager runs are their own files, and a file's repeats are all eager or all compiled: --append refuses a
+    file whose workload differs (a run before the flag existed, without `eager`, included)."""
+    workload = {"decoders": 2, "window": 48.0, "decode_tokens": 2000, "rag_clients": 2, "rag_tokens": 16, "aux_core": 0}
+    args = argparse.Namespace(**workload, eager=False, quick=False, out=str(tmp_path), append=True)
+    assert disagg.result_path(args).name == "disagg.json"
+    assert disagg.result_path(argparse.Namespace(**vars(args) | {"eager": True})).name == "disagg-eager.json"
+    for prior in (workload | {"eager": True}, workload):
+        disagg.result_path(args).write_text(json.dumps({"workload": prior}))
+        with pytest.raises(SystemExit, match="another workload"):
+            disagg.previous(args)
+    disagg.result_path(args).write_text(json.dumps({"workload": workload | {"eager": False}}))
+    assert disagg.previous(args)["workload"]["eager"] is False
