@@ -5,7 +5,8 @@ flow control on (--max-inflight-per-engine 8, tenants from X-Tenant, a quotas fi
 place per engine kept for critical requests (--critical-reserve-per-engine 1), the class sent to the engine as
 its scheduling priority (--engine-priority; the engine on --scheduling-policy priority, which admits a critical
 request at once, preempting a lower-priority one if need be, and prefills it in a step of its own) and each tenant's
-max-min fair allocation of the places, by its recent demand, kept free for it (--tenant-fair-share), "baseline"
+max-min fair allocation of the places, by its recent demand, kept free for it (--tenant-fair-share; with
+--engine-priority a tenant under it is admitted past the places and the engine preempts for it by rank), "baseline"
 with flow control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved
 (repeats rotate which goes first); c on flow and baseline; the table gives the median over repeats.
 

@@ -18,6 +18,11 @@ demand (fair_share.py); a tenant at or over its allocation takes a free place on
 other tenants' allocations lack, each at most one more than it holds and waits for (work-conserving otherwise): a
 heavy tenant's admitted requests do not fill the places a light tenant's clients come back for, so its next request
 finds one free.
+With --engine-priority as well (preempt), fairness does not wait for a heavy tenant's answers to end: a tenant
+under its allocation is admitted even when every place is taken, and each request carries its rank, the places its
+tenant held when it was admitted, as its engine priority (priority.py): the engine (--scheduling-policy priority)
+preempts the running request of the highest rank, the newest place of the tenant holding the most, for it. What
+the router admits past its places is bounded by the allocations and shrinks as the over-share tenant's answers end.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class FlowControl:
     engines: Callable[[str], int]  # the model's candidate engines now
     reserve: int = 0  # --critical-reserve-per-engine
     fair_share: bool = False  # --tenant-fair-share
+    preempt: bool = False  # --engine-priority with --tenant-fair-share: the engine takes places back (ranks)
     held: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> places taken
     queued: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> requests waiting
     demand: TenantDemand = field(default_factory=TenantDemand)  # --tenant-fair-share
@@ -79,22 +85,22 @@ class FlowControl:
     def capacity(self, model: str, cls: str = CRITICAL) -> int:
         return self.per_engine_for(cls) * self.engines(model)
 
-    async def acquire(self, model: str, cls: str, tenant: str) -> None:
-        """Return once the request holds a place (at once when one is free and nobody waits); raise a 429 or 503."""
+    async def acquire(self, model: str, cls: str, tenant: str) -> int:
+        """Return the request's rank (the places its tenant held before it) once it holds a place (at once when one
+        is free and nobody waits); raise a 429 or 503."""
         if not self.enabled:
-            return
+            return 0
         self._lift(tenant)
         self._note(model, tenant, arriving=int(cls != SHEDDABLE))  # a sheddable one reserves nothing it may not get
         self.dispatch(model)  # then no waiter fits: this request goes ahead only if it does
         if self._fits(model, cls, tenant, self._allocations(model)):
-            self._admit(model, tenant)
             self.metrics.queue_wait.labels(cls).observe(0)
-            return
+            return self._admit(model, tenant)
         if cls == SHEDDABLE:
             self._refuse(cls, "saturated", 429, "every engine is at its in-flight limit and this request is sheddable")
         waiter = self._enqueue(model, cls, tenant)
         try:
-            await self._wait(waiter)
+            rank = await self._wait(waiter)
         except BaseException:  # timed out, pushed out, or the client left (cancelled)
             self._forget(waiter)
             admitted = waiter.admitted
@@ -102,8 +108,9 @@ class FlowControl:
                 self.release(model, tenant)  # admitted just as it was cancelled: the place goes to the next one
             raise
         self.metrics.queue_wait.labels(cls).observe(time.monotonic() - waiter.since)
+        return rank
 
-    async def _wait(self, waiter: Waiter) -> None:
+    async def _wait(self, waiter: Waiter) -> int:
         deadline = waiter.since + self.queue_timeout
         while (left := deadline - time.monotonic()) > 0:
             # not wait_for: on Python 3.11 it returns the result when the client leaves (a cancel) just as the place
@@ -137,17 +144,19 @@ class FlowControl:
                 return
             best = min(ready, key=lambda w: (RANK[w.cls], self.counters.get(w.tenant, 0.0), w.seq))
             self._forget(best)
-            self._admit(model, best.tenant)
-            best.admitted.set_result(None)
+            best.admitted.set_result(self._admit(model, best.tenant))
 
     def _fits(self, model: str, cls: str, tenant: str, alloc: Callable[[str], dict[str, int]]) -> bool:
-        """A free place for the class; with --tenant-fair-share, one that no other tenant's allocation lacks."""
+        """A free place for the class; with --tenant-fair-share, one that no other tenant's allocation lacks (a tenant
+        under its allocation: any free place, or with preempt one past them, that the engine takes back)."""
         free = self.capacity(model, cls) - self.inflight[model]
-        if free <= 0 or not self.fair_share:
+        if not self.fair_share or (free <= 0 and not self.preempt):
             return free > 0
         shares = alloc(cls)
         if self.held[model, tenant] < shares.get(tenant, 0):
             return True
+        if free <= 0:
+            return False
         return free > sum(self._owed(model, t, n) for t, n in shares.items() if t != tenant)
 
     def _owed(self, model: str, tenant: str, share: int) -> int:
@@ -169,10 +178,12 @@ class FlowControl:
 
         return alloc
 
-    def _admit(self, model: str, tenant: str) -> None:
+    def _admit(self, model: str, tenant: str) -> int:
+        rank = self.held[model, tenant]
         self.inflight[model] += 1
         self.held[model, tenant] += 1
         self._note(model, tenant)
+        return rank
 
     def _note(self, model: str, tenant: str, arriving: int = 0) -> None:
         if self.fair_share:

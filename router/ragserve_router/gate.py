@@ -18,13 +18,13 @@ class Gate:
         """Wait for the request's turn; a 429 or 503 ApiError when over quota, shed or timed out in the queue."""
         headers = self.quotas.enter(tenant, prompt_tokens)
         try:
-            await self.flow.acquire(model, cls, tenant)
+            rank = await self.flow.acquire(model, cls, tenant)
         except BaseException:
             self.quotas.settle(tenant, -prompt_tokens)  # never served: its tokens go back
             self.quotas.leave(tenant)
             raise
         self.flow.charge(tenant, prompt_tokens=prompt_tokens)
-        return Claim(self, model, tenant, prompt_tokens, headers)
+        return Claim(self, model, tenant, prompt_tokens, headers, rank)
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Claim:
     tenant: str
     charged: int  # prompt tokens charged at admission (the router's count; the engine's usage corrects it)
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for the answer
+    rank: int = 0  # places its tenant held when it was admitted (flow.py)
     held: bool = True
     settled: bool = False
 

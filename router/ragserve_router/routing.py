@@ -167,7 +167,8 @@ class Routing:
             self.metrics.observe_prediction(first.engine_id, chosen)
         labels.policy = decision.policy
         self.remember(key, first.engine_id)
-        if self.cfg.engine_priority and not pooling and (ranked := with_engine_priority(body, cls)) is not None:
+        rank = claim.rank if self.gate.flow.preempt else None
+        if self.cfg.engine_priority and not pooling and (ranked := with_engine_priority(body, cls, rank)) is not None:
             body, raw = ranked, json.dumps(ranked).encode()
         return Picked(model, decision, key, started, slot, claim), body, raw
 

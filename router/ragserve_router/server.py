@@ -73,7 +73,8 @@ def gate(cfg: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> Gate:
         return len(pool.candidates(model))
 
     flow = FlowControl(cfg.max_inflight_per_engine, cfg.queue_size, cfg.queue_timeout, metrics, engines,
-                       reserve=cfg.critical_reserve_per_engine, fair_share=cfg.tenant_fair_share)  # fmt: skip
+                       reserve=cfg.critical_reserve_per_engine, fair_share=cfg.tenant_fair_share,
+                       preempt=cfg.tenant_fair_share and cfg.engine_priority)  # fmt: skip
     return Gate(quotas, flow)
 
 

@@ -74,3 +74,27 @@ async def _shed_demand() -> None:
             await flow.acquire("tiny", SHEDDABLE, "bursty")
         assert refused.value.status == 429
     assert flow.demand.demands("tiny", flow.held + flow.queued) == {"heavy": 2}  # no share kept for "bursty"
+
+
+def test_with_preempt_a_tenant_under_its_allocation_is_admitted_past_the_places_with_its_rank():
+    asyncio.run(_preempt())
+
+
+async def _preempt() -> None:
+    flow = FlowControl(per_engine=4, queue_size=8, queue_timeout=60, metrics=RouterMetrics(), engines=lambda _: 1,
+                       fair_share=True, preempt=True, demand=TenantDemand(half_life=60))  # fmt: skip
+    assert [await flow.acquire("tiny", STANDARD, "heavy") for _ in range(4)] == [0, 1, 2, 3]  # its ranks
+    waiting = asyncio.create_task(flow.acquire("tiny", STANDARD, "heavy"))  # over its allocation: it waits
+    await asyncio.sleep(0)
+    assert len(flow.waiting) == 1
+    # the light tenant's first two requests: under its allocation (1, then 2 of 4), past the places, ranks 0 and 1
+    assert [await asyncio.wait_for(flow.acquire("tiny", STANDARD, "light"), 1) for _ in range(2)] == [0, 1]
+    assert flow.inflight["tiny"] == 6 and len(flow.waiting) == 1
+    with pytest.raises(TimeoutError):  # its third: light 2 + heavy 2 is the split, it is at its allocation
+        await asyncio.wait_for(flow.acquire("tiny", STANDARD, "light"), 0.05)
+    for _ in range(2):  # the heavy tenant's answers end: at its allocation (2) with no place free, it still waits
+        flow.release("tiny", "heavy")
+    assert len(flow.waiting) == 1 and flow.inflight["tiny"] == 4
+    flow.release("tiny", "heavy")  # a place frees, and it is under its allocation (it holds 1)
+    assert await asyncio.wait_for(waiting, 1) == 1  # its rank: it held 1
+    assert flow.held["tiny", "heavy"] == 2 and flow.held["tiny", "light"] == 2 and flow.inflight["tiny"] == 4
