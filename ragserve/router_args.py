@@ -131,8 +131,9 @@ class RouterConfig(FromArgs):
         schema=AT_LEAST_0,
     )  # fmt: skip
     engine_priority: bool = option(
-        False, "send the class to the engine as its scheduling priority (body `priority`: critical -1, sheddable 1) "
-        "when the client set none; for engines run with --scheduling-policy priority", "flow control",
+        False, "send the class to the engine as its scheduling priority (body `priority`: critical -1, sheddable 1; "
+        "with --tenant-fair-share a request's rank, the places its tenant held, so the engine preempts the tenant "
+        "holding the most) when the client set none; for engines run with --scheduling-policy priority", "flow control",
         negatable=False,
     )  # fmt: skip
     queue_size: int = option(256, "requests that may wait in the router queue (full: 429)", "flow control",
