@@ -181,7 +181,9 @@ def test_first_heartbeat_carries_start_up_measurements_and_no_calibration_trace(
     assert load.decode_step_s > 0 and load.decode_seq_measured, load
     assert load.decode_path in (registry_pb2.DECODE_EAGER, registry_pb2.DECODE_EAGER_BEFORE_GRAPHS)
     assert calibrate(load, [], 16).seq_s == load.decode_seq_s
-    assert stack.index("eng-cal") == set() and stack.seq("eng-cal") == 1  # one empty snapshot: no salted blocks
+    # one empty snapshot: no salted blocks (it travels on the KV-event stream, not with the heartbeat: wait for it)
+    until(lambda: stack.seq("eng-cal") >= 1, what="the registration snapshot")
+    assert stack.index("eng-cal") == set() and stack.seq("eng-cal") == 1
     assert router.metric("ragserve_router_kv_events_total", kind="stored") == 0
     samples = scrape(proc.url)
     assert metric(samples, "ragserve:prefill_tokens_per_second") > 0
