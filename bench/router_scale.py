@@ -21,6 +21,10 @@ Plus the index figures of bench/scale_index.py (in process).
 --real: the same per router on real `ragserve engine`s (SmolLM2-135M, one torch thread each), e.g.
     flock /tmp/cpu.lock .venv/bin/python bench/router_scale.py --real --fleets 2 --rates 2 --step-s 5 \
         --rag-requests 12 --rag-rate 0.5 --users 2 --rounds 2 --num-blocks 512
+There a router name may end in +cachestore (e.g. ragserve-round_robin+cachestore): the engines share a
+`ragserve cachestore`. --rates "" skips the added-latency steps; --repeats N runs every router N times,
+interleaved, and the RAG quality table pools each router's requests (scale_quality.py), one row per request in
+the JSON (engine and ragserve's route reason).
 
 Writes bench/results/router_scale[-real][-TAG].{json,md} (with the command line) and _added.png / _quality.png.
 """
@@ -40,12 +44,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_round_chat import make_users, run_chat, system_prompt  # noqa: E402
+from multi_round_chat import bench_client, make_users, routed_chat, run_chat, system_prompt  # noqa: E402
 from rag_cluster import make_trace, percentile  # noqa: E402
 from scale_index import index_figures  # noqa: E402
 from scale_procs import MODEL, ROUTERS, SIM_COST, start_router  # noqa: E402
+from scale_quality import summary_markdown  # noqa: E402
 
-from ragserve.demo.client import ChatResult, rag_messages, stream_chat  # noqa: E402
+from ragserve.demo.client import ChatResult, rag_messages  # noqa: E402
 from ragserve.demo.corpus import load_corpus  # noqa: E402
 from ragserve.demo.retrieve import document_context  # noqa: E402
 from tests.helpers.prom import histogram_quantile  # noqa: E402
@@ -121,17 +126,27 @@ def summarize(results: list[ChatResult], first: list[bool]) -> dict:
 
 
 async def rag_quality(router: str, docs, trace, rate: float) -> dict:
+    """The RAG trace, open loop; with one row per request (when sent, document, engine, the router's reason and
+    predicted TTFT where it says them: ragserve's routers only)."""
     contexts = {d.id: document_context(d) for d in docs}
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=2000)) as http:
+    async with bench_client() as http:
 
-        async def one(k: int, r) -> ChatResult:
+        async def one(k: int, r) -> tuple[ChatResult, dict]:
             await asyncio.sleep(k / rate)
             ctx = contexts[r.doc_id]
             body = {"model": MODEL, "messages": rag_messages(ctx.title, ctx.text, r.question), "max_tokens": 8}
-            return await stream_chat(http, router, body, {"X-Context-Hash": ctx.hash})
+            return await routed_chat(http, router, body, {"X-Context-Hash": ctx.hash})
 
-        results = await asyncio.gather(*(one(k, r) for k, r in enumerate(trace)))
-    return summarize(list(results), [r.first for r in trace])
+        pairs = await asyncio.gather(*(one(k, r) for k, r in enumerate(trace)))
+    results = [res for res, _ in pairs]
+    rows = [
+        {"sent_s": round(k / rate, 2), "doc": r.doc_id, "first": r.first, "engine": res.engine,
+         "reason": route.get("reason", ""), "predicted_ttft_s": route.get("predicted_ttft_s"),
+         "ttft_s": None if res.ttft_s is None else round(res.ttft_s, 3), "prompt_tokens": res.prompt_tokens,
+         "cached_tokens": res.cached_tokens, "ok": res.ok}
+        for k, (r, (res, route)) in enumerate(zip(trace, pairs, strict=True))
+    ]  # fmt: skip
+    return {**summarize(results, [r.first for r in trace]), "per_request": rows}
 
 
 async def chat_quality(router: str, system: str, users) -> dict:
@@ -170,7 +185,9 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
         asyncio.run(warm_up(url, urls))
         cpu0, before = router.cpu_s(), served(urls)
         steps = [asyncio.run(added_latency(url, urls, rate, args.step_s)) for rate in args.rates]
+        before_rag = served(urls)
         rag = asyncio.run(rag_quality(url, docs, trace, args.rag_rate))
+        rag["engine_requests"] = [b - a for a, b in zip(before_rag, served(urls), strict=True)]
         chats = asyncio.run(chat_quality(url, *chat))
         cpu = router.cpu_s() - cpu0
         counts = [b - a for a, b in zip(before, served(urls), strict=True)]
@@ -202,7 +219,7 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [
-        "# Router scale on simulated engines",
+        "# Router scale on " + ("real engines" if " --real" in report["command"] else "simulated engines"),
         "",
         f"Command: `{report['command']}`",
         "",
@@ -235,6 +252,8 @@ def markdown(report: dict) -> str:
         + ", ".join(f"{m['engines']} engines {m['p50_ms']:.3f} ms" for m in report["index"]["match_exact"])
         + ".",
     ]
+    if any(r["rag"].get("per_request") for r in report["results"]):
+        lines += summary_markdown(report["results"])
     return "\n".join(lines) + "\n"
 
 
@@ -284,7 +303,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleets", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64, 256])
     p.add_argument("--routers", type=lambda s: s.split(","), default=list(ROUTERS))
-    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[25, 50, 100])
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",") if x], default=[25, 50, 100])
     p.add_argument("--step-s", type=float, default=3.0, help="seconds of load per rate step")
     p.add_argument("--rag-requests", type=int, default=120)
     p.add_argument("--rag-rate", type=float, default=20.0)
@@ -301,6 +320,7 @@ def main() -> int:
     )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every router, interleaved (router order each)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
@@ -330,16 +350,18 @@ def main() -> int:
     }
     out = Path(args.out)
     stem = "router_scale" + ("-real" if args.real else "") + (f"-{args.tag}" if args.tag else "")
-    for n in args.fleets:
-        for name in args.routers:
-            try:
-                report["results"].append(run_config(name, n, args, docs, trace, chat))
-            except (SystemExit, Exception) as exc:  # one router failing to start must not lose the others' rows
-                report["failed"].append({"router": name, "engines": n, "error": str(exc)[-1500:]})
-                print(f"{name} x{n} failed: {exc}", flush=True)
-                continue
-            print(json.dumps({k: v for k, v in report["results"][-1].items() if k != "steps"}), flush=True)
-            save(report, out, stem)  # after every row: a run cut short keeps what it measured
+    runs = [(n, rep, name) for n in args.fleets for rep in range(args.repeats) for name in args.routers]
+    for n, rep, name in runs:  # repeats interleaved: every router once, then again
+        try:
+            report["results"].append({**run_config(name, n, args, docs, trace, chat), "repeat": rep})
+        except (SystemExit, Exception) as exc:  # one router failing to start must not lose the others' rows
+            report["failed"].append({"router": name, "engines": n, "repeat": rep, "error": str(exc)[-1500:]})
+            print(f"{name} x{n} failed: {exc}", flush=True)
+            continue
+        row = {k: v for k, v in report["results"][-1].items() if k != "steps"}
+        row["rag"] = {k: v for k, v in row["rag"].items() if k != "per_request"}
+        print(json.dumps(row), flush=True)
+        save(report, out, stem)  # after every row: a run cut short keeps what it measured
     save(report, out, stem)
     print(markdown(report))
     return 0 if not report["failed"] else 1

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ MODEL = "tiny"
 # GPU-like simulated speeds (an H100 serving a ~1B model, roughly): the hop is what is measured, not the engine
 SIM_COST = ("--prefill-tokens-per-s", "20000", "--decode-base-s", "0.008", "--decode-seq-s", "0.0001")
 ROUTERS = ("ragserve-kv_aware", "ragserve-round_robin", "smg-cache_aware", "vllm-router-cache_aware")
+STORE_SUFFIX = "+cachestore"  # e.g. ragserve-round_robin+cachestore: real engines sharing a `ragserve cachestore`
 
 
 @dataclass
@@ -86,9 +88,24 @@ def start_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: s
     return proc, list(json.loads(urls_file.read_text()).values())
 
 
-def start_real_fleet(model: str, count: int, num_blocks: int, logs: Path, registry: str | None):
-    """`count` real `ragserve engine` processes (one torch thread each), ready: (Procs, URLs)."""
+def start_cachestore(logs: Path) -> tuple[Proc, str]:
+    """A `ragserve cachestore` (RAM tier only) on a free loopback port, serving: (Proc, HOST:PORT)."""
+    from ragserve.stack.health import grpc_serving
+
+    address = f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "ragserve.cli", "cachestore", "--host", "127.0.0.1", "--port", address.split(":")[1]]
+    proc = spawn("cachestore", [*argv, "--metrics-port", "0", "--memory", "1GiB", "--log-level", "warning"], logs)
+    wait_until(lambda: grpc_serving(address), "cachestore serving", proc)
+    return proc, address
+
+
+def start_real_fleet(
+    model: str, count: int, num_blocks: int, logs: Path, registry: str | None, cachestore: bool = False
+):
+    """`count` real `ragserve engine` processes (one torch thread each), sharing a cachestore if asked, ready:
+    (Procs, URLs)."""
     procs, urls = [], []
+    store_proc, store = start_cachestore(logs) if cachestore else (None, None)
     for i in range(count):
         port = free_port()
         urls.append(f"http://127.0.0.1:{port}")
@@ -96,10 +113,11 @@ def start_real_fleet(model: str, count: int, num_blocks: int, logs: Path, regist
         argv += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--num-gpu-blocks", str(num_blocks)]
         argv += ["--engine-id", f"real-{i}", "--log-level", "warning"]
         argv += ["--router", registry, "--advertise-url", urls[-1]] if registry else []
+        argv += ["--cachestore", store] if store else []
         procs.append(spawn(f"engine-{i}", argv, logs, {"OMP_NUM_THREADS": "1"}))
     for proc, url in zip(procs, urls, strict=True):
         wait_until(lambda url=url: httpx.get(url + "/ready").status_code == 200, "real engine ready", proc, 600)
-    return Procs(procs), urls
+    return Procs(procs + [store_proc] if store_proc else procs), urls  # the store stops after its engines
 
 
 def probe(url: str) -> bool:
@@ -119,8 +137,13 @@ def start_router(
 ):
     """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
     router URL, engine URLs). router_src: a ragserve router package from another tree (a `router/` directory,
-    e.g. an older commit's, `git archive REV router | tar -x -C DIR`) instead of the installed one."""
-    fleet_of = start_real_fleet if real else start_fleet
+    e.g. an older commit's, `git archive REV router | tar -x -C DIR`) instead of the installed one.
+    A name ending in STORE_SUFFIX (real engines only) gives the engines a shared cachestore."""
+    cachestore = name.endswith(STORE_SUFFIX)
+    if cachestore and not real:
+        raise SystemExit(f"{name}: a cachestore only with --real (sim engines do not fetch)")
+    fleet_of = partial(start_real_fleet, cachestore=cachestore) if real else start_fleet
+    name = name.removesuffix(STORE_SUFFIX)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if name.startswith("ragserve-"):

@@ -36,7 +36,9 @@ Engines are ranked by cost = TTFT + work_weight x computed / prefill_rate (the c
 request uses: what a cache hit saves) + decode, where decode = output tokens x (step + seq_time x
 (1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there. An engine
 whose free KV blocks cannot hold the prompt and output (kv_room) ranks after every engine that can: it would
-preempt. For a decode engine of a disaggregated request the decode term and KV room are what set it apart.
+preempt. The free count leaves out blocks in use, so the leading blocks a request this router sent there and
+that has not ended holds (pool.held_blocks) are not needed again: a hot document's next request fits beside the
+ones sharing it. For a decode engine of a disaggregated request the decode term and KV room are what set it apart.
 """
 
 from __future__ import annotations
@@ -201,10 +203,12 @@ def offload_speed(speed: Speed, medium: str, block_size: int) -> Speed:
     return replace(speed, fetch_s_per_block=fraction * max(block_size, 1) / speed.prefill_tokens_per_s)
 
 
-def kv_room(load: Load, tokens: int, block_tokens: int) -> bool:
-    """Whether the engine's free KV blocks (its last heartbeat) hold a request of `tokens` prompt + output tokens;
-    an engine that reported no block counts has room."""
-    return not load.total_blocks or load.free_blocks >= -(-tokens // block_tokens)
+def kv_room(load: Load, tokens: int, block_tokens: int, held_tokens: int = 0) -> bool:
+    """Whether the engine's free KV blocks (its last heartbeat) hold a request of `tokens` prompt + output tokens,
+    less its leading `held_tokens` that requests running there hold already (in use: not in the free count, and
+    shared rather than taken anew); an engine that reported no block counts has room."""
+    needed = -(-tokens // block_tokens) - held_tokens // block_tokens
+    return not load.total_blocks or load.free_blocks >= needed
 
 
 def output_tokens(body: dict) -> int:

@@ -89,6 +89,11 @@ def nothing_routed(r: EngineRecord, hashes: Sequence[bytes]) -> int:
     return 0
 
 
+def nothing_held(r: EngineRecord, hashes: Sequence[bytes]) -> int:
+    """No blocks known to be in use on the engine (a router that does not track what it sent)."""
+    return 0
+
+
 @dataclass
 class Context:
     """What the policies route on, and the orderings they share."""
@@ -108,6 +113,8 @@ class Context:
     exact_index: Callable[[EngineRecord], bool] = indexed
     # (state id, medium) of each tier an engine offloads blocks to (an external engine's CPU / disk blocks)
     offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload
+    # leading blocks of a prompt that requests this replica sent the engine, not ended yet, hold there (in use)
+    held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -220,7 +227,8 @@ class KVAware(RoutingPolicy):
         tie = key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
 
         def rank(r: EngineRecord) -> tuple[bool, float, float, int]:
-            full = not kv_room(r.load, prompt + out, r.block_size or bs)
+            held = self.ctx.held_blocks(r, key.hashes) * bs if key.exact and not key.chunk_tokens else 0
+            full = not kv_room(r.load, prompt + out, r.block_size or bs, held)
             return full, predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
 
         order = sorted(cands, key=rank)
@@ -326,11 +334,13 @@ class Decider:
         queued_prompts: Callable[[EngineRecord], int] = reported_queued_prompts,
         exact_index: Callable[[EngineRecord], bool] = indexed,
         offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload,
+        held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held,
     ) -> None:
         self.store = StoreIndex(cfg)
         ctx = Context(
-            cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index, offload_tiers
-        )
+            cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index, offload_tiers,
+            held_blocks,
+        )  # fmt: skip
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -53,6 +53,7 @@ class Health:
     streak: int = 0  # health probes passed (> 0) or failed (< 0) in a row (health.judge)
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
     prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
+    prompts: dict[int, tuple[bytes, ...]] = field(default_factory=dict)  # block hashes of our requests there
 
     def left_since(self, t: float) -> int:
         count = 0
@@ -80,7 +81,8 @@ class Slot:
         on_release: Callable[[], None] | None = None,
     ) -> None:
         self.pool, self.engine, self.held, self.on_release = pool, engine, True, on_release
-        self.prefill: Prefill | None = Prefill(time.time(), prefill_tokens, tuple(hashes))
+        self.hashes = tuple(hashes)
+        self.prefill: Prefill | None = Prefill(time.time(), prefill_tokens, self.hashes)
         pool.metrics.inflight.inc()
         self._join()
 
@@ -113,6 +115,7 @@ class Slot:
         health = self.pool.health[self.engine.engine_id]
         health.inflight += 1
         self.pool.breaker(self.engine.engine_id).sent()
+        health.prompts[id(self)] = self.hashes
         if self.prefill is not None:
             health.prefills[id(self)] = self.prefill
 
@@ -122,6 +125,18 @@ class Slot:
             health.inflight = max(0, health.inflight - 1)
             health.left_at.append(time.time())
             health.prefills.pop(id(self), None)
+            health.prompts.pop(id(self), None)
+
+
+def leading_match(hashes: Sequence[bytes], prompts: Iterable[Sequence[bytes]]) -> int:
+    """The most leading blocks `hashes` shares with one of `prompts`."""
+    best = 0
+    for other in prompts:
+        n = 0
+        while n < len(hashes) and n < len(other) and other[n] == hashes[n]:
+            n += 1
+        best = max(best, n)
+    return best
 
 
 class EnginePool:
@@ -225,13 +240,12 @@ class EnginePool:
 
     def routed_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
         """Leading blocks of `hashes` that a prompt we sent the engine (no first token yet) will leave there."""
-        best = 0
-        for p in self.health[record.engine_id].prefills.values():
-            n = 0
-            while n < len(hashes) and n < len(p.hashes) and p.hashes[n] == hashes[n]:
-                n += 1
-            best = max(best, n)
-        return best
+        return leading_match(hashes, (p.hashes for p in self.health[record.engine_id].prefills.values()))
+
+    def held_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
+        """Leading blocks of `hashes` that a request we sent the engine and that has not ended holds there: blocks
+        in use, which the engine's free count leaves out and a request sharing them does not take anew."""
+        return leading_match(hashes, self.health[record.engine_id].prompts.values())
 
     def spec(self, model: str) -> ModelSpec | None:
         """How the router hashes the model's prompts: as its registered engines do, else as for external ones."""

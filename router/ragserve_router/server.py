@@ -131,6 +131,7 @@ async def serve(cfg: RouterConfig) -> int:
             pool.queued_prompts,
             pool.exact_index,
             pool.offload_tiers,
+            pool.held_blocks,
         ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),
