@@ -137,7 +137,8 @@ def running(engine: Server) -> Iterator[None]:
     body = {"model": "tiny", "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", engine.url + "/v1/completions", json=body, timeout=300) as resp:
         assert resp.status_code == 200
-        next(resp.iter_lines())  # running
+        lines = resp.iter_lines()  # held: a generator dropped closes the connection (the engine aborts the request)
+        next(lines)  # running
         yield
 
 
