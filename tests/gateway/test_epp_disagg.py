@@ -205,10 +205,11 @@ def test_frozen_prefiller_costs_a_recompute_after_the_timeout(pd, gateway_cluste
     gateway_cluster.wait_registered(prefill)  # thawed, it registers again
 
 
+@pytest.mark.last_in_module  # the prefill engine exits
 def test_draining_prefiller_costs_a_recompute(pd):
     """A live prefill engine answering 5xx: draining after the picker named it (SIGTERM; a request of its own keeps it
     up), it answers the decode engine's leg 503: the leg counts failed and the decode engine computes the prompt, the
-    answer the reference's. Last in the module: the prefill engine exits."""
+    answer the reference's."""
     picker, prefill, decode, reference = pd
     body = rag(9, "Which item weighs 13 grams?")
     failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
