@@ -131,6 +131,9 @@ class CacheStoreConnector:
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
+        self._queued = 0  # blocks ever queued for offload (step thread)
+        self._sent = 0  # of them, put to the store or given up on, in queue order (offload thread)
+        self._sent_cv = threading.Condition()
         self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
         self._thread.start()
         self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
@@ -367,6 +370,7 @@ class CacheStoreConnector:
         for i, (_, h) in enumerate(todo):
             try:
                 self._queue.put_nowait((h, gathered, i, span))
+                self._queued += 1
                 self._remember(h)
             except queue.Full:
                 self.stats.dropped += 1
@@ -394,6 +398,9 @@ class CacheStoreConnector:
                     self.count_transfer("stored", sum(len(b.data) for b in blocks), time.perf_counter() - t0)
             except Exception:
                 log.exception("cachestore offload failed")
+            with self._sent_cv:
+                self._sent += len(blocks)
+                self._sent_cv.notify_all()
             for _ in batch:
                 self._queue.task_done()
             if batch[-1] is None:
@@ -408,6 +415,17 @@ class CacheStoreConnector:
     def flush(self) -> None:
         """Wait until every queued offload was sent (each put has a deadline)."""
         self._queue.join()
+
+    def save_mark(self) -> int:
+        """The offload queue's end now: every block queued so far is sent once saved(mark) (kv_tail.py)."""
+        return self._queued
+
+    def saved(self, mark: int) -> bool:
+        return self._sent >= mark
+
+    def wait_saved(self, mark: int, timeout: float) -> None:
+        with self._sent_cv:
+            self._sent_cv.wait_for(lambda: self._sent >= mark, timeout)
 
     def close(self) -> None:
         self._queue.put(None)

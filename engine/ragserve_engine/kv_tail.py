@@ -2,17 +2,20 @@
 
 A prefill engine (--role prefill) stores, besides the full blocks every cachestore engine offloads, the
 block holding the prompt's tail (the tokens after the cacheable full blocks, but the last one:
-ragserve.keys.tail_block) under the tail's own key, and waits until the store has everything before the
-request's answer leaves. A decode engine (--role decode) fetches the tail with the full blocks and lands it
-in the request's first fresh block at admission, so its first step computes the last prompt token only.
+ragserve.keys.tail_block) under the tail's own key, and holds the request's answer until the store has
+every block of its prompt (SavingOutputs), while the step loop runs on for the other requests. A decode
+engine (--role decode) fetches the tail with the full blocks and lands it in the request's first fresh
+block at admission, so its first step computes the last prompt token only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ragserve.keys import cacheable_blocks, tail_block
 from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.outputs import RequestOutput
 from ragserve_engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -26,19 +29,58 @@ def prompt_tail(kv_manager: KVCacheManager, seq: Sequence, cache_salt: str | Non
     return tail_block(prompt, kv_manager.block_size, kv_manager.root, hashes, cache_salt)
 
 
-def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, scheduled: list) -> None:
+def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, scheduled: list) -> dict[str, int]:
     """Prefill role, after a step (`scheduled`: its ScheduledSeqs): queue the tail block of every prompt the step
-    completed, then wait until the store holds every queued block (so the decode engine finds them once the answer
-    is out)."""
+    completed; returns their request ids, each with the offload mark (connector.save_mark) past which every block
+    of its prompt is in the store (its full blocks were queued in this step or before)."""
     completed = [s for s in scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
-    if not completed:
-        return
     for s in completed:
         if (tail := prompt_tail(kv_manager, s.seq, s.request.cache_salt)) is not None:
             block = s.seq.blocks[cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)]
             connector.offload([(block, tail[1])], scheduled)
-    connector.flush()
-    connector.stats.transfer_requests["stored"] += len(completed)  # their KV is in the store now
+    mark = connector.save_mark()
+    return {s.request.request_id: mark for s in completed}
+
+
+@dataclass
+class SavingOutputs:
+    """Prefill role: a completed prompt's answer leaves once the store has its blocks (vLLM's `finished_sending`,
+    turned around: there the blocks wait for their transfer, here the answer does), so the decode engine finds them,
+    and the step loop never waits for a put: the other requests' outputs leave as they come."""
+
+    connector: CacheStoreConnector
+    marks: dict[str, int] = field(default_factory=dict)  # request id -> the offload mark its answer waits for
+    held: dict[str, list[RequestOutput]] = field(default_factory=dict)  # their outputs meanwhile, in order
+
+    def __bool__(self) -> bool:
+        return bool(self.marks)
+
+    def hold(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """The outputs that may leave now (released first: those whose blocks were stored since the last call);
+        the rest wait for their blocks."""
+        ready = self.finished_saving()
+        for out in outputs:
+            if out.request_id in self.marks:
+                self.held.setdefault(out.request_id, []).append(out)
+            else:
+                ready.append(out)
+        return ready
+
+    def finished_saving(self) -> list[RequestOutput]:
+        done = [rid for rid, mark in self.marks.items() if self.connector.saved(mark)]
+        for rid in done:
+            del self.marks[rid]
+        self.connector.stats.transfer_requests["stored"] += len(done)  # their KV is in the store now
+        return [out for rid in done for out in self.held.pop(rid, [])]
+
+    def wait(self, timeout: float) -> None:
+        """Nothing to step: sleep until the oldest held answer's blocks are stored (at most `timeout`)."""
+        if self.marks:
+            self.connector.wait_saved(min(self.marks.values()), timeout)
+
+    def abort(self, request_id: str) -> None:
+        self.marks.pop(request_id, None)
+        self.held.pop(request_id, None)
 
 
 def land_tail(connector: CacheStoreConnector, seq: Sequence, num_hit_blocks: int, tail: tuple[int, bytes]) -> None:

@@ -22,7 +22,7 @@ from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
-from ragserve_engine.kv_tail import offload_prompts
+from ragserve_engine.kv_tail import SavingOutputs, offload_prompts
 from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
@@ -67,6 +67,7 @@ class LLMEngine:
                 lambda: self.load.prefill_tokens_per_s,
             )
         self.scheduler = Scheduler(config, self.kv_manager, self.connector)
+        self.saving = SavingOutputs(self.connector) if self.connector and config.role == "prefill" else None
         store = self.connector.client if self.connector else None
         self.blender = Blender(
             self.runner, self.kv_manager.root, config.blend_recompute_fraction, config.blend_cache_memory,
@@ -180,6 +181,8 @@ class LLMEngine:
 
     def _drop(self, request_id: str) -> Request | None:
         """Forget a request and free what it holds; its live sequences end as "abort"."""
+        if self.saving is not None:
+            self.saving.abort(request_id)
         req = self.requests.pop(request_id, None)
         if req is not None:
             for seq in req.live_seqs:
@@ -188,7 +191,7 @@ class LLMEngine:
         return req
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self.saving)
 
     # ---- stepping ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -199,7 +202,9 @@ class LLMEngine:
                 self.scheduler.wait_for_remote(REMOTE_POLL_S)
             elif self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
                 raise RuntimeError(f"scheduler stalled with {self.stats()}")
-            return []
+            elif self.saving:  # only answers waiting for the store to take their blocks
+                self.saving.wait(REMOTE_POLL_S)
+            return self.saving.hold([]) if self.saving is not None else []
         t0, epoch, graph_steps = time.perf_counter(), compile_epoch(), self._graph_steps()
         model_out = self.blender.execute(out)
         for rid, exc in self.blender.take_failed().items():  # out no longer holds them
@@ -214,8 +219,9 @@ class LLMEngine:
             self.warmup_steps.observe(seconds)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
-        if self.connector is not None and self.config.role == "prefill":
-            offload_prompts(self.connector, self.kv_manager, out.scheduled)  # tails too, in the store before the answer
+        if self.saving is not None and self.connector is not None:  # tails too, in the store before the answer
+            self.saving.marks.update(offload_prompts(self.connector, self.kv_manager, out.scheduled))
+            return self.saving.hold(self._process(out, model_out))
         return self._process(out, model_out)
 
     def _graph_steps(self) -> int:

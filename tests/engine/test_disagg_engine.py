@@ -1,14 +1,20 @@
 """--role prefill / decode over a real cachestore: the decode engine fetches the prompt's full blocks and its tail
-block, computes only the last prompt token, and generates what one engine alone generates."""
+block, computes only the last prompt token, and generates what one engine alone generates. The prefill engine's
+answer waits for the store to take the prompt's blocks; its other requests keep stepping meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from ragserve_engine.async_engine import AsyncLLM
+from ragserve_engine.kv_tail import prompt_tail
 from ragserve_engine.llm import LLM
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
+from tests.helpers.process import frozen, until_async
 from tests.helpers.tiny_models import tiny_model
 
 FIRST = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)  # the prefill leg
@@ -59,3 +65,50 @@ def test_decode_engine_recomputes_without_the_store(cachestore, tmp_path):
 def test_role_needs_a_cachestore():
     with pytest.raises(ValueError, match="needs --cachestore"):
         eager(role="decode")
+
+
+def test_prefill_answer_waits_for_the_store_not_the_steps(cachestore):
+    """The store frozen (SIGSTOP) while a prompt completes on the prefill engine: a request decoding beside it keeps
+    getting tokens while the prompt's answer waits; thawed, the answer leaves, every block of the prompt (its tail
+    block included) in the store."""
+    prefill = eager(cachestore=cachestore.address, role="prefill")
+    asyncio.run(_answer_waits_for_the_store(AsyncLLM(prefill.engine.config, prefill.engine), cachestore))
+
+
+async def _answer_waits_for_the_store(llm: AsyncLLM, store: CacheStoreProcess) -> None:
+    engine, decoded = llm.engine, asyncio.Queue()
+    prompt = list(range(5000, 5000 + 20 * 16 + 6 + 1))  # 20 full blocks, a 6-token tail, the last token
+
+    async def decode() -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+        async for out in llm.generate(list(range(100, 120)), params, "decoding"):
+            decoded.put_nowait(out)
+
+    async def leg() -> list:
+        return [out async for out in llm.generate(prompt, FIRST, "leg")]
+
+    decoding = asyncio.create_task(decode())
+    try:
+        await asyncio.wait_for(decoded.get(), 60)
+        stored = engine.connector.stats.transfer_requests["stored"]  # the decoding request's prompt's
+        with frozen([store.process]):
+            answer = asyncio.create_task(leg())
+            await until_async(lambda: "leg" in engine.saving.marks, timeout=60, interval=0.005, what="leg computed")
+            while not decoded.empty():
+                decoded.get_nowait()
+            for _ in range(3):  # steps go on while the store has the leg's blocks in flight
+                await asyncio.wait_for(decoded.get(), 60)
+            assert not answer.done() and "leg" in engine.saving.marks  # its answer waits for the store
+        outputs = await asyncio.wait_for(answer, 60)
+        assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 1
+        connector = engine.connector
+        hashes = engine.kv_manager.hash_blocks(prompt, None)
+        tail = prompt_tail(engine.kv_manager, engine.make_request("probe", prompt, FIRST).seqs[0], None)
+        assert tail is not None and tail[0] == 6
+        assert connector.client.lookup([*hashes, tail[1]]) == len(hashes) + 1  # all stored, tail included
+        assert connector.stats.transfer_requests["stored"] == stored + 1
+        assert not decoding.done()  # still decoding: nothing held it
+    finally:
+        decoding.cancel()
+        await asyncio.gather(decoding, return_exceptions=True)
+        llm.shutdown()

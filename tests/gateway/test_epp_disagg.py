@@ -3,10 +3,12 @@ cachestore, a --role prefill and a --role decode engine registered with a router
 by the Envoy-like client, and a `both` engine alone for reference. A long prompt picked onto the decode engine
 carries x-prefiller-host-port naming the prefill engine; the decode engine runs the prefill leg there, fetches the
 prompt and computes its last token only, answering exactly as the reference does, streamed or not, n=1 or 2. A short
-prompt gets no header (and a client's own is removed); a prefiller outside --prefiller-allow is ignored; a dead or a
-frozen one costs a recompute (the latter after --prefiller-timeout), never an error."""
+prompt gets no header (and a client's own is removed); a prefiller outside --prefiller-allow is ignored; a dead, a
+frozen (after --prefiller-timeout) or a draining one (it answers 503) costs a recompute, never an error."""
 
 from __future__ import annotations
+
+import signal
 
 import httpx
 import pytest
@@ -16,7 +18,7 @@ from tests.gateway.conftest import ENGINE_FLAGS, endpoint, epp_router
 from tests.helpers import envoy, process
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
-from tests.router.conftest import scrape
+from tests.router.conftest import running, scrape
 
 pytestmark = pytest.mark.slow  # several processes, each loading a model
 CHAT = "/v1/chat/completions"
@@ -201,3 +203,30 @@ def test_frozen_prefiller_costs_a_recompute_after_the_timeout(pd, gateway_cluste
     assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
     assert metric(decode.url, LEGS, outcome="ok") == ok
     gateway_cluster.wait_registered(prefill)  # thawed, it registers again
+
+
+@pytest.mark.last_in_module  # the prefill engine exits
+def test_draining_prefiller_costs_a_recompute(pd):
+    """A live prefill engine answering 5xx: draining after the picker named it (SIGTERM; a request of its own keeps it
+    up), it answers the decode engine's leg 503: the leg counts failed and the decode engine computes the prompt, the
+    answer the reference's."""
+    picker, prefill, decode, reference = pd
+    body = rag(9, "Which item weighs 13 grams?")
+    failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
+    expected = answer(reference.url, body)
+    pick = picker.envoy.pick(CHAT, body)
+    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    with running(prefill):
+        prefill.popen.send_signal(signal.SIGTERM)
+        draining = lambda: httpx.get(prefill.url + "/ready", timeout=5).status_code == 503  # noqa: E731
+        process.until(draining, what="the prefill engine draining")
+        served = picker.envoy.serve(pick)
+        assert served.status == 200 and served.endpoint == endpoint(decode)
+        assert metric(decode.url, LEGS, outcome="failed") == failed + 1
+        assert f"prefill leg on http://{endpoint(prefill)} failed (HTTP 503)" in decode.output()  # a 5xx answer
+    prefill.popen.wait(60)
+    data = httpx.Response(200, content=served.body).json()
+    assert text(data) == text(expected)
+    assert data["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
+    assert metric(decode.url, LEGS, outcome="ok") == ok

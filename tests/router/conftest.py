@@ -10,10 +10,11 @@ the fixture that started it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,18 @@ class Cluster:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+
+@contextlib.contextmanager
+def running(engine: Server) -> Iterator[None]:
+    """A request of the engine's own streams for the block: an engine SIGTERMed meanwhile drains and stays up for it,
+    answering every new request 503 (`draining`), a real engine's 5xx; it exits once the block is left."""
+    body = {"model": "tiny", "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", engine.url + "/v1/completions", json=body, timeout=300) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()  # held: a generator dropped closes the connection (the engine aborts the request)
+        next(lines)  # running
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.process import frozen, until
-from tests.router.conftest import Cluster, Server, case_file, scrape
+from tests.router.conftest import Cluster, Server, case_file, running, scrape
 
 pytestmark = pytest.mark.slow  # several processes, each loading a model
 ENGINE_FLAGS = ["--num-gpu-blocks", "1024", "--max-model-len", "4096"]
@@ -36,14 +36,17 @@ class PD:
     more_decode: list[Server]
 
 
-def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1) -> PD:
-    """A cachestore, a router and `engines` prefill and decode engines each (pd-prefill, pd-decode, -1, ...)."""
+def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1, decoders: int | None = None) -> PD:
+    """A cachestore, a router, `engines` prefill engines and `decoders` (default: as many) decode engines (pd-prefill,
+    pd-decode, -1, ...)."""
     store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
     router = cluster.router("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64")
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
-    names = [""] + [f"-{i}" for i in range(1, engines)]
+    decoders = engines if decoders is None else decoders
+    names = [""] + [f"-{i}" for i in range(1, max(engines, decoders))]
     prefill = cluster.real_engines(router, engines, *flags, "--role", "prefill", ids=[f"pd-prefill{n}" for n in names])
-    decode = cluster.real_engines(router, engines, *flags, "--role", "decode", ids=[f"pd-decode{n}" for n in names])
+    ids = [f"pd-decode{n}" for n in names[:decoders]]
+    decode = cluster.real_engines(router, decoders, *flags, "--role", "decode", ids=ids)
     for engine in (*prefill, *decode):
         cluster.wait_registered(engine)
     return PD(router, prefill[0], decode[0], store, prefill[1:], decode[1:])
@@ -259,6 +262,60 @@ def test_faults_lose_no_request(tmp_path, model_dir, until):
         results = leg_killed(fleet, others[0], body | {"cache_salt": "no-prefill"}, until)
         assert results and results[0][0] == expected
         assert legs(fleet.router)["failed"] == failed + 1  # no prefill engine left: the decode engine computed
+    finally:
+        cluster.stop_all()
+        fleet.store.stop()
+
+
+def leg_refused(fleet: PD, victim: Server, body: dict, until) -> tuple[list[str], dict]:
+    """`body` through the router while `victim` (a prefill engine) is draining: frozen while the router sends it the
+    leg (it is still registered then), SIGTERMed and thawed, it answers the leg 503 (a request of its own keeps it
+    up), then exits."""
+    results: list = []
+    with running(victim):
+        with frozen([victim]):
+            worker = threading.Thread(target=lambda: results.append(answer(fleet.router.url, body)))
+            worker.start()
+            in_flight(fleet.router, 2, until)
+            victim.popen.send_signal(signal.SIGTERM)
+        worker.join(timeout=300)
+    victim.popen.wait(60)
+    assert results, "no answer"
+    texts, usage, _ = results[0]
+    return texts, usage
+
+
+def server_errors(router: Server, engine: Server) -> float:
+    return metric(router.url, "ragserve_router_engine_errors_total", engine=engine.name, kind="server_error")
+
+
+def test_prefill_engine_answering_5xx_loses_no_request(pd, tmp_path, model_dir, until):
+    """A live prefill engine answering 5xx (draining: 503) fails the leg: it is retried on the other prefill engine;
+    with none left, the decode engine computes the prompt. Each answer the `both` engine's, token for token."""
+    _, reference = pd
+    cluster = Cluster(tmp_path, model_dir)
+    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000, engines=2, decoders=1)
+    prefills = [fleet.prefill, *fleet.more_prefill]
+    try:
+        body = rag(10, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True)
+        expected, _, _ = answer(reference.url, body)
+        answer(fleet.router.url, body | {"cache_salt": "warm"})
+        first = max(prefills, key=prompt_tokens)  # holds the prompt: ranks first for it again
+        (other,) = [e for e in prefills if e is not first]
+        before, computed = legs(fleet.router), prompt_tokens(other)
+        texts, usage = leg_refused(fleet, first, body | {"cache_salt": "warm"}, until)
+        assert texts == expected
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1  # the retry's KV
+        after = legs(fleet.router)
+        assert after == before | {"retried": before["retried"] + 1, "ok": before["ok"] + 1}
+        assert server_errors(fleet.router, first) == 1  # a 5xx, not a refused connection
+        assert prompt_tokens(other) > computed  # the retry ran there
+
+        texts, usage = leg_refused(fleet, other, body | {"cache_salt": "none-left"}, until)
+        assert texts == expected
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # computed on the decode engine
+        assert legs(fleet.router)["failed"] == after["failed"] + 1
+        assert server_errors(fleet.router, other) == 1
     finally:
         cluster.stop_all()
         fleet.store.stop()
