@@ -42,6 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi_round_chat import make_users, run_chat, system_prompt  # noqa: E402
 from rag_cluster import make_trace, percentile  # noqa: E402
+from scale_chat import follow_ups, routing_during, scrape  # noqa: E402
 from scale_index import index_figures  # noqa: E402
 from scale_procs import MODEL, ROUTERS, SIM_COST, start_router  # noqa: E402
 
@@ -136,16 +137,8 @@ async def rag_quality(router: str, docs, trace, rate: float) -> dict:
 
 async def chat_quality(router: str, system: str, users) -> dict:
     turns = await run_chat(router, MODEL, system, users, 16)
-    return summarize([res for _, res in turns], [t.first for t, _ in turns])
-
-
-def scrape(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+    out = summarize([res for _, res in turns], [t.first for t, _ in turns])
+    return {**out, "follow_ups": follow_ups(turns)}
 
 
 def served(engines: list[str]) -> list[float]:
@@ -171,7 +164,10 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
         cpu0, before = router.cpu_s(), served(urls)
         steps = [asyncio.run(added_latency(url, urls, rate, args.step_s)) for rate in args.rates]
         rag = asyncio.run(rag_quality(url, docs, trace, args.rag_rate))
+        pre = scrape(url) if name.startswith("ragserve") else {}
         chats = asyncio.run(chat_quality(url, *chat))
+        if pre:
+            chats["routing"] = routing_during(pre, scrape(url))
         cpu = router.cpu_s() - cpu0
         counts = [b - a for a, b in zip(before, served(urls), strict=True)]
         total = sum(steps[i]["requests"] for i in range(len(steps))) + rag["requests"] + chats["requests"]
@@ -225,6 +221,18 @@ def markdown(report: dict) -> str:
             f"{r['max_share_x_engines']:.2f} | {r['engines_used']} | {r.get('registrations', '-')} |"
         )
     lines += [f"| {f['engines']} | {f['router']} | failed: {f['error'][-200:]!r} |" for f in report["failed"]]
+    routed = [r for r in report["results"] if "routing" in r["chat"]]
+    if routed:
+        lines += ["", "Chat phase, the router's metrics: decisions by reason; cached tokens predicted / reported."]
+    for r in routed:
+        c, f = r["chat"]["routing"], r["chat"]["follow_ups"]
+        reasons = ", ".join(f"{k} {v:g}" for k, v in sorted(c["reasons"].items()))
+        cached = ", ".join(f"{w} {a / max(b, 1):.1%}" for w, (a, b) in f["cached"].items())
+        lines.append(
+            f"- {r['engines']} {r['router']}: {reasons}; {c['predicted_cached_tokens']:,.0f} / "
+            f"{c['actual_cached_tokens']:,.0f} of {c['prompt_tokens']:,.0f} prompt tokens; follow-ups on the "
+            f"previous turn's engine {f['stayed']}, moved {f['moved']} ({f['moved_reasons']}); cached: {cached}"
+        )
     ing = report["index"]["ingest"]
     lines += [
         "",
