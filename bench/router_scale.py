@@ -22,6 +22,9 @@ Plus the index figures of bench/scale_index.py (in process).
     flock /tmp/cpu.lock .venv/bin/python bench/router_scale.py --real --fleets 2 --rates 2 --step-s 5 \
         --rag-requests 12 --rag-rate 0.5 --users 2 --rounds 2 --num-blocks 512
 
+--baseline-src DIR with e.g. --routers ragserve-kv_aware@baseline,ragserve-kv_aware: before / after a change,
+the baseline's router from another tree (`git archive REV router | tar -x -C /tmp/base`, DIR /tmp/base/router).
+
 Writes bench/results/router_scale[-real][-TAG].{json,md} (with the command line) and _added.png / _quality.png.
 """
 
@@ -156,8 +159,9 @@ def decision_latency(router: str) -> dict:
 
 
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
+    src = args.baseline_src if name.endswith("@baseline") else None
     router, fleet, url, urls = start_router(
-        name, fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real
+        name.split("@")[0], fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real, src
     )
     try:
         asyncio.run(warm_up(url, urls))
@@ -288,6 +292,13 @@ def save(report: dict, out: Path, stem: str) -> None:
     plot(report, out, stem)
 
 
+def installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # a run of ragserve's rows only needs no peer
+        return "not installed"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleets", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64, 256])
@@ -306,6 +317,11 @@ def main() -> int:
         action="store_true",
         help="real `ragserve engine`s (--model, default smollm2-135m) "
         "instead of sims: use with --fleets 2 and a small load",
+    )
+    p.add_argument(
+        "--baseline-src",
+        default=None,
+        help="a `router/` directory of another tree (git archive REV router): ROUTER@baseline runs its router",
     )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")
@@ -328,7 +344,7 @@ def main() -> int:
     docs = load_corpus()
     trace = make_trace(docs, args.rag_requests, 1.1, 4, args.seed)
     chat = (system_prompt(docs, 400, args.seed), make_users(docs, args.users, args.rounds, 600, 0.1, args.seed))
-    versions = {k: importlib.metadata.version(k) for k in ("smg", "vllm-router")}
+    versions = {k: installed(k) for k in ("smg", "vllm-router")}
     report = {
         "command": "python bench/router_scale.py " + " ".join(sys.argv[1:]),
         "versions": versions,

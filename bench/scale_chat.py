@@ -3,6 +3,8 @@ account of a phase (ragserve's metrics)."""
 
 from __future__ import annotations
 
+import statistics
+
 import httpx
 
 
@@ -12,6 +14,7 @@ def follow_ups(turns) -> dict:
     tokens served from cache either way."""
     last: dict[int, str] = {}
     out = {"stayed": 0, "moved": 0, "moved_reasons": {}, "cached": {"stayed": [0, 0], "moved": [0, 0]}}
+    ttfts: dict[str, list[float]] = {"stayed": [], "moved": []}
     for turn, res in sorted(turns, key=lambda tr: (tr[0].user, tr[0].round)):
         prev, last[turn.user] = last.get(turn.user), res.engine
         if turn.first or not res.ok or not res.engine or not prev:
@@ -23,6 +26,8 @@ def follow_ups(turns) -> dict:
             out["moved_reasons"][reason] = out["moved_reasons"].get(reason, 0) + 1
         out["cached"][where][0] += res.cached_tokens
         out["cached"][where][1] += res.prompt_tokens
+        ttfts[where] += [res.ttft_s] if res.ttft_s is not None else []
+    out["ttft_p50_ms"] = {w: 1000 * statistics.median(ts) if ts else None for w, ts in ttfts.items()}
     return out
 
 
