@@ -26,6 +26,9 @@ There a router name may end in +cachestore (e.g. ragserve-round_robin+cachestore
 interleaved, and the RAG quality table pools each router's requests (scale_quality.py), one row per request in
 the JSON (engine and ragserve's route reason).
 
+--baseline-src DIR with e.g. --routers ragserve-kv_aware@baseline,ragserve-kv_aware: before / after a change,
+the baseline's router from another tree (`git archive REV router | tar -x -C /tmp/base`, DIR /tmp/base/router).
+
 Writes bench/results/router_scale[-real][-TAG].{json,md} (with the command line) and _added.png / _quality.png.
 """
 
@@ -46,6 +49,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi_round_chat import bench_client, make_users, routed_chat, run_chat, system_prompt  # noqa: E402
 from rag_cluster import make_trace, percentile  # noqa: E402
+from scale_chat import follow_ups, routing_during, scrape  # noqa: E402
 from scale_index import index_figures  # noqa: E402
 from scale_procs import MODEL, ROUTERS, SIM_COST, start_router  # noqa: E402
 from scale_quality import summary_markdown  # noqa: E402
@@ -151,16 +155,8 @@ async def rag_quality(router: str, docs, trace, rate: float) -> dict:
 
 async def chat_quality(router: str, system: str, users) -> dict:
     turns = await run_chat(router, MODEL, system, users, 16)
-    return summarize([res for _, res in turns], [t.first for t, _ in turns])
-
-
-def scrape(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
+    out = summarize([res for _, res in turns], [t.first for t, _ in turns])
+    return {**out, "follow_ups": follow_ups(turns)}
 
 
 def served(engines: list[str]) -> list[float]:
@@ -178,8 +174,9 @@ def decision_latency(router: str) -> dict:
 
 
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
+    src = args.baseline_src if name.endswith("@baseline") else None
     router, fleet, url, urls = start_router(
-        name, fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real
+        name.split("@")[0], fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real, src
     )
     try:
         asyncio.run(warm_up(url, urls))
@@ -188,7 +185,10 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
         before_rag = served(urls)
         rag = asyncio.run(rag_quality(url, docs, trace, args.rag_rate))
         rag["engine_requests"] = [b - a for a, b in zip(before_rag, served(urls), strict=True)]
+        pre = scrape(url) if name.startswith("ragserve") else {}
         chats = asyncio.run(chat_quality(url, *chat))
+        if pre:
+            chats["routing"] = routing_during(pre, scrape(url))
         cpu = router.cpu_s() - cpu0
         counts = [b - a for a, b in zip(before, served(urls), strict=True)]
         total = sum(steps[i]["requests"] for i in range(len(steps))) + rag["requests"] + chats["requests"]
@@ -242,6 +242,18 @@ def markdown(report: dict) -> str:
             f"{r['max_share_x_engines']:.2f} | {r['engines_used']} | {r.get('registrations', '-')} |"
         )
     lines += [f"| {f['engines']} | {f['router']} | failed: {f['error'][-200:]!r} |" for f in report["failed"]]
+    routed = [r for r in report["results"] if "routing" in r["chat"]]
+    if routed:
+        lines += ["", "Chat phase, the router's metrics: decisions by reason; cached tokens predicted / reported."]
+    for r in routed:
+        c, f = r["chat"]["routing"], r["chat"]["follow_ups"]
+        reasons = ", ".join(f"{k} {v:g}" for k, v in sorted(c["reasons"].items()))
+        cached = ", ".join(f"{w} {a / max(b, 1):.1%}" for w, (a, b) in f["cached"].items())
+        lines.append(
+            f"- {r['engines']} {r['router']}: {reasons}; {c['predicted_cached_tokens']:,.0f} / "
+            f"{c['actual_cached_tokens']:,.0f} of {c['prompt_tokens']:,.0f} prompt tokens; follow-ups on the "
+            f"previous turn's engine {f['stayed']}, moved {f['moved']} ({f['moved_reasons']}); cached: {cached}"
+        )
     ing = report["index"]["ingest"]
     lines += [
         "",
@@ -299,6 +311,13 @@ def save(report: dict, out: Path, stem: str) -> None:
     plot(report, out, stem)
 
 
+def installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # a run of ragserve's rows only needs no peer
+        return "not installed"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fleets", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64, 256])
@@ -317,6 +336,11 @@ def main() -> int:
         action="store_true",
         help="real `ragserve engine`s (--model, default smollm2-135m) "
         "instead of sims: use with --fleets 2 and a small load",
+    )
+    p.add_argument(
+        "--baseline-src",
+        default=None,
+        help="a `router/` directory of another tree (git archive REV router): ROUTER@baseline runs its router",
     )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")
@@ -340,7 +364,7 @@ def main() -> int:
     docs = load_corpus()
     trace = make_trace(docs, args.rag_requests, 1.1, 4, args.seed)
     chat = (system_prompt(docs, 400, args.seed), make_users(docs, args.users, args.rounds, 600, 0.1, args.seed))
-    versions = {k: importlib.metadata.version(k) for k in ("smg", "vllm-router")}
+    versions = {k: installed(k) for k in ("smg", "vllm-router")}
     report = {
         "command": "python bench/router_scale.py " + " ".join(sys.argv[1:]),
         "versions": versions,

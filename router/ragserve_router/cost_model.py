@@ -7,8 +7,9 @@ For a prompt of P tokens and a candidate engine:
     fetched  = further tokens the cachestore holds, if the engine uses that store, or that the
                engine itself offloaded to CPU or disk (external engines' KV events), whichever is more
     computed = P - local - fetched                  (the last token is always computed)
-    queued   = prefill tokens already waiting on it (its heartbeat, plus what this router
-               sent it since that heartbeat: pool.queued_prefill), in `prompts` prompts
+    queued   = prefill tokens already waiting on it (its heartbeat, less what this router sent
+               it that prefilled since, plus what it sent it since that heartbeat:
+               pool.queued_prefill), in `prompts` prompts
     step     = step_time + seq_time x (decoding now - decoding at its heartbeat)
     TTFT     = (ahead + computed) / prefill_rate
                + steps x step

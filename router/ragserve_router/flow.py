@@ -20,9 +20,10 @@ heavy tenant's admitted requests do not fill the places a light tenant's clients
 finds one free.
 With --engine-priority as well (preempt), fairness does not wait for a heavy tenant's answers to end: a tenant
 under its allocation is admitted even when every place is taken, and each request carries its rank, the places its
-tenant held when it was admitted, as its engine priority (priority.py): the engine (--scheduling-policy priority)
-preempts the running request of the highest rank, the newest place of the tenant holding the most, for it. What
-the router admits past its places is bounded by the allocations and shrinks as the over-share tenant's answers end.
+tenant held when it was admitted (never below a rank it still holds), as its engine priority (priority.py): the
+engine (--scheduling-policy priority) preempts the running request of the highest rank, the newest place of the
+tenant holding the most, for it. What the router admits past its places is bounded by the allocations and shrinks
+as the over-share tenant's answers end.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class FlowControl:
     fair_share: bool = False  # --tenant-fair-share
     preempt: bool = False  # --engine-priority with --tenant-fair-share: the engine takes places back (ranks)
     held: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> places taken
+    ranks: dict[tuple[str, str], Counter[int]] = field(default_factory=dict)  # (model, tenant) -> ranks held, counted
     queued: Counter[tuple[str, str]] = field(default_factory=Counter)  # (model, tenant) -> requests waiting
     demand: TenantDemand = field(default_factory=TenantDemand)  # --tenant-fair-share
     counters: dict[str, float] = field(default_factory=dict)  # tenant -> weighted tokens served
@@ -105,7 +107,7 @@ class FlowControl:
             self._forget(waiter)
             admitted = waiter.admitted
             if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
-                self.release(model, tenant)  # admitted just as it was cancelled: the place goes to the next one
+                self.release(model, tenant, admitted.result())  # admitted as it was cancelled: the place goes on
             raise
         self.metrics.queue_wait.labels(cls).observe(time.monotonic() - waiter.since)
         return rank
@@ -123,11 +125,15 @@ class FlowControl:
         self._forget(waiter)
         self._refuse(waiter.cls, "queue_timeout", 503, f"waited {self.queue_timeout:g} s in the router queue")
 
-    def release(self, model: str, tenant: str) -> None:
-        """A request's answer ended: its place goes to the next waiter."""
+    def release(self, model: str, tenant: str, rank: int) -> None:
+        """A request's answer ended (`rank`: what acquire returned for it): its place goes to the next waiter."""
         if self.enabled:
             self.inflight[model] = max(0, self.inflight[model] - 1)
             _take_one(self.held, (model, tenant))
+            if (ranks := self.ranks.get((model, tenant))) is not None:
+                _take_one(ranks, rank)
+                if not ranks:
+                    del self.ranks[model, tenant]
             self.dispatch(model)
 
     def charge(self, tenant: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
@@ -179,7 +185,11 @@ class FlowControl:
         return alloc
 
     def _admit(self, model: str, tenant: str) -> int:
-        rank = self.held[model, tenant]
+        """Take a place; the request's rank: the places its tenant holds, but never below a rank it still holds (an
+        older request of it still running keeps a rank from when it held more; ties: the engine takes the newest)."""
+        ranks = self.ranks.setdefault((model, tenant), Counter())
+        rank = max(self.held[model, tenant], max(ranks, default=0))
+        ranks[rank] += 1
         self.inflight[model] += 1
         self.held[model, tenant] += 1
         self._note(model, tenant)
@@ -237,7 +247,7 @@ class FlowControl:
         return ApiError(status, f"{why}; try again later", reason, None, {"Retry-After": retry})
 
 
-def _take_one(counter: Counter[tuple[str, str]], key: tuple[str, str]) -> None:
+def _take_one(counter: Counter, key) -> None:
     """One fewer for the key; a key at zero leaves the counter (tenants come and go)."""
     if (n := counter[key] - 1) > 0:
         counter[key] = n

@@ -57,4 +57,4 @@ class Claim:
         if self.held:
             self.held = False
             self.gate.quotas.leave(self.tenant)
-            self.gate.flow.release(self.model, self.tenant)
+            self.gate.flow.release(self.model, self.tenant, self.rank)

@@ -54,6 +54,8 @@ class Health:
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
     prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
     prompts: dict[int, tuple[bytes, ...]] = field(default_factory=dict)  # block hashes of our requests there
+    # (sent, done, tokens) of our prompts whose prefill ended there (first token, or the request left), in time order
+    prefilled: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=256))
 
     def left_since(self, t: float) -> int:
         count = 0
@@ -62,6 +64,21 @@ class Health:
                 break
             count += 1
         return count
+
+    def prefill_done(self, key: int) -> None:
+        """Our prompt `key` no longer waits for its prefill there (its first token came, or it left)."""
+        if (prefill := self.prefills.pop(key, None)) is not None:
+            self.prefilled.append((prefill.at, time.time(), prefill.tokens))
+
+    def prefilled_since(self, sent_by: float, done_after: float) -> int:
+        """Prompt tokens of ours sent by `sent_by` whose prefill ended after `done_after`: a report taken at
+        `done_after` that arrived at `sent_by` counted them as queued, and they are not any more."""
+        tokens = 0
+        for sent, done, n in reversed(self.prefilled):
+            if done <= done_after:
+                break
+            tokens += n if sent <= sent_by else 0
+        return tokens
 
 
 class Slot:
@@ -96,7 +113,8 @@ class Slot:
     def first_token(self) -> None:
         """The engine finished this prompt's prefill."""
         if self.held and self.prefill is not None:
-            self._health_prefills().pop(id(self), None)
+            if (health := self.pool.health.get(self.engine.engine_id)) is not None:
+                health.prefill_done(id(self))
             self.prefill = None
 
     def release(self) -> None:
@@ -106,10 +124,6 @@ class Slot:
             self.pool.metrics.inflight.dec()
             if self.on_release is not None:
                 self.on_release()
-
-    def _health_prefills(self) -> dict[int, Prefill]:
-        health = self.pool.health.get(self.engine.engine_id)
-        return health.prefills if health is not None else {}
 
     def _join(self) -> None:
         health = self.pool.health[self.engine.engine_id]
@@ -124,7 +138,7 @@ class Slot:
         if health is not None:
             health.inflight = max(0, health.inflight - 1)
             health.left_at.append(time.time())
-            health.prefills.pop(id(self), None)
+            health.prefill_done(id(self))
             health.prompts.pop(id(self), None)
 
 
@@ -222,11 +236,15 @@ class EnginePool:
         return sum(p.tokens for p in self.health[record.engine_id].prefills.values())
 
     def queued_prefill(self, record: EngineRecord) -> int:
-        """Prefill tokens waiting on the engine: its heartbeat's queue plus what we sent after that heartbeat,
-        or, if more, what we sent that has no first token yet (a heartbeat taken mid-step predates both)."""
-        prefills = self.health[record.engine_id].prefills.values()
-        since = sum(p.tokens for p in prefills if p.at > record.load.reported_at)
-        return max(record.load.queued_prefill_tokens + since, sum(p.tokens for p in prefills))
+        """Prefill tokens waiting on the engine: its heartbeat's queue less our prompts in it whose prefill has
+        ended since (it is stale after, as for load), plus what we sent after that heartbeat; or, if more, what
+        we sent that has no first token yet (a heartbeat taken mid-step predates both)."""
+        health, reported_at = self.health[record.engine_id], record.load.reported_at
+        prefills = health.prefills.values()
+        since = sum(p.tokens for p in prefills if p.at > reported_at)
+        ended = health.prefilled_since(reported_at, reported_at - REPORT_TRANSIT_S)
+        reported = max(0, record.load.queued_prefill_tokens - ended)
+        return max(reported + since, sum(p.tokens for p in prefills))
 
     def queued_prompts(self, record: EngineRecord) -> int:
         """Prompts the queued prefill tokens belong to: ours without a first token, or the heartbeat's waiting

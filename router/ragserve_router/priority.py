@@ -6,8 +6,9 @@ standard, below 0 sheddable); without the header, the body's OpenAI `service_tie
 goes to the engine as it is; with --engine-priority a body without one gets the class's (critical -1, sheddable 1),
 so that an engine run with --scheduling-policy priority schedules a critical request before the standard ones
 waiting in it; with --tenant-fair-share as well, a standard request's is its rank (the places its tenant held when
-it was admitted: 0, 1, ...) and a sheddable one's SHEDDABLE_FLOOR + its rank, so the engine preempts the newest
-place of the tenant holding the most for a tenant under its share (flow.py), and critical (-1) still goes first.
+it was admitted: 0, 1, ..., never below a rank it still holds) and a sheddable one's SHEDDABLE_FLOOR + its rank, so
+the engine preempts the newest place of the tenant holding the most for a tenant under its share (flow.py), and
+critical (-1) still goes first.
 Tenant: the --tenant-header's value when set and present, else the API key's name, else the client address.
 """
 

@@ -20,12 +20,12 @@ def test_a_waiter_cancelled_as_its_place_is_granted_gives_the_place_back():
 
 async def _cancelled_as_granted() -> None:
     flow = FlowControl(per_engine=1, queue_size=8, queue_timeout=60, metrics=RouterMetrics(), engines=lambda _: 1)
-    await flow.acquire("tiny", STANDARD, "a")  # holds the only place
+    rank = await flow.acquire("tiny", STANDARD, "a")  # holds the only place
     waiting = asyncio.create_task(flow.acquire("tiny", STANDARD, "b"))
     while not flow.waiting:
         await asyncio.sleep(0)
-    flow.release("tiny", "a")  # grants the place to the waiter...
+    flow.release("tiny", "a", rank)  # grants the place to the waiter...
     waiting.cancel()  # ...whose client leaves before it runs again
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert flow.inflight["tiny"] == 0 and not flow.held and not flow.waiting
+    assert flow.inflight["tiny"] == 0 and not flow.held and not flow.ranks and not flow.waiting

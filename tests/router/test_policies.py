@@ -403,6 +403,38 @@ async def test_kv_aware_counts_our_prompts_without_a_first_token_over_a_stale_he
     assert pool.prefilling(e1) == 0
 
 
+@pytest.mark.asyncio
+async def test_kv_aware_discounts_a_reported_queue_whose_prefills_ended_since():
+    """A heartbeat taken while our 2,000-token prompt prefilled on e0 says 2,500 tokens queued there; once that
+    prompt's first token has come 500 are left, and a conversation's next turn stays on e0, where its prefix is,
+    for the rest of the heartbeat interval (bench/results/router_scale-chat64.md: follow-ups moved off their prefix
+    for a queue that had ended). A report taken after the first token, or a prompt sent after it, still counts."""
+    pool, records, decider = pooled()
+    e0 = records[0]
+    for r in records:
+        r.load = measured()
+    turn = [h(i) for i in range(60)]
+    await decider.by_name["kv_aware"].ctx.state.apply("e0", [KVOp(STORED, turn)], 1)
+    other = pool.reserve(e0, 2000)  # another user's cold prompt
+    time.sleep(0.01)
+    e0.load = measured(queued_prefill_tokens=2500)  # taken while it prefilled (500 tokens of another router's)
+    follow_up = req([*turn, h(10**6)], body={"prompt": "x", "max_tokens": 1}, tokens=16 * 61 + 5)
+    decision = await decider.decide("kv_aware", follow_up, records)
+    assert pool.queued_prefill(e0) == 2500 and decision.order[0] is not e0 and decision.reason == "spread"
+    other.first_token()
+    assert pool.queued_prefill(e0) == 500
+    decision = await decider.decide("kv_aware", follow_up, records)
+    assert decision.order[0] is e0 and decision.reason == "prefix_hit"
+    time.sleep(0.01)
+    later = pool.reserve(e0, 500)  # sent after the report: it was not in it
+    later.first_token()
+    assert pool.queued_prefill(e0) == 500
+    e0.load = measured(queued_prefill_tokens=2000, reported_at=time.time() + 1)  # taken after both ended
+    assert pool.queued_prefill(e0) == 2000
+    other.release()
+    later.release()
+
+
 def test_policy_classes_are_keyed_by_the_launch_specs_names():
     """Any order in, ragserve.router_args.POLICIES' order out; a class missing, or two of one name, is refused."""
     shuffled = keyed_by_name(KVAware, Prefix, Session, LeastLoaded, RoundRobin)
