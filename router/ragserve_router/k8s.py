@@ -24,7 +24,8 @@ from ragserve.external_engine import ExternalEngineSpec
 from ragserve.router_args import RouterConfig
 from ragserve_router.engines import K8S, EngineRecord
 from ragserve_router.external import ExternalEngines
-from ragserve_router.pool import EnginePool, Health
+from ragserve_router.pool import EnginePool
+from ragserve_router.slots import Health
 
 log = logging.getLogger(__name__)
 PORT_ANNOTATION = "ragserve.io/port"

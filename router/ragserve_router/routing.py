@@ -25,9 +25,10 @@ from ragserve_router.engines import EngineRecord
 from ragserve_router.gate import Claim, Gate
 from ragserve_router.metrics import RouterMetrics
 from ragserve_router.policies import Decider, Decision, RouteRequest
-from ragserve_router.pool import EnginePool, Slot
+from ragserve_router.pool import EnginePool
 from ragserve_router.priority import SHEDDABLE, traffic_class, with_engine_priority
 from ragserve_router.prompt import RoutingKey, Tokenizers
+from ragserve_router.slots import Slot
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
