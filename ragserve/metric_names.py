@@ -53,9 +53,10 @@ CACHESTORE_FETCHES_ABANDONED = "ragserve:cachestore_fetches_abandoned"
 CACHESTORE_BLOCKS_NOT_IMPORTED = "ragserve:cachestore_blocks_not_imported"
 # Newly computed blocks never offloaded to the cachestore: the bounded offload queue was full.
 CACHESTORE_OFFLOAD_DROPPED = "ragserve:cachestore_offload_dropped_blocks"
-# KV moved through the cachestore, by KV_TRANSFER_DIRECTION_LABEL ("stored": put, "fetched": downloaded): block
-# bytes, seconds in the calls, and requests (fetched: a request's download that brought blocks; stored: a prompt a
-# --role prefill engine stored for a decode engine). Bytes or seconds per request: the ratio of their rates.
+# KV moved through the cachestore, by KV_TRANSFER_DIRECTION_LABEL ("stored": put and accepted, "fetched":
+# downloaded): block bytes, seconds in the calls (puts a down store dropped count nowhere), and requests (fetched: a
+# request's download that brought blocks; stored: a prompt a --role prefill engine stored for a decode engine).
+# Bytes or seconds per request: the ratio of their rates.
 KV_TRANSFER_BYTES = "ragserve:kv_transfer_bytes"
 KV_TRANSFER_SECONDS = "ragserve:kv_transfer_seconds"
 KV_TRANSFER_REQUESTS = "ragserve:kv_transfer_requests"

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -24,6 +25,7 @@ from ragserve_cachestore.record import block_error, checksum, key_error, layout_
 from ragserve_cachestore.sharding import Backoff, parse_addresses, rendezvous_owner
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 # codes after which a replica is skipped for a backoff period (down, too slow, or refusing us)
 _DOWN = (
     grpc.StatusCode.UNAVAILABLE,
@@ -41,6 +43,12 @@ class KVBlock:
     data: bytes
     dtype: str  # "bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PutResult:
+    stored: int = 0  # blocks newly stored (the store had the others already)
+    accepted_bytes: int = 0  # block bytes in the Put calls the store answered (not those a down store dropped)
 
 
 @dataclass(frozen=True)
@@ -129,13 +137,19 @@ class CacheStoreClient:
 
     def put(self, blocks: Sequence[KVBlock]) -> int:
         """Store blocks on their owners; returns how many were newly stored. Safe from a background thread."""
+        return self.put_blocks(blocks).stored
+
+    def put_blocks(self, blocks: Sequence[KVBlock]) -> PutResult:
+        """put(), also telling how many block bytes the store accepted (a replica down or backing off drops its
+        blocks silently: the engine's stored-KV counters count only what arrived)."""
         for block in blocks:
             if message := block_error(block.key, block.data, block.dtype, tuple(block.shape), None):
                 raise ValueError(message)
             if len(block.data) + _MESSAGE_SLACK > self.max_message_bytes:
                 raise ValueError(f"a {len(block.data)}-byte block exceeds max_message_bytes={self.max_message_bytes}")
         by_pos = {i: b for i, b in enumerate(blocks)}
-        return sum(self._fanout([b.key for b in blocks], lambda r, items: self._put_shard(r, items, by_pos)))
+        shards = self._fanout([b.key for b in blocks], lambda r, items: self._put_shard(r, items, by_pos))
+        return PutResult(sum(r.stored for r in shards), sum(r.accepted_bytes for r in shards))
 
     def delete(self, hashes: Sequence[bytes]) -> int:
         self._check_keys(hashes)
@@ -196,15 +210,15 @@ class CacheStoreClient:
                 replica.backoff.failed()
         return out
 
-    def _put_shard(self, replica: Replica, items: list[tuple[int, bytes]], by_pos: dict[int, KVBlock]) -> int:
-        stored = 0
+    def _put_shard(self, replica: Replica, items: list[tuple[int, bytes]], by_pos: dict[int, KVBlock]) -> PutResult:
+        stored = accepted = 0
         for chunk in self._chunks(items):
             blocks = [by_pos[pos] for pos, _ in chunk]
             reply = replica.call(None, replica.stub.Put, self._put_requests(blocks), **self._kw())
             if reply is None:
-                return stored
-            stored += reply.stored
-        return stored
+                break
+            stored, accepted = stored + reply.stored, accepted + sum(len(b.data) for b in blocks)
+        return PutResult(stored, accepted)
 
     def _put_requests(self, blocks: list[KVBlock]) -> Iterator[pb.PutRequest]:
         """Messages of a few MiB: huge ones cost more to (de)serialize than they save in framing."""
@@ -229,7 +243,7 @@ class CacheStoreClient:
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
-    def _fanout(self, keys: Sequence[bytes], fn: Callable[[Replica, list[tuple[int, bytes]]], int]) -> list[int]:
+    def _fanout(self, keys: Sequence[bytes], fn: Callable[[Replica, list[tuple[int, bytes]]], _T]) -> list[_T]:
         """fn(replica, [(chain position, key), ...]) for every replica owning some of `keys`, in parallel."""
         shards: dict[int, list[tuple[int, bytes]]] = {}
         for pos, key in enumerate(keys):

@@ -66,9 +66,10 @@ class ConnectorStats:
     not_imported: int = 0  # fetched blocks left out: no free KV block for them (the request recomputes those)
     abandoned: int = 0  # fetches cut at their deadline (the request recomputed the rest) or aborted
     fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
-    # KV moved, by direction ("stored": put to the store, "fetched": downloaded from it): block bytes, seconds in
-    # the calls, and requests (fetched: a request's download that brought blocks; stored: a prompt a prefill
-    # engine stored for a decode engine, kv_tail.py)
+    # KV moved, by direction ("stored": put to the store and accepted by it, "fetched": downloaded from it): block
+    # bytes, seconds in the calls (stored: those the store answered), and requests (fetched: a request's download
+    # that brought blocks; stored: a prompt a prefill engine stored for a decode engine, kv_tail.py). Puts a down
+    # store dropped (the client logs them and backs off) count nowhere.
     transfer_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
     transfer_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
     transfer_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
@@ -394,8 +395,10 @@ class CacheStoreConnector:
                 if blocks:
                     t0 = time.perf_counter()
                     with tracing.use(span):
-                        self.stats.offloaded += self.client.put(blocks)  # blocks newly stored
-                    self.count_transfer("stored", sum(len(b.data) for b in blocks), time.perf_counter() - t0)
+                        put = self.client.put_blocks(blocks)
+                    self.stats.offloaded += put.stored  # blocks newly stored
+                    if put.accepted_bytes:  # what a down store dropped was not stored
+                        self.count_transfer("stored", put.accepted_bytes, time.perf_counter() - t0)
             except Exception:
                 log.exception("cachestore offload failed")
             with self._sent_cv:

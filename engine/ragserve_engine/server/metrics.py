@@ -115,7 +115,7 @@ class EngineStateCollector:
         """KV moved through the cachestore, by direction (zeros without a cachestore)."""
         labels = [m.MODEL_NAME_LABEL, m.KV_TRANSFER_DIRECTION_LABEL]
         for name, doc, values in (
-            (m.KV_TRANSFER_BYTES, "KV block bytes put to / fetched from the cachestore", stats.kv_transfer_bytes),
+            (m.KV_TRANSFER_BYTES, "KV block bytes the cachestore accepted / fetched from it", stats.kv_transfer_bytes),
             (m.KV_TRANSFER_SECONDS, "Seconds in cachestore puts / fetches", stats.kv_transfer_seconds),
             (m.KV_TRANSFER_REQUESTS, "Requests whose KV was stored / fetched", stats.kv_transfer_requests),
         ):

@@ -1,0 +1,67 @@
+"""The engine's stored-KV counters (ragserve:kv_transfer_*{direction="stored"}) count only the block bytes a real
+cachestore accepted: puts to a frozen (past the client's deadline) or dead store count nowhere; once it is back, the
+next prompt's blocks count exactly."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.engine.test_kv_connector import GREEDY, engine
+from tests.helpers.cachestore import CacheStoreProcess
+from tests.helpers.net import free_port
+from tests.helpers.process import frozen, until
+
+BLOCKS = 20  # full blocks per prompt (its 2 question tokens and 8 generated ones fill no other)
+
+
+def prompt(seed: int) -> list[int]:
+    return list(range(seed, seed + 16 * BLOCKS)) + [11, 12]
+
+
+def serve(tmp_path, port: int, name: str) -> CacheStoreProcess:
+    return CacheStoreProcess(tmp_path / f"{name}.log", port, "--memory", "256MiB").wait_serving()
+
+
+@pytest.fixture
+def store(tmp_path):
+    procs = [serve(tmp_path, free_port(), "cachestore")]
+    yield procs  # the test may replace procs[0] with a restarted store on the same port
+    procs[0].stop()
+
+
+def test_stored_bytes_count_only_what_the_store_accepted(store, tmp_path):
+    address = store[0].address
+    llm = engine(address)
+    connector = llm.engine.connector
+    client = connector.client
+    client.timeout_s = 0.5  # a frozen store fails the puts at this deadline
+    stats, block_bytes = connector.stats, connector.kv_cache.block_nbytes
+
+    def stored_after(seed: int) -> tuple[int, int, float]:
+        llm.generate([prompt(seed)], GREEDY)
+        connector.flush()
+        return stats.offloaded, stats.transfer_bytes["stored"], stats.transfer_seconds["stored"]
+
+    def reachable() -> bool:  # the client's backoff over, the store answers
+        return client.stats()[address] is not None
+
+    before = stored_after(1000)
+    assert before[:2] == (BLOCKS, BLOCKS * block_bytes) and before[2] > 0
+    with frozen([store[0].process]):
+        assert stored_after(2000) == before  # every put ran past its deadline
+    until(reachable, timeout=60, what="the thawed cachestore answers")
+    offloaded, nbytes, seconds = stored_after(3000)
+    assert (offloaded, nbytes) == (before[0] + BLOCKS, before[1] + BLOCKS * block_bytes) and seconds > before[2]
+
+    store[0].stop(signal.SIGKILL)
+    before = (offloaded, nbytes, seconds)
+    assert stored_after(4000) == before  # refused: the store is down
+    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
+    until(reachable, timeout=60, what="the restarted cachestore answers")
+    offloaded, nbytes, _ = stored_after(5000)
+    assert (offloaded, nbytes) == (before[0] + BLOCKS, before[1] + BLOCKS * block_bytes)
+    kv = llm.engine.kv_manager
+    assert client.lookup(kv.hash_blocks(prompt(4000), None)) == 0  # the store never had what counted nowhere
+    assert client.lookup(kv.hash_blocks(prompt(5000), None)) == BLOCKS
