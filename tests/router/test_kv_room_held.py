@@ -76,12 +76,12 @@ async def test_a_burst_sent_after_the_heartbeat_counts_against_its_free_blocks()
     await state.apply("e0", [KVOp(STORED, DOC)], 1)
     short = {"prompt": "x", "max_tokens": 16}  # each question: 21 tokens to compute + 16 output = 3 blocks anew
     e0 = records[0]
-    send(pool, await decider.decide("kv_aware", question(0, short), records), question(0, short))
+    slots = [send(pool, await decider.decide("kv_aware", question(0, short), records), question(0, short))]
     e0.load = measured(total_blocks=1024, free_blocks=13, reported_at=time.time())  # counts question 0
     for i in range(1, 5):  # 4 x 3 blocks fit in 13, none of them in that heartbeat
         decision = await decider.decide("kv_aware", question(i, short), records)
         assert decision.order[0].engine_id == "e0" and decision.reason == "prefix_hit"
-        send(pool, decision, question(i, short))
+        slots.append(send(pool, decision, question(i, short)))  # running: held until released
     assert pool.pending_blocks(e0, 16) == 12
     away = await decider.decide("kv_aware", question(5, short), records)  # 12 + 3 > 13: it would preempt
     assert away.order[0].engine_id != "e0" and away.reason == "spread"
