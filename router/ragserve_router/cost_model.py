@@ -39,14 +39,17 @@ request uses: what a cache hit saves) + decode, where decode = output tokens x (
 whose free KV blocks cannot hold the prompt and output (kv_room) ranks after every engine that can: it would
 preempt. The free count leaves out blocks in use, so the leading blocks a request this router sent there and
 that has not ended holds (pool.held_blocks) are not needed again: a hot document's next request fits beside the
-ones sharing it. For a decode engine of a disaggregated request the decode term and KV room are what set it apart.
+ones sharing it. The free count is the heartbeat's: the requests this router sent there after it will take blocks
+too (their prompt tokens to compute, which leave out what the engine or an earlier one of them holds, plus their
+output: pool.pending_blocks), so a burst does not send more than fits. For a decode engine of a disaggregated
+request the decode term and KV room are what set it apart.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ragserve.keys import cacheable_blocks
@@ -204,12 +207,17 @@ def offload_speed(speed: Speed, medium: str, block_size: int) -> Speed:
     return replace(speed, fetch_s_per_block=fraction * max(block_size, 1) / speed.prefill_tokens_per_s)
 
 
-def kv_room(load: Load, tokens: int, block_tokens: int, held_tokens: int = 0) -> bool:
+def kv_room(
+    load: Load, tokens: int, block_tokens: int, held_tokens: int = 0, pending: Callable[[], int] = lambda: 0
+) -> bool:
     """Whether the engine's free KV blocks (its last heartbeat) hold a request of `tokens` prompt + output tokens,
     less its leading `held_tokens` that requests running there hold already (in use: not in the free count, and
-    shared rather than taken anew); an engine that reported no block counts has room."""
-    needed = -(-tokens // block_tokens) - held_tokens // block_tokens
-    return not load.total_blocks or load.free_blocks >= needed
+    shared rather than taken anew), beside the `pending()` blocks our requests sent since that heartbeat take
+    (asked only when the free count alone holds the request); an engine that reported no block counts has room."""
+    if not load.total_blocks:
+        return True
+    spare = load.free_blocks - (-(-tokens // block_tokens) - held_tokens // block_tokens)
+    return spare >= 0 and pending() <= spare
 
 
 def output_tokens(body: dict) -> int:

@@ -94,6 +94,11 @@ def nothing_held(r: EngineRecord, hashes: Sequence[bytes]) -> int:
     return 0
 
 
+def nothing_pending(r: EngineRecord, block_tokens: int) -> int:
+    """No blocks known to be on their way to the engine's KV cache (a router that does not track what it sent)."""
+    return 0
+
+
 @dataclass
 class Context:
     """What the policies route on, and the orderings they share."""
@@ -115,6 +120,8 @@ class Context:
     offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload
     # leading blocks of a prompt that requests this replica sent the engine, not ended yet, hold there (in use)
     held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held
+    # KV blocks that requests this replica sent the engine after its last heartbeat take (not in its free count)
+    pending_blocks: Callable[[EngineRecord, int], int] = nothing_pending
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:
@@ -228,7 +235,8 @@ class KVAware(RoutingPolicy):
 
         def rank(r: EngineRecord) -> tuple[bool, float, float, int]:
             held = self.ctx.held_blocks(r, key.hashes) * bs if key.exact and not key.chunk_tokens else 0
-            full = not kv_room(r.load, prompt + out, r.block_size or bs, held)
+            size = r.block_size or bs
+            full = not kv_room(r.load, prompt + out, size, held, lambda: self.ctx.pending_blocks(r, size))
             return full, predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
 
         order = sorted(cands, key=rank)
@@ -335,11 +343,12 @@ class Decider:
         exact_index: Callable[[EngineRecord], bool] = indexed,
         offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload,
         held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held,
+        pending_blocks: Callable[[EngineRecord, int], int] = nothing_pending,
     ) -> None:
         self.store = StoreIndex(cfg)
         ctx = Context(
             cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index, offload_tiers,
-            held_blocks,
+            held_blocks, pending_blocks,
         )  # fmt: skip
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 

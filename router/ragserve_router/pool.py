@@ -110,10 +110,12 @@ class EnginePool:
         prefill_tokens: int = 0,
         hashes: Sequence[bytes] = (),
         on_release: Callable[[], None] | None = None,
+        output_tokens: int = 0,
     ) -> Slot:
-        """Count a request (the prompt tokens it makes the engine compute, the blocks it will leave there)
-        against the engine now, before any await, so the next decision sees it; on_release runs when it ends."""
-        return Slot(self, engine, prefill_tokens, hashes, on_release)
+        """Count a request (the prompt tokens it makes the engine compute, the blocks it will leave there, the
+        tokens it may generate) against the engine now, before any await, so the next decision sees it;
+        on_release runs when it ends."""
+        return Slot(self, engine, prefill_tokens, hashes, on_release, output_tokens)
 
     def prefilling(self, record: EngineRecord) -> int:
         """Prompt tokens of this replica's requests on the engine that have not produced a first token."""
@@ -147,7 +149,11 @@ class EnginePool:
     def held_blocks(self, record: EngineRecord, hashes: Sequence[bytes]) -> int:
         """Leading blocks of `hashes` that a request we sent the engine and that has not ended holds there: blocks
         in use, which the engine's free count leaves out and a request sharing them does not take anew."""
-        return leading_match(hashes, self.health[record.engine_id].prompts.values())
+        return leading_match(hashes, (p.hashes for p in self.health[record.engine_id].prompts.values()))
+
+    def pending_blocks(self, record: EngineRecord, block_tokens: int) -> int:
+        """KV blocks our requests sent the engine after its last heartbeat will take: not in its free count yet."""
+        return self.health[record.engine_id].blocks_sent_since(record.load.reported_at, block_tokens)
 
     def spec(self, model: str) -> ModelSpec | None:
         """How the router hashes the model's prompts: as its registered engines do, else as for external ones."""

@@ -20,6 +20,7 @@ from ragserve.http.body import parse_json_object
 from ragserve.http.errors import ApiError
 from ragserve.http.limits import check_request
 from ragserve.router_args import POLICIES, RouterConfig
+from ragserve_router.cost_model import output_tokens
 from ragserve_router.disagg import decodes
 from ragserve_router.engines import EngineRecord
 from ragserve_router.gate import Claim, Gate
@@ -161,7 +162,8 @@ class Routing:
             raise
         first = decision.order[0]
         chosen = decision.predictions.get(first.engine_id)
-        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes, claim.release)
+        out = 0 if pooling else output_tokens(body)
+        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes, claim.release, out)
         self.metrics.routing_latency.observe(spent + time.monotonic() - t0)
         self.metrics.decisions.labels(decision.policy, decision.reason).inc()
         if chosen:

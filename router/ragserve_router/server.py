@@ -132,6 +132,7 @@ async def serve(cfg: RouterConfig) -> int:
             pool.exact_index,
             pool.offload_tiers,
             pool.held_blocks,
+            pool.pending_blocks,
         ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),

@@ -1,9 +1,9 @@
 """This replica's own record of the requests it sent each engine (pool.py's health view).
 
 A Slot is one request's reservation on an engine: its in-flight count, the prompt tokens the engine must
-compute for it until its first token (Prefill), and its prompt's block hashes until it ends, which the
-cost model reads where the engine's heartbeat and KV events lag (pool.queued_prefill, routed_blocks,
-held_blocks).
+compute for it until its first token (Prefill), and its prompt's block hashes, send time and KV demand until
+it ends, which the cost model reads where the engine's heartbeat and KV events lag (pool.queued_prefill,
+routed_blocks, held_blocks, pending_blocks).
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class Prefill:
     at: float  # wall clock when sent
     tokens: int  # prompt tokens the engine must compute for it
     hashes: tuple[bytes, ...] = ()  # its prompt's block hashes: blocks the engine will hold soon
+    output: int = 0  # tokens it may generate (its max_tokens): KV blocks it will take beside its prompt's
+
+    def blocks(self, block_tokens: int) -> int:
+        """KV blocks it takes anew: its prompt tokens to compute (past what the engine or a prompt we sent before
+        it holds) and its output."""
+        return -(-(self.tokens + self.output) // block_tokens)
 
 
 @dataclass
@@ -35,7 +41,7 @@ class Health:
     streak: int = 0  # health probes passed (> 0) or failed (< 0) in a row (health.judge)
     left_at: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # when our requests left the engine
     prefills: dict[int, Prefill] = field(default_factory=dict)  # our requests there without a first token yet
-    prompts: dict[int, tuple[bytes, ...]] = field(default_factory=dict)  # block hashes of our requests there
+    prompts: dict[int, Prefill] = field(default_factory=dict)  # our requests there as sent, joined in time order
     # (sent, done, tokens) of our prompts whose prefill ended there (first token, or the request left), in time order
     prefilled: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=256))
 
@@ -62,6 +68,15 @@ class Health:
             tokens += n if sent <= sent_by else 0
         return tokens
 
+    def blocks_sent_since(self, t: float, block_tokens: int) -> int:
+        """KV blocks our requests there sent after `t` (a heartbeat's arrival, whose free count lacks them) take."""
+        blocks = 0
+        for sent in reversed(self.prompts.values()):  # joined in time order: stop at the first one sent by t
+            if sent.at <= t:
+                break
+            blocks += sent.blocks(block_tokens)
+        return blocks
+
 
 class Owner(Protocol):
     """What a slot updates: the pool's per-engine health and breakers (pool.EnginePool)."""
@@ -87,18 +102,21 @@ class Slot:
         prefill_tokens: int = 0,
         hashes: Sequence[bytes] = (),
         on_release: Callable[[], None] | None = None,
+        output_tokens: int = 0,
     ) -> None:
         self.pool, self.engine, self.held, self.on_release = pool, engine, True, on_release
         self.hashes = tuple(hashes)
-        self.prefill: Prefill | None = Prefill(time.time(), prefill_tokens, self.hashes)
+        self.sent = Prefill(time.time(), prefill_tokens, self.hashes, output_tokens)
+        self.prefill: Prefill | None = self.sent
         pool.metrics.inflight.inc()
         self._join()
 
     def move(self, engine: EngineRecord) -> None:
         self._leave()
         self.engine = engine
-        if self.prefill is not None:  # a retry: sent now, to the new engine
-            self.prefill = replace(self.prefill, at=time.time())
+        self.sent = replace(self.sent, at=time.time())  # a retry: sent now, to the new engine
+        if self.prefill is not None:
+            self.prefill = self.sent
         self._join()
 
     def first_token(self) -> None:
@@ -120,7 +138,7 @@ class Slot:
         health = self.pool.health[self.engine.engine_id]
         health.inflight += 1
         self.pool.breaker(self.engine.engine_id).sent()
-        health.prompts[id(self)] = self.hashes
+        health.prompts[id(self)] = self.sent
         if self.prefill is not None:
             health.prefills[id(self)] = self.prefill
 
