@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -131,6 +131,7 @@ class CacheStoreConnector:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
+        self._unsent: deque[bytes] = deque()  # hashes of puts the store did not take (offload thread): not seen
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._queued = 0  # blocks ever queued for offload (step thread)
         self._sent = 0  # of them, put to the store or given up on, in queue order (offload thread)
@@ -357,6 +358,8 @@ class CacheStoreConnector:
     def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
         """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread.
         The put is traced under the first traced request of the step (`scheduled`)."""
+        while self._unsent:
+            self._seen.pop(self._unsent.popleft(), None)
         todo = [(b, h) for b, h in blocks if h not in self._seen]
         if not todo:
             return
@@ -391,16 +394,19 @@ class CacheStoreConnector:
             for h, gathered, i, _ in (item for item in batch if item is not None):
                 raw = gathered.block_bytes(i)
                 blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
+            accepted = 0
             try:
                 if blocks:
                     t0 = time.perf_counter()
                     with tracing.use(span):
                         put = self.client.put_blocks(blocks)
                     self.stats.offloaded += put.stored  # blocks newly stored
-                    if put.accepted_bytes:  # what a down store dropped was not stored
-                        self.count_transfer("stored", put.accepted_bytes, time.perf_counter() - t0)
+                    if accepted := put.accepted_bytes:  # what a down store dropped was not stored
+                        self.count_transfer("stored", accepted, time.perf_counter() - t0)
             except Exception:
                 log.exception("cachestore offload failed")
+            if accepted < sum(len(b.data) for b in blocks):  # computed again later, they go out again
+                self._unsent.extend(b.key for b in blocks)
             with self._sent_cv:
                 self._sent += len(blocks)
                 self._sent_cv.notify_all()

@@ -65,3 +65,22 @@ def test_stored_bytes_count_only_what_the_store_accepted(store, tmp_path):
     kv = llm.engine.kv_manager
     assert client.lookup(kv.hash_blocks(prompt(4000), None)) == 0  # the store never had what counted nowhere
     assert client.lookup(kv.hash_blocks(prompt(5000), None)) == BLOCKS
+
+
+def test_blocks_a_down_store_did_not_take_go_out_when_computed_again(store, tmp_path):
+    """A put the store refused leaves its blocks unremembered: computed again (here after the prefix cache was
+    reset), they are offloaded again, so peers find them once the store is back."""
+    address = store[0].address
+    llm = engine(address)
+    connector, client, kv = llm.engine.connector, llm.engine.connector.client, llm.engine.kv_manager
+    hashes = kv.hash_blocks(prompt(6000), None)
+    store[0].stop(signal.SIGKILL)
+    llm.generate([prompt(6000)], GREEDY)
+    connector.flush()  # refused
+    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
+    until(lambda: client.stats()[address] is not None, timeout=60, what="the restarted cachestore answers")
+    assert client.lookup(hashes) == 0
+    assert llm.engine.pool.reset_prefix_cache()
+    llm.generate([prompt(6000)], GREEDY)
+    connector.flush()
+    assert client.lookup(hashes) == BLOCKS
