@@ -219,8 +219,8 @@ class LLMEngine:
             self.warmup_steps.observe(seconds)
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
-        if self.saving is not None and self.connector is not None:  # tails too, in the store before the answer
-            self.saving.marks.update(offload_prompts(self.connector, self.kv_manager, out.scheduled))
+        if self.saving is not None:  # tails too, in the store before the answer
+            self.saving.marks.update(offload_prompts(self.saving.connector, self.kv_manager, out.scheduled))
             return self.saving.hold(self._process(out, model_out))
         return self._process(out, model_out)
 

@@ -105,9 +105,8 @@ class Slot:
         output_tokens: int = 0,
     ) -> None:
         self.pool, self.engine, self.held, self.on_release = pool, engine, True, on_release
-        self.hashes = tuple(hashes)
-        self.sent = Prefill(time.time(), prefill_tokens, self.hashes, output_tokens)
-        self.prefill: Prefill | None = self.sent
+        self.sent = Prefill(time.time(), prefill_tokens, tuple(hashes), output_tokens)
+        self.prefilling = True  # no first token yet
         pool.metrics.inflight.inc()
         self._join()
 
@@ -115,16 +114,14 @@ class Slot:
         self._leave()
         self.engine = engine
         self.sent = replace(self.sent, at=time.time())  # a retry: sent now, to the new engine
-        if self.prefill is not None:
-            self.prefill = self.sent
         self._join()
 
     def first_token(self) -> None:
         """The engine finished this prompt's prefill."""
-        if self.held and self.prefill is not None:
+        if self.held and self.prefilling:
             if (health := self.pool.health.get(self.engine.engine_id)) is not None:
                 health.prefill_done(id(self))
-            self.prefill = None
+            self.prefilling = False
 
     def release(self) -> None:
         if self.held:
@@ -139,8 +136,8 @@ class Slot:
         health.inflight += 1
         self.pool.breaker(self.engine.engine_id).sent()
         health.prompts[id(self)] = self.sent
-        if self.prefill is not None:
-            health.prefills[id(self)] = self.prefill
+        if self.prefilling:
+            health.prefills[id(self)] = self.sent
 
     def _leave(self) -> None:
         health = self.pool.health.get(self.engine.engine_id)
