@@ -84,6 +84,26 @@ def served_by_decode(picker, prefill, decode, body: dict) -> bytes:
     return served.body
 
 
+def leg_to_fail(pd, body: dict) -> tuple[float, float, dict, object]:
+    """Before a leg that will fail: the decode engine's failed and ok leg counts, the reference's answer, and the
+    picker's pick, which names the prefill engine."""
+    picker, prefill, decode, reference = pd
+    failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
+    expected = answer(reference.url, body)
+    pick = picker.envoy.pick(CHAT, body)
+    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    return failed, ok, expected, pick
+
+
+def computed_by_decode(raw: bytes, expected: dict, decode, ok: float) -> None:
+    """After a failed leg: the client got the reference's answer, computed on the decode engine, and no leg ok."""
+    data = httpx.Response(200, content=raw).json()
+    assert text(data) == text(expected)
+    assert data["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
+    assert metric(decode.url, LEGS, outcome="ok") == ok
+
+
 def sse_chunks(raw: bytes) -> list[dict]:
     events = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
@@ -187,21 +207,13 @@ def test_n2_request_takes_one_prefill_leg(pd):
 def test_frozen_prefiller_costs_a_recompute_after_the_timeout(pd, gateway_cluster):
     """The prefill engine stops answering once the picker named it: the leg times out (--prefiller-timeout) and the
     decode engine computes the prompt itself. Last in the module: the router drops the frozen engine meanwhile."""
-    picker, prefill, decode, reference = pd
-    body = rag(8, "Which item weighs 91 grams?")
-    failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
-    expected = answer(reference.url, body)
-    pick = picker.envoy.pick(CHAT, body)
-    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    picker, prefill, decode, _ = pd
+    failed, ok, expected, pick = leg_to_fail(pd, rag(8, "Which item weighs 91 grams?"))
     with process.frozen([prefill]):
         served = picker.envoy.serve(pick)
         assert served.status == 200 and served.endpoint == endpoint(decode)
         assert metric(decode.url, LEGS, outcome="failed") == failed + 1
-    data = httpx.Response(200, content=served.body).json()
-    assert text(data) == text(expected)
-    assert data["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
-    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
-    assert metric(decode.url, LEGS, outcome="ok") == ok
+    computed_by_decode(served.body, expected, decode, ok)
     gateway_cluster.wait_registered(prefill)  # thawed, it registers again
 
 
@@ -210,12 +222,8 @@ def test_draining_prefiller_costs_a_recompute(pd):
     """A live prefill engine answering 5xx: draining after the picker named it (SIGTERM; a request of its own keeps it
     up), it answers the decode engine's leg 503: the leg counts failed and the decode engine computes the prompt, the
     answer the reference's."""
-    picker, prefill, decode, reference = pd
-    body = rag(9, "Which item weighs 13 grams?")
-    failed, ok = metric(decode.url, LEGS, outcome="failed"), metric(decode.url, LEGS, outcome="ok")
-    expected = answer(reference.url, body)
-    pick = picker.envoy.pick(CHAT, body)
-    assert pick.set_headers[PREFILLER_HEADER] == endpoint(prefill)
+    picker, prefill, decode, _ = pd
+    failed, ok, expected, pick = leg_to_fail(pd, rag(9, "Which item weighs 13 grams?"))
     with running(prefill):
         prefill.popen.send_signal(signal.SIGTERM)
         draining = lambda: httpx.get(prefill.url + "/ready", timeout=5).status_code == 503  # noqa: E731
@@ -225,8 +233,4 @@ def test_draining_prefiller_costs_a_recompute(pd):
         assert metric(decode.url, LEGS, outcome="failed") == failed + 1
         assert f"prefill leg on http://{endpoint(prefill)} failed (HTTP 503)" in decode.output()  # a 5xx answer
     prefill.popen.wait(60)
-    data = httpx.Response(200, content=served.body).json()
-    assert text(data) == text(expected)
-    assert data["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
-    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed here
-    assert metric(decode.url, LEGS, outcome="ok") == ok
+    computed_by_decode(served.body, expected, decode, ok)
