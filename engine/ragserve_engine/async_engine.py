@@ -227,14 +227,14 @@ class AsyncLLM:
 def _detach(engine: LLMEngine) -> tuple:
     """Calibration: the cachestore connector and the compiled decode graphs set aside (restored by _forget)."""
     detached = engine.connector, engine.runner.decode_graphs
-    engine.connector = engine.scheduler.connector = engine.runner.decode_graphs = None
+    engine.connector = engine.scheduler.remote.connector = engine.runner.decode_graphs = None
     return detached
 
 
 def _forget(engine: LLMEngine, detached: tuple) -> None:
     """Reattach, and leave the engine as if it had served nothing: no cached block, no counted prompt token."""
     engine.connector, engine.runner.decode_graphs = detached
-    engine.scheduler.connector = engine.connector
+    engine.scheduler.remote.connector = engine.connector
     if not engine.pool.reset_prefix_cache():
         log.warning("calibration: KV blocks still in use; its cached blocks stay until evicted")
     engine.kv_manager.stats.queries = engine.kv_manager.stats.hits = 0

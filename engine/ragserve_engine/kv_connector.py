@@ -273,7 +273,7 @@ class CacheStoreConnector:
 
     def finish_fetch(self, pending: PendingFetch, max_blocks: int | None = None) -> int | None:
         """On the step thread: cache the settled blocks that have a free KV block to land in (the request
-        recomputes the rest), at most `max_blocks` more per call (the scheduler's IMPORT_BLOCKS_PER_STEP: a
+        recomputes the rest), at most `max_blocks` more per call (remote_fetches.IMPORT_BLOCKS_PER_STEP: a
         2k-token float32 prompt is ~100 MB to copy, which lands over a few steps instead of stretching one).
         Returns how many were added in all once the last landed, None while some are still to land (the landed
         ones stay pinned until then)."""

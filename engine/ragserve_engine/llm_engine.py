@@ -199,7 +199,7 @@ class LLMEngine:
         if not out.scheduled:
             self.runner.copy_blocks(out)  # a step may only preempt: its swap-outs still happen
             if self.scheduler.remote:  # only cachestore fetches pending: wait for one, do not spin
-                self.scheduler.wait_for_remote(REMOTE_POLL_S)
+                self.scheduler.remote.wait(REMOTE_POLL_S)
             elif self.scheduler.has_work() and not out.num_preempted:  # work queued, nothing fits: a bug
                 raise RuntimeError(f"scheduler stalled with {self.stats()}")
             elif self.saving:  # only answers waiting for the store to take their blocks

@@ -4,7 +4,7 @@ Each step spends `max_num_batched_tokens` over running requests first, then swap
 waiting ones. A request's live sequences (several after an n > 1 or beam fork) move in
 lockstep: they are scheduled, preempted and resumed together with equal chunk sizes.
 With a cachestore, a request whose prefix is being fetched waits in WAITING_FOR_REMOTE_KVS
-(`remote`) while the others keep stepping; it returns to `waiting` when the fetch is done or
+(`remote`, remote_fetches.py) while the others keep stepping; it returns to `waiting` when the fetch is done or
 its deadline passed (then it recomputes the rest) and the fetched blocks have free KV blocks to land in.
 Under --scheduling-policy priority a waiting request of higher priority than a running one is admitted at once:
 the lowest-priority running requests are preempted for its seat and KV blocks (as vLLM's priority policy does),
@@ -15,22 +15,17 @@ not slowed by a full batch of lower-priority work (those requests skip that one 
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ragserve.engine_args import EngineConfig
 from ragserve.keys import cacheable_blocks
 from ragserve_engine.kv_cache_manager import KVCacheManager
-from ragserve_engine.kv_tail import land_tail, prompt_tail
+from ragserve_engine.remote_fetches import RemoteFetches
 from ragserve_engine.sequence import Request, Sequence, Status
 
 if TYPE_CHECKING:
-    from ragserve_engine.kv_connector import CacheStoreConnector, PendingFetch
-
-INLINE_FETCH_WAIT_S = 0.003  # a fetch answered this fast (usually a miss) is admitted in the same step
-IMPORT_BLOCKS_PER_STEP = 32  # fetched blocks landed in the paged cache per step (~24 MB of SmolLM2 float32 KV)
+    from ragserve_engine.kv_connector import CacheStoreConnector
 
 
 @dataclass
@@ -64,12 +59,10 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.kv_manager = kv_manager
-        self.connector = connector  # when a cachestore is configured
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
-        self.remote: dict[Request, PendingFetch] = {}  # WAITING_FOR_REMOTE_KVS
-        self.tails: dict[Request, tuple[int, bytes]] = {}  # --role decode: fetched prompt tails (kv_tail.py)
+        self.remote = RemoteFetches(config, kv_manager, connector)  # WAITING_FOR_REMOTE_KVS
         self.num_preemptions = 0
 
     def _key(self, req: Request):
@@ -245,15 +238,17 @@ class Scheduler:
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             hits = self._prefix_hits(req)
-            fetched = self._fetch_external(req, len(hits[0]))
+            fetched = self.remote.start(req, len(hits[0]), bool(self.running))
             if fetched is None:  # now waiting for remote KVs
+                self.waiting.remove(req)
+                req.status = Status.WAITING_FOR_REMOTE_KVS
                 continue
             if fetched:
                 hits = self._prefix_hits(req)
             if self._next_block_in_prefill(req, len(hits[0]), computing):
                 deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
                 continue
-            tail = self._tail(req, len(hits[0]))
+            tail = self.remote.tail(req, len(hits[0]))
             remaining, chunk = self._first_chunk(req, hits, budget, tail)
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
@@ -268,7 +263,7 @@ class Scheduler:
             for seq, seq_hits in zip(seqs, hits, strict=True):
                 self.kv_manager.allocate_slots(seq, chunk + tail, seq_hits)
             if tail:
-                land_tail(self.connector, seqs[0], len(hits[0]), self.tails.pop(req))
+                self.remote.land_tail(req, len(hits[0]))
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = len(hits[0]) * self.kv_manager.block_size + tail  # a fetched tail too
                 self.kv_manager.record_query(seqs[0].num_tokens, req.num_cached_tokens)
@@ -302,97 +297,11 @@ class Scheduler:
         cacheable = cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)
         return num_hits < cacheable and seq.block_hashes[num_hits] in computing
 
-    def _fetch_external(self, req: Request, num_local: int) -> int | None:
-        """Fetch blocks past the local hit from the cachestore: once per request, and again if blocks it held
-        since were evicted while it waited for admission (a queued request's prefix is not pinned).
-
-        Returns how many blocks were cached at once, or None when the request moved to `remote` to wait.
-        """
-        if self.connector is None or len(req.live_seqs) > 1:
-            return 0
-        if req.external_checked and num_local >= req.external_blocks:
-            return 0
-        req.external_checked, req.external_blocks = True, num_local
-        if req.params.prompt_logprobs is not None:
-            return 0
-        seq = req.live_seqs[0]
-        hashes = seq.block_hashes[: cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)]
-        tokens = seq.token_ids[: len(hashes) * self.kv_manager.block_size]
-        tail = prompt_tail(self.kv_manager, seq, req.cache_salt) if self._fetches_tail(req) else None
-        pending = self.connector.start_fetch(hashes, num_local, req.request_id, tokens, req.cache_salt, tail)
-        if pending is None:
-            return 0
-        if (
-            self.connector.wait(pending, INLINE_FETCH_WAIT_S)
-            and self._room_for(pending)
-            and self._lands_at_once(pending)
-        ):
-            return self._finish_fetch(req, pending)
-        self.waiting.remove(req)
-        req.status = Status.WAITING_FOR_REMOTE_KVS
-        self.remote[req] = pending
-        return None
-
-    def _room_for(self, pending: PendingFetch) -> bool:
-        """A settled fetch imports when its blocks fit; else it waits while running requests hold the blocks
-        it needs (they free them as they finish): importing part of it would mean recomputing the rest."""
-        if pending.to_land is not None:  # landing: the blocks left had room when it started
-            return True
-        return len(self.connector.settle(pending)) <= self.connector.room(pending) or not self.running
-
-    def _lands_at_once(self, pending: PendingFetch) -> bool:
-        return len(self.connector.settle(pending)) <= IMPORT_BLOCKS_PER_STEP
-
-    def _finish_fetch(self, req: Request, pending: PendingFetch, max_blocks: int | None = None) -> int | None:
-        """Land the fetched blocks (at most max_blocks more); None while some are still to land."""
-        num_fetched = self.connector.finish_fetch(pending, max_blocks)
-        if num_fetched is None:
-            return None
-        req.external_blocks = pending.num_local + num_fetched
-        if pending.tail_kv and req.external_blocks == len(pending.hashes):
-            self.tails[req] = pending.tail_kv
-        return num_fetched
-
-    def _fetches_tail(self, req: Request) -> bool:
-        """A decode engine fetches a fresh prompt's tail block (kv_tail.py); no one else stores tails."""
-        seq = req.live_seqs[0]
-        return self.config.role == "decode" and seq.num_tokens == seq.num_prompt_tokens
-
-    def _tail(self, req: Request, num_hits: int) -> int:
-        """Tokens of the fetched tail that land at admission: with every cacheable block hit, else none."""
-        if req not in self.tails:
-            return 0
-        seq = req.live_seqs[0]
-        if len(req.live_seqs) > 1 or num_hits != cacheable_blocks(seq.num_tokens, self.kv_manager.block_size):
-            del self.tails[req]
-            return 0
-        return self.tails[req][0]
-
     def _poll_remote(self) -> None:
-        """Fetched requests (and those past their deadline, with what arrived) go back to waiting once their
-        blocks have room and landed: IMPORT_BLOCKS_PER_STEP blocks per step over all of them, so a long prompt's
-        KV is copied into the paged cache over a few steps, each a little longer, not in one long one."""
-        now, budget = time.monotonic(), IMPORT_BLOCKS_PER_STEP
-        for req, pending in list(self.remote.items()):
-            if budget <= 0 or not (pending.done() or pending.expired(now)) or not self._room_for(pending):
-                continue
-            landed = pending.landed
-            done = self._finish_fetch(req, pending, budget)  # past its deadline: the prefix that arrived
-            budget -= pending.landed - landed
-            if done is None:
-                continue
-            del self.remote[req]
+        for req in self.remote.poll(bool(self.running)):
             req.status = Status.WAITING
             self.waiting.append(req)
         self.waiting.sort(key=self._key)
-
-    def wait_for_remote(self, max_s: float) -> None:
-        """Nothing else to run: sleep until a fetch completes or a deadline passes (at most max_s)."""
-        if not self.remote:
-            return
-        first_deadline = min(p.deadline for p in self.remote.values())
-        timeout = min(max_s, max(0.0, first_deadline - time.monotonic()))
-        wait_futures([p.future for p in self.remote.values()], timeout=timeout, return_when=FIRST_COMPLETED)
 
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: partial prefills, and waiting requests past their local prefix hit and
@@ -431,11 +340,9 @@ class Scheduler:
             out.newly_cached += self.kv_manager.cache_blocks(s.seq, s.request.cache_salt)
 
     def finish(self, req: Request) -> None:
-        self.tails.pop(req, None)
+        self.remote.drop(req)
         self.kv_manager.free_seqs(req.seqs)
         for queue in (self.waiting, self.running, self.swapped):
             if req in queue:
                 queue.remove(req)
-        if req in self.remote:
-            self.connector.abandon(self.remote.pop(req))
         req.status = Status.FINISHED

@@ -1,4 +1,4 @@
-"""Fetched KV lands in the paged cache a bounded number of blocks per step (scheduler.IMPORT_BLOCKS_PER_STEP):
+"""Fetched KV lands in the paged cache a bounded number of blocks per step (remote_fetches.IMPORT_BLOCKS_PER_STEP):
 a long prompt's blocks (a disaggregated decode engine's ~100 MB) never stretch one step of the requests decoding
 beside it; the landed blocks stay pinned until the request is admitted; the output is the cold run's. The transfer
 threads run at a lower CPU priority than the step thread."""
@@ -13,7 +13,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from ragserve_engine import scheduler
+from ragserve_engine import remote_fetches
 from ragserve_engine.kv_connector import BACKGROUND_NICE, PendingFetch
 from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_kv_connector import CONTEXT, GREEDY, engine
@@ -34,7 +34,7 @@ def cachestore(tmp_path):
 
 @pytest.fixture
 def small_landing(monkeypatch):
-    monkeypatch.setattr(scheduler, "IMPORT_BLOCKS_PER_STEP", PER_STEP)
+    monkeypatch.setattr(remote_fetches, "IMPORT_BLOCKS_PER_STEP", PER_STEP)
 
 
 def stored_context(address: str):
@@ -58,7 +58,7 @@ def test_a_long_fetch_lands_over_steps_while_others_decode(cachestore, small_lan
     while eng.has_unfinished_requests():
         outs = eng.step()
         finished.update((out.request_id, out) for out in outs if out.finished)
-        pending = next(iter(eng.scheduler.remote.values()), None)
+        pending = next(iter(eng.scheduler.remote.pending.values()), None)
         if pending is not None and pending.landed:
             landed.append(pending.landed)
             bystander_tokens.append(sum(out.request_id == "bystander" for out in outs))
