@@ -27,7 +27,7 @@ from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ragserve_engine.sampler import Sampler, SampleResult, SamplingRow, is_plain_greedy, top_logprobs
+from ragserve_engine.sampler import Sampler, SampleResult, SamplingRow, draw, is_plain_greedy, top_logprobs
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
@@ -137,10 +137,9 @@ class LLMEngine:
         return req
 
     def _fast_forward(self, generator: torch.Generator, num_tokens: int) -> None:
-        """Draw what sampling `num_tokens` tokens drew (the sampler takes one Exp(1) row per token)."""
-        row = torch.empty(self.runner.model_config.vocab_size, dtype=torch.float32, device=self.runner.device)
+        """Draw what sampling `num_tokens` tokens drew (the sampler takes one draw per token)."""
         for _ in range(num_tokens):
-            row.exponential_(generator=generator)
+            draw(generator, self.runner.device)
 
     def submit(self, req: Request) -> None:
         if req.request_id in self.requests:

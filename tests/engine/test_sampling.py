@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragserve_engine.llm import LLM
-from ragserve_engine.sampler import Sampler, SamplingRow
+from ragserve_engine.sampler import Sampler, SamplingRow, inverse_transform
 from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.tiny_models import tiny_model
 
@@ -69,6 +69,18 @@ def test_unfiltered_samples_spread_over_the_vocabulary(unfiltered, probs):
     assert len(set(unfiltered)) > N * 0.9
     assert not set(unfiltered) <= top_set(probs, 50)
     assert not set(unfiltered) <= nucleus(probs, 0.05 + 2e-3)
+
+
+def test_inverse_transform_samples_the_distribution_and_never_a_zero_probability_token():
+    """Each token's share of 40,000 draws is its probability (within 4 standard errors); masked tokens never come,
+    not even at u -> 1 where u x total rounds up to the total."""
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0], dtype=torch.float64)
+    gen, draws = torch.Generator().manual_seed(11), 40_000
+    counts = Counter(inverse_transform(probs, torch.rand(1, dtype=torch.float64, generator=gen)) for _ in range(draws))
+    for token, p in enumerate(probs.tolist()):
+        assert abs(counts[token] / draws - p) <= 4 * (p * (1 - p) / draws) ** 0.5, (token, counts)
+    top = torch.tensor([1.0 - 2**-53], dtype=torch.float64)
+    assert inverse_transform(probs, top) == 5 and inverse_transform(probs, torch.zeros(1, dtype=torch.float64)) == 1
 
 
 def test_top_k_one_is_greedy(llm):
