@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +44,15 @@ FETCH_COST_DECAY = 0.8
 DIRECTIONS = ("stored", "fetched")
 LAND_MARGIN_BLOCKS = 16  # blocks backed past a fetch's own: those the requests decoding meanwhile take first
 BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
+
+
+def _touch(recent: OrderedDict[bytes, None], h: bytes) -> None:
+    """Add (or refresh) h in a bounded recency set (written by both the step and the offload
+    thread: no KeyError if the other removed h meanwhile)."""
+    recent.pop(h, None)
+    recent[h] = None
+    if len(recent) > _SEEN_LIMIT:
+        recent.popitem(last=False)
 
 
 def yield_to_steps() -> None:
@@ -68,8 +77,8 @@ class ConnectorStats:
     fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
     # KV moved, by direction ("stored": put to the store and accepted by it, "fetched": downloaded from it): block
     # bytes, seconds in the calls (stored: those the store answered), and requests (fetched: a request's download
-    # that brought blocks; stored: a prompt a prefill engine stored for a decode engine, kv_tail.py). Puts a down
-    # store dropped (the client logs them and backs off) count nowhere.
+    # that brought blocks; stored: a prompt a prefill engine stored for a decode engine, the store took every block
+    # of it, kv_tail.py). Puts a down store dropped (the client logs them and backs off) count nowhere.
     transfer_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
     transfer_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
     transfer_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
@@ -131,7 +140,7 @@ class CacheStoreConnector:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
-        self._unsent: deque[bytes] = deque()  # hashes of puts the store did not take (offload thread): not seen
+        self._refused: OrderedDict[bytes, None] = OrderedDict()  # blocks whose last put the store did not take
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._queued = 0  # blocks ever queued for offload (step thread)
         self._sent = 0  # of them, put to the store or given up on, in queue order (offload thread)
@@ -358,15 +367,15 @@ class CacheStoreConnector:
     def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
         """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread.
         The put is traced under the first traced request of the step (`scheduled`)."""
-        while self._unsent:
-            self._seen.pop(self._unsent.popleft(), None)
-        todo = [(b, h) for b, h in blocks if h not in self._seen]
+        todo = [(b, h) for b, h in blocks if h not in self._seen or h in self._refused]
         if not todo:
             return
-        room = self._queue.maxsize - self._queue.qsize()
+        room = max(self._queue.maxsize - self._queue.qsize(), 0)
         if room < len(todo):
-            self.stats.dropped += len(todo) - max(room, 0)
-            todo = todo[: max(room, 0)]
+            self.stats.dropped += len(todo) - room
+            for _, h in todo[room:]:
+                _touch(self._refused, h)
+            todo = todo[:room]
         if not todo:
             return
         gathered = self.kv_cache.gather([b.block_id for b, _ in todo])
@@ -378,6 +387,7 @@ class CacheStoreConnector:
                 self._remember(h)
             except queue.Full:
                 self.stats.dropped += 1
+                _touch(self._refused, h)
 
     def _offload_loop(self) -> None:
         from ragserve_cachestore.client import KVBlock
@@ -405,8 +415,12 @@ class CacheStoreConnector:
                         self.count_transfer("stored", accepted, time.perf_counter() - t0)
             except Exception:
                 log.exception("cachestore offload failed")
-            if accepted < sum(len(b.data) for b in blocks):  # computed again later, they go out again
-                self._unsent.extend(b.key for b in blocks)
+            refused = accepted < sum(len(b.data) for b in blocks)  # computed again later, they go out again
+            for b in blocks:
+                if refused:
+                    _touch(self._refused, b.key)
+                else:
+                    self._refused.pop(b.key, None)
             with self._sent_cv:
                 self._sent += len(blocks)
                 self._sent_cv.notify_all()
@@ -416,10 +430,7 @@ class CacheStoreConnector:
                 return
 
     def _remember(self, h: bytes) -> None:
-        self._seen[h] = None
-        self._seen.move_to_end(h)
-        if len(self._seen) > _SEEN_LIMIT:
-            self._seen.popitem(last=False)
+        _touch(self._seen, h)
 
     def flush(self) -> None:
         """Wait until every queued offload was sent (each put has a deadline)."""
@@ -431,6 +442,10 @@ class CacheStoreConnector:
 
     def saved(self, mark: int) -> bool:
         return self._sent >= mark
+
+    def stored(self, keys: list[bytes]) -> bool:
+        """Whether the store took the last put of each of these blocks (once saved: every put of them answered)."""
+        return not any(h in self._refused for h in keys)
 
     def wait_saved(self, mark: int, timeout: float) -> None:
         with self._sent_cv:

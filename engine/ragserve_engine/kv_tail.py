@@ -29,19 +29,6 @@ def prompt_tail(kv_manager: KVCacheManager, seq: Sequence, cache_salt: str | Non
     return tail_block(prompt, kv_manager.block_size, kv_manager.root, hashes, cache_salt)
 
 
-def offload_prompts(connector: CacheStoreConnector, kv_manager: KVCacheManager, scheduled: list) -> dict[str, int]:
-    """Prefill role, after a step (`scheduled`: its ScheduledSeqs): queue the tail block of every prompt the step
-    completed; returns their request ids, each with the offload mark (connector.save_mark) past which every block
-    of its prompt is in the store (its full blocks were queued in this step or before)."""
-    completed = [s for s in scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
-    for s in completed:
-        if (tail := prompt_tail(kv_manager, s.seq, s.request.cache_salt)) is not None:
-            block = s.seq.blocks[cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)]
-            connector.offload([(block, tail[1])], scheduled)
-    mark = connector.save_mark()
-    return {s.request.request_id: mark for s in completed}
-
-
 @dataclass
 class SavingOutputs:
     """Prefill role: a completed prompt's answer leaves once the store has its blocks (vLLM's `finished_sending`,
@@ -50,10 +37,25 @@ class SavingOutputs:
 
     connector: CacheStoreConnector
     marks: dict[str, int] = field(default_factory=dict)  # request id -> the offload mark its answer waits for
+    keys: dict[str, list[bytes]] = field(default_factory=dict)  # request id -> its prompt's blocks (full and tail)
     held: dict[str, list[RequestOutput]] = field(default_factory=dict)  # their outputs meanwhile, in order
 
     def __bool__(self) -> bool:
         return bool(self.marks)
+
+    def offload(self, kv_manager: KVCacheManager, scheduled: list) -> None:
+        """After a step (`scheduled`: its ScheduledSeqs): queue the tail block of every prompt the step completed and
+        hold its answer until the offload mark (connector.save_mark) past which every block of its prompt was put
+        (its full blocks were queued in this step or before)."""
+        completed = [s for s in scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
+        for s in completed:
+            tail = prompt_tail(kv_manager, s.seq, s.request.cache_salt)
+            full = cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)
+            if tail is not None:
+                self.connector.offload([(s.seq.blocks[full], tail[1])], scheduled)
+            self.keys[s.request.request_id] = s.seq.block_hashes[:full] + ([tail[1]] if tail else [])
+        mark = self.connector.save_mark()
+        self.marks.update((s.request.request_id, mark) for s in completed)
 
     def hold(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """The outputs that may leave now (released first: those whose blocks were stored since the last call);
@@ -70,7 +72,8 @@ class SavingOutputs:
         done = [rid for rid, mark in self.marks.items() if self.connector.saved(mark)]
         for rid in done:
             del self.marks[rid]
-        self.connector.stats.transfer_requests["stored"] += len(done)  # their KV is in the store now
+            # its KV is in the store now, unless the store did not take some of it (down, backing off, full queue)
+            self.connector.stats.transfer_requests["stored"] += self.connector.stored(self.keys.pop(rid))
         return [out for rid in done for out in self.held.pop(rid, [])]
 
     def wait(self, timeout: float) -> None:
@@ -80,6 +83,7 @@ class SavingOutputs:
 
     def abort(self, request_id: str) -> None:
         self.marks.pop(request_id, None)
+        self.keys.pop(request_id, None)
         self.held.pop(request_id, None)
 
 

@@ -22,7 +22,7 @@ from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import EngineInfo, EngineStats
 from ragserve_engine.kv_cache_manager import KVCacheManager
-from ragserve_engine.kv_tail import SavingOutputs, offload_prompts
+from ragserve_engine.kv_tail import SavingOutputs
 from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
@@ -219,7 +219,7 @@ class LLMEngine:
         if self.connector is not None and out.newly_cached:
             self.connector.offload(out.newly_cached, out.scheduled)
         if self.saving is not None:  # tails too, in the store before the answer
-            self.saving.marks.update(offload_prompts(self.saving.connector, self.kv_manager, out.scheduled))
+            self.saving.offload(self.kv_manager, out.scheduled)
             return self.saving.hold(self._process(out, model_out))
         return self._process(out, model_out)
 

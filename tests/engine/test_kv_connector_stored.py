@@ -8,12 +8,14 @@ import signal
 
 import pytest
 
+from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_kv_connector import GREEDY, engine
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
 from tests.helpers.process import frozen, until
 
 BLOCKS = 20  # full blocks per prompt (its 2 question tokens and 8 generated ones fill no other)
+FIRST = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)  # a prefill leg
 
 
 def prompt(seed: int) -> list[int]:
@@ -84,3 +86,30 @@ def test_blocks_a_down_store_did_not_take_go_out_when_computed_again(store, tmp_
     llm.generate([prompt(6000)], GREEDY)
     connector.flush()
     assert client.lookup(hashes) == BLOCKS
+
+
+def test_a_prompt_counts_as_stored_only_when_the_store_took_every_block_of_it(store, tmp_path):
+    """Prefill role (kv_tail.SavingOutputs): a prompt computed while the store is down still gets its answer once its
+    puts were answered (refused), but counts as no prompt stored; one whose full blocks are local hits the store never
+    took does not count either; computed afresh with the store back, it counts."""
+    address = store[0].address
+    llm = engine(address, role="prefill")
+    connector, client, kv = llm.engine.connector, llm.engine.connector.client, llm.engine.kv_manager
+    stored = connector.stats.transfer_requests
+
+    def answer(tokens: list[int]) -> None:
+        out = llm.generate([tokens], FIRST)[0]
+        assert out.finished and len(out.outputs[0].token_ids) == 1
+
+    answer(prompt(7000))
+    assert stored["stored"] == 1
+    store[0].stop(signal.SIGKILL)
+    answer(prompt(8000))
+    assert stored["stored"] == 1  # refused: not in the store
+    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
+    until(lambda: client.stats()[address] is not None, timeout=60, what="the restarted cachestore answers")
+    answer(prompt(8000)[:-2] + [13, 14, 15])  # its 20 full blocks: local hits, never taken by the store
+    assert stored["stored"] == 1 and client.lookup(kv.hash_blocks(prompt(8000), None)) == 0
+    assert llm.engine.pool.reset_prefix_cache()
+    answer(prompt(8000))  # computed again: every block goes out, the store takes them
+    assert stored["stored"] == 2 and client.lookup(kv.hash_blocks(prompt(8000), None)) == BLOCKS

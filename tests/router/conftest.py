@@ -105,12 +105,14 @@ class Cluster:
         ports: list[int] | None = None,
         ids: list[str] = (),
         wait: bool = True,
+        launcher: tuple[str, ...] = ("-m", "ragserve.cli"),
     ) -> list[Server]:
-        """Real `ragserve engine` processes on the tiny test model, registered with the router (if any)."""
+        """Real `ragserve engine` processes on the tiny test model, registered with the router (if any).
+        `launcher`: python's arguments before `engine` (`-c` and a script that injects a fault, then runs the CLI)."""
         procs = []
         for i in range(count):
             port = ports[i] if ports else free_port()
-            argv = [sys.executable, "-m", "ragserve.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
+            argv = [sys.executable, *launcher, "engine", "--host", "127.0.0.1", "--port", str(port)]
             argv += ["--model", str(self.model_dir), "--served-model-name", "tiny", "--device", "cpu"]
             if router is not None:
                 argv += ["--router", router.grpc, "--advertise-url", f"http://127.0.0.1:{port}"]
