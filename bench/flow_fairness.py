@@ -10,16 +10,21 @@ max-min fair allocation of the places, by its recent demand, kept free for it (-
 with flow control off (the engine's own FCFS queue). Scenarios a and b run on all three, interleaved
 (repeats rotate which goes first); c on flow and baseline; the table gives the median over repeats.
 
-a. priority: TTFT p95 of critical probes (X-Ragserve-Priority: 1, one at a time) unloaded, then while 32
-   standard and 8 sheddable clients (closed loops) overload the engine; the ratio (goal <= 1.5x), and what
-   the low classes got (sheddable 429s, standard TTFT).
+a. priority: TTFT p95 of critical probes (X-Ragserve-Priority: 1, one at a time, from a process of their own:
+   bench/flow_probe.py) unloaded, then while 32 standard and 8 sheddable clients (closed loops) overload the
+   engine; the ratio (goal <= 1.5x), and what the low classes got (sheddable 429s, standard TTFT).
 b. fairness: tenant A (4 clients) alone, then with tenant B (40 clients, the same requests: 10x A's tokens);
    A's TTFT p95 ratio contended / solo (goal <= 2x) and Jain's index over the tenants' token throughput.
 c. quota: one tenant with 1200 tokens/min sending as fast as it is let for 20 s: tokens admitted against
    the bucket's N + N x elapsed / 60 (goal +- 10 %), and after each 429 a retry after exactly Retry-After
    seconds (must succeed) next to the exact wait the x-ratelimit headers give.
 
-    flock /tmp/cpu.lock .venv/bin/python bench/flow_fairness.py [--repeats 3]
+    flock /tmp/cpu.lock .venv/bin/python bench/flow_fairness.py [--repeats 3] [--scenarios abc]
+        [--engine-core 1 --aux-core 0]
+
+--engine-core pins the engines to one core and --aux-core the routers, the load generator and the probes to
+another, as a deployment keeps clients and gateways off the engine's CPU; without them every process shares
+both cores of this machine.
 
 Between phases the script waits for every stack's router to hold no request (its in-flight gauge at 0): a
 place still held then is a leak (a client that left mid-stream whose place never came back), and the run stops
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +53,7 @@ from router import Procs, pct, wait_until  # noqa: E402
 from tests.helpers.net import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+PIN: dict[str, list[str]] = {"engine": [], "aux": []}  # taskset prefixes (--engine-core, --aux-core)
 SEQS = 8  # the engine's running batch, and the flow router's places per engine
 QUOTA_TENANT, QUOTA_TPM = "metered", 1200
 PROMPT = " ".join(f"word{i}" for i in range(60))
@@ -78,16 +85,17 @@ def start_stack(procs: Procs, name: str, model: str, flags: list[str], engine_fl
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--grpc-port", str(grpc_port), "--registry-allow-unauthenticated", "--log-level", "warning"]
-    procs.start(f"router-{name}", [*argv, "--tenant-header", "X-Tenant", *flags])
+    procs.start(f"router-{name}", [*PIN["aux"], *argv, "--tenant-header", "X-Tenant", *flags])
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, f"router {name}")
     argv = [sys.executable, "-m", "ragserve.cli", "engine", "--model", model, "--served-model-name", "tiny"]
     argv += ["--host", "127.0.0.1", "--port", str(eport), "--device", "cpu", "--enforce-eager"]
     argv += ["--max-num-seqs", str(SEQS), *engine_flags]
     argv += ["--router", f"127.0.0.1:{grpc_port}", "--advertise-url", f"http://127.0.0.1:{eport}"]
-    procs.start(f"engine-{name}", [*argv, "--log-level", "warning"])
+    procs.start(f"engine-{name}", [*PIN["engine"], *argv, "--log-level", "warning"])
     wait_until(lambda: httpx.get(url + "/ready").json()["healthy_engines"] == 1, f"engine of {name}", 600)
     for i in range(8):  # warm-up: first requests pay one-off costs
         httpx.post(url + "/v1/completions", json=body(f"warm-up {i}", 32, stream=False), timeout=120)
+    asyncio.run(probes(url, 5, 0.05))  # and the first critical (streamed, priority) ones
     return url
 
 
@@ -133,31 +141,32 @@ class Load:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def probes(load: Load, n: int, gap: float) -> list[float]:
-    ttfts = []
-    for i in range(n):
-        rec = await load.request(body(f"critical {i}", 4), {"X-Ragserve-Priority": "1", "X-Tenant": "ops"})
-        assert rec["status"] == 200, rec
-        ttfts.append(rec["ttft"])
-        await asyncio.sleep(gap)
-    return ttfts
+async def probes(url: str, n: int, gap: float) -> list[float]:
+    """Critical probes' TTFTs, from a process of their own (bench/flow_probe.py)."""
+    argv = [*PIN["aux"], sys.executable, str(ROOT / "bench" / "flow_probe.py"), url, str(n), str(gap)]
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"critical probes failed (exit {proc.returncode})")
+    return json.loads(out)
 
 
 async def priority(url: str, n: int) -> dict:
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as client:
-        unloaded = await probes(Load(client, url), n, 0.05)
+        unloaded = await probes(url, n, 0.05)
         load = Load(client, url)
         tasks = load.run("standard", 32, 32, {"X-Tenant": "batch"})
         tasks += load.run("sheddable", 8, 32, {"X-Tenant": "batch", "X-Ragserve-Priority": "-1"})
         await asyncio.sleep(3)
         t0 = time.monotonic()
-        loaded = await probes(load, n, 0.25)
+        loaded = await probes(url, n, 0.25)
         seconds = time.monotonic() - t0
         await load.end(tasks)
     window = [r for r in load.records if r["end"] >= t0]
     std = [r["ttft"] for r in window if r["tag"] == "standard" and r["status"] == 200]
     shed = [r for r in window if r["tag"] == "sheddable"]
     return {
+        "critical_unloaded_p50_ms": 1000 * pct(unloaded, 0.5),
         "critical_unloaded_p95_ms": 1000 * pct(unloaded, 0.95),
         "critical_loaded_p50_ms": 1000 * pct(loaded, 0.5),
         "critical_loaded_p95_ms": 1000 * pct(loaded, 0.95),
@@ -268,11 +277,18 @@ def write(out: Path, report: dict) -> None:
     (out / f"{report['name']}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Flow control under overload (real engines)", "", f"Command: `{report['command']}`", ""]
     lines += [report["setup"], "", f"Median of {report['repeats']} interleaved repeats.", ""]
-    lines += ["## a. Priority", "", *table(report["priority"], 2, HEADS)]
-    lines += ["", "## b. Fairness (A: 4 clients, B: 40 clients, same requests)", ""]
-    lines += table(report["fairness"], 3, HEADS)
-    lines += ["", f"## c. Quota ({QUOTA_TPM} tokens/min, one tenant, as fast as admitted)", ""]
-    lines += table(report["quota"], 2, {"flow": "flow control (quota)", "baseline": "baseline (no quota)"})
+    pins = report["pinning"]
+    if pins["engine_core"] is not None or pins["aux_core"] is not None:
+        lines += [f"Engines pinned to core {pins['engine_core']}; routers, load generator and probes to core "
+                  f"{pins['aux_core']} (taskset).", ""]  # fmt: skip
+    if report["priority"]:
+        lines += ["## a. Priority", "", *table(report["priority"], 2, HEADS), ""]
+    if report["fairness"]:
+        lines += ["## b. Fairness (A: 4 clients, B: 40 clients, same requests)", ""]
+        lines += [*table(report["fairness"], 3, HEADS), ""]
+    if report["quota"]:
+        lines += [f"## c. Quota ({QUOTA_TPM} tokens/min, one tenant, as fast as admitted)", ""]
+        lines += table(report["quota"], 2, {"flow": "flow control (quota)", "baseline": "baseline (no quota)"})
     (out / f"{report['name']}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -283,9 +299,17 @@ def main() -> None:
     p.add_argument("--probes", type=int, default=20, help="critical probes per phase")
     p.add_argument("--seconds", type=float, default=8.0, help="fairness measuring window")
     p.add_argument("--quota-seconds", type=float, default=20.0)
+    p.add_argument("--scenarios", default="abc", help="which of a (priority), b (fairness), c (quota) to run")
+    p.add_argument("--engine-core", type=int, default=None, help="pin the engines to this core")
+    p.add_argument("--aux-core", type=int, default=None, help="pin the routers, this client and the probes to it")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--name", default="flow_fairness", help="result files' name (.json, .md) under --out")
     args = p.parse_args()
+    if args.engine_core is not None:
+        PIN["engine"] = ["taskset", "-c", str(args.engine_core)]
+    if args.aux_core is not None:
+        PIN["aux"] = ["taskset", "-c", str(args.aux_core)]
+        os.sched_setaffinity(0, {args.aux_core})
     code = commit()  # now: the tree may change while it runs
     if args.model is None:
         from tests.helpers.tiny_models import tiny_model
@@ -310,11 +334,13 @@ def main() -> None:
             modes = list(urls)
             for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
                 print(f"repeat {rep} {mode}", flush=True)
-                runs["priority"][mode].append(asyncio.run(priority(urls[mode], args.probes)))
-                settle(urls, f"repeat {rep} {mode} priority")
-                runs["fairness"][mode].append(asyncio.run(fairness(urls[mode], args.seconds)))
-                settle(urls, f"repeat {rep} {mode} fairness")
-                print(runs["priority"][mode][-1], runs["fairness"][mode][-1], flush=True)
+                if "a" in args.scenarios:
+                    runs["priority"][mode].append(asyncio.run(priority(urls[mode], args.probes)))
+                    settle(urls, f"repeat {rep} {mode} priority")
+                if "b" in args.scenarios:
+                    runs["fairness"][mode].append(asyncio.run(fairness(urls[mode], args.seconds)))
+                    settle(urls, f"repeat {rep} {mode} fairness")
+                print({s: r[mode][-1] for s, r in runs.items() if r[mode]}, flush=True)
         report = {
             "command": "python bench/flow_fairness.py " + " ".join(sys.argv[1:]),
             "setup": f"Per mode: a router and one real engine (tiny test model, CPU, --max-num-seqs {SEQS}); "
@@ -324,10 +350,13 @@ def main() -> None:
             "name": args.name,
             "repeats": args.repeats,
             "runs": runs,
-            "quota": {m: quota(urls[m], args.quota_seconds) for m in ("flow", "baseline")},
+            "quota": {m: quota(urls[m], args.quota_seconds) for m in ("flow", "baseline")}
+            if "c" in args.scenarios
+            else {},
+            "pinning": {"engine_core": args.engine_core, "aux_core": args.aux_core},
         }
         for scenario in ("priority", "fairness"):
-            report[scenario] = {m: median_of(r) for m, r in runs[scenario].items()}
+            report[scenario] = {m: median_of(r) for m, r in runs[scenario].items() if r}
     finally:
         procs.stop()
     write(Path(args.out), report)
