@@ -66,6 +66,16 @@ def yield_to_steps() -> None:
         pass
 
 
+def back_cache(kv_cache: KVCacheTensors) -> None:
+    """A decode engine (--role decode) lands every prompt's KV in fresh blocks: its whole cache is backed at start,
+    at background priority, so a fetch does not back its blocks on the request path (~1.7 ms per 0.7 MB block on a
+    VM, seconds for a 2k-token prompt when the step thread keeps the core busy)."""
+    yield_to_steps()
+    t0 = time.perf_counter()
+    kv_cache.back_all()
+    log.info("KV cache backed in %.1f s (--role decode)", time.perf_counter() - t0)
+
+
 @dataclass
 class ConnectorStats:
     queries: int = 0  # tokens looked up in the cachestore
@@ -168,7 +178,10 @@ class CacheStoreConnector:
             tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
         token = read_token(config.cachestore_token_file) if config.cachestore_token_file else None
         client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
-        return cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s)
+        connector = cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s)
+        if config.role == "decode":
+            threading.Thread(target=back_cache, args=(kv_cache,), name="kv-back", daemon=True).start()
+        return connector
 
     # ---- fetch ------------------------------------------------------------------------------------
     def start_fetch(

@@ -19,6 +19,7 @@ from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_kv_connector import CONTEXT, GREEDY, engine
 from tests.helpers.cachestore import CacheStoreProcess
 from tests.helpers.net import free_port
+from tests.helpers.process import until
 
 PER_STEP = 6  # 20 context blocks land over 4 steps
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -191,3 +192,14 @@ def test_fetches_in_flight_together_back_the_blocks_each_lands_in(cachestore):
     assert len(written) == 40 and set(written) <= set(backed[0]) | set(backed[1])
     assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in reference]
     assert [o.num_cached_tokens for o in outs] == [20 * 16] * 2
+
+
+def test_a_decode_engine_backs_its_whole_cache_at_start(cachestore):
+    """--role decode lands every prompt's KV in fresh blocks: a background thread backs its whole cache at start,
+    so no fetch backs blocks on the request path; a `both` engine backs none up front (its cache costs nothing
+    until used)."""
+    both = engine(cachestore, num_gpu_blocks=8192)  # 64 MB: mapped afresh, not heap memory a freed cache used
+    decode = engine(cachestore, num_gpu_blocks=8192, role="decode", loaded_model=both.engine.runner.model)
+    blocks = range(decode.engine.pool.num_blocks)
+    until(lambda: all(resident(decode.engine.runner.kv_cache, i) for i in blocks), timeout=60, what="cache backed")
+    assert not all(resident(both.engine.runner.kv_cache, i) for i in blocks)

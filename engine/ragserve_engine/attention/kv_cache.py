@@ -73,6 +73,13 @@ class KVCacheTensors:
             ids, size = sorted(set(block_ids)), self._data_nbytes
             populate_write([(self.data.data_ptr() + i * size, size) for i in ids])
 
+    def back_all(self) -> None:
+        """back() for every block (and the int8 scales)."""
+        if self.data.device.type == "cpu":
+            populate_write(
+                [(t.data_ptr(), t.numel() * t.element_size()) for t in (self.data, self.scales) if t is not None]
+            )
+
     def write_block(self, block_id: int, raw: bytes) -> None:
         """Block block_id = raw (block_nbytes bytes, as GatheredBlocks.block_bytes gives them)."""
         raw, size = memoryview(raw), self._data_nbytes
