@@ -1,0 +1,195 @@
+"""What the router's HTTP stack costs per request, to bound a protocol-level generate path (issue 34).
+
+Three servers answer the same POST (the router's answer headers, a completion body) on one keep-alive
+connection, one request at a time; each server is a forked process and its user + system CPU per request
+is read from /proc:
+
+- `router-stack`: uvicorn with JoinedHttpProtocol, CountResponses, FastRoutes, a Starlette Request read by
+  read_body and a Starlette Response: what the router runs around its handler today.
+- `raw-asgi`: the same uvicorn protocol with a bare ASGI app (no middleware, no Starlette objects).
+- `bare-protocol`: an asyncio protocol on httptools writing the answer to the transport: what a
+  protocol-level path could cost at best (it still parses with httptools and writes once).
+
+Servers are interleaved within each repeat; the table gives the median over --repeats.
+
+    flock /tmp/cpu.lock .venv/bin/python bench/http_stack_cost.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httptools
+import uvloop
+
+BODY = json.dumps(
+    {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+     "choices": [{"text": " hello world", "index": 0, "finish_reason": "length"}],
+     "usage": {"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28}}
+).encode()  # fmt: skip
+HEADERS = {"content-type": "application/json", "X-Ragserve-Engine": "sim-3", "X-Request-Id": "f" * 32,
+           "X-Ragserve-Route-Reason": "prefix_hit", "X-Ragserve-Predicted-Ttft-Ms": "12"}  # fmt: skip
+PROMPT = json.dumps({"model": "m", "prompt": "the quick brown fox " * 8, "max_tokens": 16, "temperature": 0})
+REQUEST = (
+    "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    f"authorization: Bearer key\r\nuser-agent: bench\r\ncontent-length: {len(PROMPT)}\r\n\r\n{PROMPT}"
+).encode()
+
+
+def router_stack(sock: socket.socket) -> None:
+    from starlette.responses import Response
+
+    from ragserve.http.body import read_body
+    from ragserve.http.joined import JoinedHttpProtocol
+    from ragserve.http.outcomes import CountResponses
+    from ragserve_router.fast_routes import FastRoutes
+
+    async def completions(request):
+        raw = await read_body(request, 1 << 20)
+        request.state.tenant = request.headers.get("authorization") and "-"
+        return Response(BODY if raw else b"", status_code=200, headers=HEADERS)
+
+    app = CountResponses(FastRoutes(None, {"/v1/completions": completions}, lambda r: None), count=lambda o: None)
+    _serve_uvicorn(app, JoinedHttpProtocol, sock)
+
+
+def raw_asgi(sock: socket.socket) -> None:
+    from ragserve.http.joined import JoinedHttpProtocol
+
+    head = [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]
+    head.append((b"content-length", str(len(BODY)).encode()))
+
+    async def app(scope, receive, send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": BODY})
+
+    _serve_uvicorn(app, JoinedHttpProtocol, sock)
+
+
+def _serve_uvicorn(app, protocol, sock: socket.socket) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, loop="none", http=protocol, lifespan="off", log_level="warning")
+    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+
+
+class Bare(asyncio.Protocol):
+    ANSWER = ("HTTP/1.1 200 OK\r\n" + "".join(f"{k}: {v}\r\n" for k, v in HEADERS.items())
+              + f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY  # fmt: skip
+
+    def connection_made(self, transport) -> None:
+        self.transport, self.parser, self.body = transport, httptools.HttpRequestParser(self), []
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.body = []
+        self.transport.write(self.ANSWER)
+
+
+def bare_protocol(sock: socket.socket) -> None:
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Bare, sock=sock)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+SERVERS = {"router-stack": router_stack, "raw-asgi": raw_asgi, "bare-protocol": bare_protocol}
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(name: str, requests: int) -> dict:
+    """CPU us per request of server `name`, and the client's round trip."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    pid = os.fork()
+    if pid == 0:
+        uvloop.install()
+        SERVERS[name](sock)
+        os._exit(0)
+    port = sock.getsockname()[1]
+    sock.close()
+    try:
+        client = _connect(port)
+        for _ in range(300):  # warm-up
+            _exchange(client)
+        cpu0, t0 = cpu_s(pid), time.perf_counter()
+        for _ in range(requests):
+            _exchange(client)
+        cpu, wall = cpu_s(pid) - cpu0, time.perf_counter() - t0
+        client.close()
+        return {"cpu_us_per_req": 1e6 * cpu / requests, "rtt_us": 1e6 * wall / requests}
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _connect(port: int) -> socket.socket:
+    for _ in range(200):
+        try:
+            client = socket.create_connection(("127.0.0.1", port))
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return client
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    raise SystemExit(f"no server on port {port}")
+
+
+def _exchange(client: socket.socket) -> None:
+    client.sendall(REQUEST)
+    got = b""
+    while not got.endswith(BODY):
+        chunk = client.recv(65536)
+        if not chunk:
+            raise SystemExit("the server closed the connection")
+        got += chunk
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "http_stack_cost"))
+    args = p.parse_args()
+    runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
+    names = list(SERVERS)
+    for rep in range(args.repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[name].append(one(name, args.requests))
+            print(name, rep, runs[name][-1], flush=True)
+    lines = [f"# HTTP stack cost per request (bench/http_stack_cost.py, {args.requests} sequential requests, "
+             f"median of {args.repeats} interleaved repeats, {time.strftime('%Y-%m-%d', time.gmtime())})", "",
+             "| server | CPU us / req | each repeat | round trip us |", "|---|---:|---|---:|"]  # fmt: skip
+    for name, rs in runs.items():
+        each = ", ".join(f"{r['cpu_us_per_req']:.0f}" for r in rs)
+        cpu, rtt = (statistics.median(r[k] for r in rs) for k in ("cpu_us_per_req", "rtt_us"))
+        lines.append(f"| {name} | {cpu:.0f} | {each} | {rtt:.0f} |")
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    Path(args.out + ".json").write_text(json.dumps(runs, indent=2) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
