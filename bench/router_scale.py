@@ -24,7 +24,8 @@ Plus the index figures of bench/scale_index.py (in process).
 There a router name may end in +cachestore (e.g. ragserve-round_robin+cachestore): the engines share a
 `ragserve cachestore`. --rates "" skips the added-latency steps; --repeats N runs every router N times,
 interleaved, and the RAG quality table pools each router's requests (scale_quality.py), one row per request in
-the JSON (engine and ragserve's route reason).
+the JSON (engine and ragserve's route reason). --append adds a run's repeats to the same --tag's result file: a
+run too long for one sitting split into parts (e.g. --repeats 1, then --repeats 1 --append).
 
 --baseline-src DIR with e.g. --routers ragserve-kv_aware@baseline,ragserve-kv_aware: before / after a change,
 the baseline's router from another tree (`git archive REV router | tar -x -C /tmp/base`, DIR /tmp/base/router).
@@ -222,6 +223,7 @@ def markdown(report: dict) -> str:
         "# Router scale on " + ("real engines" if " --real" in report["command"] else "simulated engines"),
         "",
         f"Command: `{report['command']}`",
+        *(f"Appended (more repeats, same trace): `{cmd}`" for cmd in report.get("appended", [])),
         "",
         f"Versions: {report['versions']}. Sim cost: `{' '.join(SIM_COST)}`.",
         "",
@@ -345,6 +347,11 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")
     p.add_argument("--repeats", type=int, default=1, help="runs of every router, interleaved (router order each)")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run's repeats to the result file of the same --tag (a long run split into locked parts)",
+    )
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args()
@@ -374,7 +381,13 @@ def main() -> int:
     }
     out = Path(args.out)
     stem = "router_scale" + ("-real" if args.real else "") + (f"-{args.tag}" if args.tag else "")
-    runs = [(n, rep, name) for n in args.fleets for rep in range(args.repeats) for name in args.routers]
+    first = 0
+    if args.append:  # the earlier part's rows, command and index figures stay; repeats go on numbering
+        report = {**json.loads((out / f"{stem}.json").read_text()), "versions": versions}
+        report.setdefault("appended", []).append("python bench/router_scale.py " + " ".join(sys.argv[1:]))
+        first = 1 + max((r["repeat"] for r in report["results"]), default=-1)
+    reps = range(first, first + args.repeats)
+    runs = [(n, rep, name) for n in args.fleets for rep in reps for name in args.routers]
     for n, rep, name in runs:  # repeats interleaved: every router once, then again
         try:
             report["results"].append({**run_config(name, n, args, docs, trace, chat), "repeat": rep})

@@ -241,7 +241,18 @@ class KVAware(RoutingPolicy):
 
         order = sorted(cands, key=rank)
         best = predictions[order[0].engine_id]
-        return Decision(order, self.name, self._reason(best, predictions), cached, predictions)
+        reason = self._reason(best, predictions)
+        if log.isEnabledFor(logging.DEBUG):  # the per-decision record: why each engine ranked where it did
+            log.debug("kv_aware %s: %s", reason, "; ".join(self._explain(r, predictions, rank) for r in order))
+        return Decision(order, self.name, reason, cached, predictions)
+
+    def _explain(self, r: EngineRecord, predictions: dict[str, Prediction], rank: Callable) -> str:
+        p, (full, *_) = predictions[r.engine_id], rank(r)
+        return (
+            f"{r.engine_id} cost={p.cost:.3f} ttft={p.ttft_s:.3f} local={p.local_tokens} fetched={p.fetched_tokens} "
+            f"computed={p.computed_tokens} queued={p.queued_tokens}/{self.ctx.queued_prompts(r)} "
+            f"decoding={self.ctx.load(r):g} rate={r.load.prefill_tokens_per_s:.0f} full={full}"
+        )
 
     @staticmethod
     def _reason(best: Prediction, predictions: dict[str, Prediction]) -> str:
