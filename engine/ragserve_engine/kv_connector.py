@@ -10,7 +10,7 @@ the request keeps the prefix that arrived and recomputes the rest. Blocks that a
 requests hold the pool wait (in host memory) until they have room. The deadline is at least the time
 recomputing the blocks would take at the engine's measured prefill speed (waiting longer than that
 cannot pay; waiting that long costs at most twice the better choice). The fetch and offload threads run at a
-lower CPU priority than the step thread (BACKGROUND_NICE). Offload: after
+lower CPU priority than the step thread (BACKGROUND_NICE). Offload (kv_offload.py): after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
 bounded queue, which serializes and sends them (dropped under backpressure). A block's bytes (gather,
 scatter, size) are the KV cache's own (attention/kv_cache.py); this module decides what moves and when.
@@ -20,78 +20,24 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ragserve import tracing
 from ragserve_engine.attention.kv_cache import KVCacheTensors
-from ragserve_engine.block_pool import KVCacheBlock
 from ragserve_engine.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from ragserve_engine.kv_offload import ConnectorStats, Offloader, back_cache, yield_to_steps
 
 log = logging.getLogger("ragserve_engine.connector")
-_SEEN_LIMIT = 1 << 16
 FETCH_DEADLINE_S = 1.0  # a request waits at least this long for the cachestore, then recomputes
 FETCH_DEADLINE_MARGIN = 3.0  # ... or this many times the measured cost of its blocks, if longer
 MAX_PENDING_FETCHES = 8  # more concurrent fetches than this: new requests recompute
 FETCH_CHUNK_BLOCKS = 16  # blocks per Get: what arrived before a deadline is kept, and no call nears its timeout
 FETCH_COST_DECAY = 0.8
-DIRECTIONS = ("stored", "fetched")
 LAND_MARGIN_BLOCKS = 16  # blocks backed past a fetch's own: those the requests decoding meanwhile take first
-BACKGROUND_NICE = 10  # the fetch and offload threads' nice over the step thread's (CFS weight 110 against 1024)
-
-
-def _touch(recent: OrderedDict[bytes, None], h: bytes) -> None:
-    """Add (or refresh) h in a bounded recency set (written by both the step and the offload
-    thread: no KeyError if the other removed h meanwhile)."""
-    recent.pop(h, None)
-    recent[h] = None
-    if len(recent) > _SEEN_LIMIT:
-        recent.popitem(last=False)
-
-
-def yield_to_steps() -> None:
-    """Lower the calling thread's CPU priority (Linux nice is per thread): a transfer's (de)serialization and copies
-    (~0.25 s of CPU for a 2k-token float32 prompt) then run when the step thread leaves the core instead of
-    stretching the steps of the requests decoding on it. Where not allowed, nothing changes."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
-    except (AttributeError, OSError):
-        pass
-
-
-def back_cache(kv_cache: KVCacheTensors) -> None:
-    """A decode engine (--role decode) lands every prompt's KV in fresh blocks: its whole cache is backed at start,
-    at background priority, so a fetch does not back its blocks on the request path (~1.7 ms per 0.7 MB block on a
-    VM, seconds for a 2k-token prompt when the step thread keeps the core busy)."""
-    yield_to_steps()
-    t0 = time.perf_counter()
-    kv_cache.back_all()
-    log.info("KV cache backed in %.1f s (--role decode)", time.perf_counter() - t0)
-
-
-@dataclass
-class ConnectorStats:
-    queries: int = 0  # tokens looked up in the cachestore
-    hits: int = 0  # tokens fetched from it
-    offloaded: int = 0  # blocks handed to the store
-    dropped: int = 0  # blocks dropped under backpressure (never offloaded)
-    not_imported: int = 0  # fetched blocks left out: no free KV block for them (the request recomputes those)
-    abandoned: int = 0  # fetches cut at their deadline (the request recomputed the rest) or aborted
-    fetch_s_per_block: float = 0.0  # recent cost of a fetched block (lookup + get + write), 0 until measured
-    # KV moved, by direction ("stored": put to the store and accepted by it, "fetched": downloaded from it): block
-    # bytes, seconds in the calls (stored: those the store answered), and requests (fetched: a request's download
-    # that brought blocks; stored: a prompt a prefill engine stored for a decode engine, the store took every block
-    # of it, kv_tail.py). Puts a down store dropped (the client logs them and backs off) count nowhere.
-    transfer_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
-    transfer_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
-    transfer_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
 
 
 @dataclass
@@ -149,14 +95,17 @@ class CacheStoreConnector:
         self.kv_cache, self.kv_manager = kv_cache, kv_manager
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
-        self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
-        self._refused: OrderedDict[bytes, None] = OrderedDict()  # blocks whose last put the store did not take
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
-        self._queued = 0  # blocks ever queued for offload (step thread)
-        self._sent = 0  # of them, put to the store or given up on, in queue order (offload thread)
-        self._sent_cv = threading.Condition()
-        self._thread = threading.Thread(target=self._offload_loop, name="kv-offload", daemon=True)
-        self._thread.start()
+        self.offloader = Offloader(client, kv_cache, self.stats, queue_blocks)
+        self.offload, self.flush, self.save_mark = (
+            self.offloader.offload,
+            self.offloader.flush,
+            self.offloader.save_mark,
+        )
+        self.saved, self.stored, self.wait_saved = (
+            self.offloader.saved,
+            self.offloader.stored,
+            self.offloader.wait_saved,
+        )
         self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
         self._fetching: set[Future] = set()
         self._open: list[PendingFetch] = []  # fetches whose blocks have not all landed
@@ -281,13 +230,7 @@ class CacheStoreConnector:
     def _count_fetch(self, pending: PendingFetch) -> None:
         nbytes = sum(len(b.data) for b in pending.blocks) + (len(pending.tail_kv[1]) if pending.tail_kv else 0)
         if nbytes:
-            self.count_transfer("fetched", nbytes, pending.seconds, requests=1)
-
-    def count_transfer(self, direction: str, nbytes: int, seconds: float, requests: int = 0) -> None:
-        s = self.stats
-        s.transfer_bytes[direction] += nbytes
-        s.transfer_seconds[direction] += seconds
-        s.transfer_requests[direction] += requests
+            self.stats.count_transfer("fetched", nbytes, pending.seconds, requests=1)
 
     def room(self, pending: PendingFetch) -> int:
         """Free KV blocks the fetched blocks may land in, keeping the local prefix they extend."""
@@ -338,7 +281,7 @@ class CacheStoreConnector:
         pending.held = self.kv_manager.pin(hashes[: start + len(blocks)])
         pending.land_s += time.perf_counter() - t0
         for h in fetched:
-            self._remember(h)
+            self.offloader.remember(h)
 
     def _finish_landing(self, pending: PendingFetch) -> None:
         self.stats.hits += pending.landed * self.kv_manager.block_size
@@ -376,96 +319,7 @@ class CacheStoreConnector:
     def _fits(self, block) -> bool:
         return len(block.data) == self.kv_cache.block_nbytes
 
-    # ---- offload ----------------------------------------------------------------------------------
-    def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
-        """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread.
-        The put is traced under the first traced request of the step (`scheduled`)."""
-        todo = [(b, h) for b, h in blocks if h not in self._seen or h in self._refused]
-        if not todo:
-            return
-        room = max(self._queue.maxsize - self._queue.qsize(), 0)
-        if room < len(todo):
-            self.stats.dropped += len(todo) - room
-            for _, h in todo[room:]:
-                _touch(self._refused, h)
-            todo = todo[:room]
-        if not todo:
-            return
-        gathered = self.kv_cache.gather([b.block_id for b, _ in todo])
-        span = next((tracing.live[r] for r in (s.request.request_id for s in scheduled) if r in tracing.live), None)
-        for i, (_, h) in enumerate(todo):
-            try:
-                self._queue.put_nowait((h, gathered, i, span))
-                self._queued += 1
-                self._remember(h)
-            except queue.Full:
-                self.stats.dropped += 1
-                _touch(self._refused, h)
-
-    def _offload_loop(self) -> None:
-        from ragserve_cachestore.client import KVBlock
-
-        yield_to_steps()
-        while True:
-            batch = [self._queue.get()]
-            while batch[-1] is not None and len(batch) < 64:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            blocks, span = [], next((item[-1] for item in batch if item is not None), None)
-            for h, gathered, i, _ in (item for item in batch if item is not None):
-                raw = gathered.block_bytes(i)
-                blocks.append(KVBlock(h, raw, "uint8", (len(raw),)))
-            accepted = 0
-            try:
-                if blocks:
-                    t0 = time.perf_counter()
-                    with tracing.use(span):
-                        put = self.client.put_blocks(blocks)
-                    self.stats.offloaded += put.stored  # blocks newly stored
-                    if accepted := put.accepted_bytes:  # what a down store dropped was not stored
-                        self.count_transfer("stored", accepted, time.perf_counter() - t0)
-            except Exception:
-                log.exception("cachestore offload failed")
-            refused = accepted < sum(len(b.data) for b in blocks)  # computed again later, they go out again
-            for b in blocks:
-                if refused:
-                    _touch(self._refused, b.key)
-                else:
-                    self._refused.pop(b.key, None)
-            with self._sent_cv:
-                self._sent += len(blocks)
-                self._sent_cv.notify_all()
-            for _ in batch:
-                self._queue.task_done()
-            if batch[-1] is None:
-                return
-
-    def _remember(self, h: bytes) -> None:
-        _touch(self._seen, h)
-
-    def flush(self) -> None:
-        """Wait until every queued offload was sent (each put has a deadline)."""
-        self._queue.join()
-
-    def save_mark(self) -> int:
-        """The offload queue's end now: every block queued so far is sent once saved(mark) (kv_tail.py)."""
-        return self._queued
-
-    def saved(self, mark: int) -> bool:
-        return self._sent >= mark
-
-    def stored(self, keys: list[bytes]) -> bool:
-        """Whether the store took the last put of each of these blocks (once saved: every put of them answered)."""
-        return not any(h in self._refused for h in keys)
-
-    def wait_saved(self, mark: int, timeout: float) -> None:
-        with self._sent_cv:
-            self._sent_cv.wait_for(lambda: self._sent >= mark, timeout)
-
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        self.offloader.close()
         self._fetch_pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()

@@ -14,7 +14,8 @@ from concurrent.futures import Future
 import pytest
 
 from ragserve_engine import remote_fetches
-from ragserve_engine.kv_connector import BACKGROUND_NICE, PendingFetch
+from ragserve_engine.kv_connector import PendingFetch
+from ragserve_engine.kv_offload import BACKGROUND_NICE
 from ragserve_engine.sampling_params import SamplingParams
 from tests.engine.test_kv_connector import CONTEXT, GREEDY, engine
 from tests.helpers.cachestore import CacheStoreProcess
