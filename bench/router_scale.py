@@ -219,13 +219,14 @@ def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
 
 
 def markdown(report: dict) -> str:
+    real = " --real" in report["command"]
     lines = [
-        "# Router scale on " + ("real engines" if " --real" in report["command"] else "simulated engines"),
+        "# Router scale on " + ("real engines" if real else "simulated engines"),
         "",
         f"Command: `{report['command']}`",
         *(f"Appended (more repeats, same trace): `{cmd}`" for cmd in report.get("appended", [])),
         "",
-        f"Versions: {report['versions']}. Sim cost: `{' '.join(SIM_COST)}`.",
+        f"Versions: {report['versions']}." + ("" if real else f" Sim cost: `{' '.join(SIM_COST)}`."),
         "",
         "| engines | router | sustained req/s (p99 added < 5 ms) | added p50 / p99 ms at each rate | "
         "decision p50 / p99 ms | CPU s / 1k req | RAG cached | RAG TTFT p50 / p95 ms | chat cached after 1st | "

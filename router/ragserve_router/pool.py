@@ -214,10 +214,20 @@ class EnginePool:
         """Re-read registered engines and the admin API's changes from the shared state."""
         self.registered = {r.engine_id: r for r in await self.state.engines()}
         await self.apply_admin(await self.state.admin_view())
+        self._forget_gone()
         for source in SOURCES:
             count = sum(1 for r in self.all() if r.source == source)
             self.metrics.engines_registered.labels(source).set(count)
         self.metrics.engines_healthy.set(len(self.healthy()))
+
+    def _forget_gone(self) -> None:
+        """Health and breakers of engines no longer in the pool (dropped, removed by the admin API): a request that
+        ended after its engine left marks it again, recreating them."""
+        known = {r.engine_id for r in self.all()}
+        for gone in [e for e in self.health if e not in known]:
+            del self.health[gone]
+        for gone in [e for e in self.breakers if e not in known]:
+            del self.breakers[gone]
 
     async def apply_admin(self, view: AdminView) -> None:
         added = admin_view.sync(self.discovered, {r.url for r in self.registered.values()}, view)

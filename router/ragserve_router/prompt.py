@@ -42,8 +42,8 @@ class RoutingKey:
 def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[int] | None:
     """Token ids exactly as the engine prefills them, or None if the prompt is not routable this way."""
     if chat:
-        messages = body.get("messages")
-        return tokenizer.encode_chat(messages) if isinstance(messages, list) else None
+        messages, tools = body.get("messages"), tool_variables(body, tokenizer.chat_template or "")
+        return tokenizer.encode_chat(messages, **tools) if isinstance(messages, list) and tools is not None else None
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
         prompt = prompt[0]  # a batch of prompts: route on the first
@@ -52,6 +52,24 @@ def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[in
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     return None
+
+
+def active_tools(body: dict) -> list:
+    """The request's tools if the engine puts them in the prompt (tools given, tool_choice not "none")."""
+    tools = body.get("tools")
+    return tools if isinstance(tools, list) and tools and body.get("tool_choice") != "none" else []
+
+
+def tool_variables(body: dict, template: str) -> dict | None:
+    """The chat template's `tools` variable as the engine fills it ({} without tools), or None where the engine
+    renders them its own way: a template that does not take `tools` gets them in a system prompt of the engine's
+    tool parser's format, which the router does not know (such requests are routed on text hashes)."""
+    tools = active_tools(body)
+    if not tools:
+        return {}
+    if "tools" not in template:
+        return None
+    return {"tools": [{"type": "function", "function": t.get("function") if isinstance(t, dict) else t} for t in tools]}
 
 
 def _message_text(message: dict) -> str:
@@ -68,6 +86,8 @@ def prompt_bytes(body: dict, chat: bool) -> bytes:
     if chat:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         parts = [f"{m.get('role', '')}\x1f{_message_text(m)}\x1e" for m in messages if isinstance(m, dict)]
+        if tools := active_tools(body):  # after the messages: requests with other tools still share the context
+            parts.append(f"tools\x1f{json.dumps(tools, sort_keys=True, default=str)}\x1e")
         return "".join(parts).encode("utf-8", "surrogatepass")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
