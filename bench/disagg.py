@@ -25,9 +25,14 @@ per repeat and pooled over the repeats (every gap is in the JSON), the RAG reque
 second over the loaded phase, for 1P1D the prefill leg and the decode-leg TTFT (router metrics), and the KV moved per
 RAG request, bytes and seconds (the engines' ragserve:kv_transfer_* counters). Medians over the repeats.
 
-    .venv/bin/python bench/disagg.py [--quick] [--eager] [--repeats 3] [--aux-core 0] [--append] [--out bench/results]
+    .venv/bin/python bench/disagg.py [--quick] [--eager] [--repeats 3] [--aux-core 0] [--transfer-core 0] [--append]
+        [--out bench/results]
 
-Result: disagg.{md,json} with --aux-core, disagg-unpinned.{md,json} without, -eager added with --eager. --append
+--transfer-core N: every engine runs its KV transfer threads (fetch, offload, a decode engine's cache backing) on core
+N (the engines' --kv-transfer-cpus), so the decode engine's core runs its steps only.
+
+Result: disagg.{md,json} with --aux-core, disagg-unpinned.{md,json} without, -transfer{N} added with --transfer-core,
+-eager added with --eager. --append
 adds the run's repeats to the file's (same workload, eager or not; the ABBA order continues), so a long series can
 run as several shorter ones.
 --quick: the tiny test model and a short workload (a smoke run). Default: SmolLM2-135M.
@@ -76,12 +81,13 @@ def start_router(procs: Procs, name: str, flags: list[str], pin: list[str]) -> t
     return url, f"127.0.0.1:{grpc}"
 
 
-def start_engine(procs: Procs, name: str, core: int, role: str, links: tuple[str, str], model: str, eager: bool) -> str:
+def start_engine(procs: Procs, name: str, core: int, role: str, links: tuple[str, str], model: str, args) -> str:
     router, store = links
     port = free_port()
     argv = ["env", "OMP_NUM_THREADS=1", "taskset", "-c", str(core), *PY, "engine", "--model", model]
     argv += ["--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), *ENGINE, "--role", role]
-    argv += ["--enforce-eager"] if eager else GRAPHS
+    argv += ["--enforce-eager"] if args.eager else GRAPHS
+    argv += ["--kv-transfer-cpus", str(args.transfer_core)] if args.transfer_core is not None else []
     argv += ["--router", router, "--advertise-url", f"http://127.0.0.1:{port}", "--engine-id", name]
     procs.start(name, [*argv, "--cachestore", store, "--log-level", "warning"])
     return f"http://127.0.0.1:{port}"
@@ -323,6 +329,12 @@ def write_md(out: Path, report: dict) -> None:
             f"This run pinned the cachestore, both routers and the load generator to core {core} (`--aux-core`): "
             f"they took CPU from the engine on core {core} only, not from the other (a deployment choice).",
         ]
+    if (core := report["workload"].get("transfer_core")) is not None:
+        lines += [
+            "",
+            f"Every engine ran its KV transfer threads (fetch, offload) on core {core} (`--transfer-core`, the "
+            "engines' `--kv-transfer-cpus`): off the decode engine's core.",
+        ]
     lines += ["", CAVEATS, ""]
     out.write_text("\n".join(lines))
 
@@ -338,6 +350,9 @@ def main() -> None:
     p.add_argument("--rag-tokens", type=int, default=16)
     p.add_argument("--eager", action="store_true", help="the engines with --enforce-eager (not as deployed)")
     p.add_argument("--aux-core", type=int, default=None, help="pin the cachestore, routers and this client to it")
+    p.add_argument(
+        "--transfer-core", type=int, default=None, help="every engine's KV transfer threads on it (--kv-transfer-cpus)"
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--append", action="store_true", help="add the repeats to the result file's (same workload)")
     args = p.parse_args()
@@ -362,10 +377,10 @@ def main() -> None:
         pd_url, pd_grpc = start_router(procs, "router-1p1d", ["--disagg-min-prompt-tokens", "512"], aux)
         base_url, base_grpc = start_router(procs, "router-baseline", [], aux)
         engines = {
-            "1P1D": [start_engine(procs, "prefill", 0, "prefill", (pd_grpc, store), model, args.eager),
-                     start_engine(procs, "decode", 1, "decode", (pd_grpc, store), model, args.eager)],
-            "baseline": [start_engine(procs, "both-0", 0, "both", (base_grpc, store), model, args.eager),
-                         start_engine(procs, "both-1", 1, "both", (base_grpc, store), model, args.eager)],
+            "1P1D": [start_engine(procs, "prefill", 0, "prefill", (pd_grpc, store), model, args),
+                     start_engine(procs, "decode", 1, "decode", (pd_grpc, store), model, args)],
+            "baseline": [start_engine(procs, "both-0", 0, "both", (base_grpc, store), model, args),
+                         start_engine(procs, "both-1", 1, "both", (base_grpc, store), model, args)],
         }  # fmt: skip
         routers = {"1P1D": pd_url, "baseline": base_url}
         for name, url in routers.items():
@@ -392,13 +407,14 @@ def git_commit() -> str:
 
 
 COMMIT = git_commit()
-WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core", "eager")
+WORKLOAD = ("decoders", "window", "decode_tokens", "rag_clients", "rag_tokens", "aux_core", "eager", "transfer_core")
 POOLED_Q = ("p50", "p95", "p99", "p99.9")
 
 
 def result_path(args) -> Path:
     quick, pinned = "-quick" if args.quick else "", "" if args.aux_core is not None else "-unpinned"
-    return Path(args.out) / f"disagg{pinned}{'-eager' if args.eager else ''}{quick}.json"
+    transfer = "" if args.transfer_core is None else f"-transfer{args.transfer_core}"
+    return Path(args.out) / f"disagg{pinned}{transfer}{'-eager' if args.eager else ''}{quick}.json"
 
 
 def previous(args) -> dict | None:
@@ -406,7 +422,7 @@ def previous(args) -> dict | None:
     if not args.append or not result_path(args).exists():
         return None
     prior = json.loads(result_path(args).read_text())
-    if prior["workload"] != {k: getattr(args, k) for k in WORKLOAD}:
+    if any(prior["workload"].get(k) != getattr(args, k) for k in WORKLOAD):  # a key added since: None
         raise SystemExit(f"--append: {result_path(args)} has another workload: {prior['workload']}")
     return prior
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import Field, dataclass
 from typing import TYPE_CHECKING
 
-from ragserve.flags import FromArgs, add_options, fraction, option, parse_bytes, positive_int, spec_fields
+from ragserve.flags import FromArgs, add_options, cpu_list, fraction, option, parse_bytes, positive_int, spec_fields
 from ragserve.logs import LOG_LEVELS
 from ragserve.model_source import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
 
@@ -101,12 +101,18 @@ class EngineConfig(FromArgs):
     cachestore_tls_cert: str | None = option(None, "client certificate for mutual TLS with the cachestore", "cluster")
     cachestore_tls_key: str | None = option(None, "client key for mutual TLS with the cachestore", "cluster")
     cachestore_token_file: str | None = option(None, "file holding the cachestore's shared token", "cluster")
+    kv_transfer_cpus: tuple[int, ...] | None = option(
+        None, "CPUs (taskset's list: 0,2-3) the KV transfer threads (fetch, offload) run on; default: the engine's own",
+        "cluster", type=cpu_list,
+    )  # fmt: skip
     role: str = option(
         "both", "prefill: compute prompts and store their KV; decode: fetch it and decode", "cluster", choices=ROLES
     )
 
     def __post_init__(self) -> None:
         self.check_choices()
+        if self.kv_transfer_cpus is not None:
+            self.kv_transfer_cpus = cpu_list(self.kv_transfer_cpus)
         if self.task == "embed" and self.model == DEFAULT_MODEL:
             self.model = DEFAULT_EMBED_MODEL
         sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
@@ -116,6 +122,10 @@ class EngineConfig(FromArgs):
             (self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive"),
             (self.swap_space >= 0, "swap_space must be >= 0"),
             (self.role == "both" or bool(self.cachestore), f"role {self.role} needs --cachestore (its KV moves there)"),
+            (
+                self.kv_transfer_cpus is None or max(self.kv_transfer_cpus, default=0) < (os.cpu_count() or 1),
+                f"kv_transfer_cpus names CPUs this machine lacks (it has {os.cpu_count()}): {self.kv_transfer_cpus}",
+            ),
             (self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold must be >= 0"),
             (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),

@@ -86,6 +86,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def cpu_list(text: str | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """taskset's CPU list: '0' or '0,2-3' -> (0, 2, 3)."""
+    if isinstance(text, tuple | list):
+        return tuple(sorted({int(c) for c in text}))
+    cpus: set[int] = set()
+    for part in str(text).split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if not match or int(match.group(2) or match.group(1)) < int(match.group(1)):
+            raise argparse.ArgumentTypeError(f"invalid CPU list {text!r}: use e.g. 0 or 0,2-3")
+        cpus.update(range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1))
+    return tuple(sorted(cpus))
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value <= 1.0:

@@ -88,14 +88,16 @@ class CacheStoreConnector:
         queue_blocks: int = 512,
         fetch_deadline_s: float = FETCH_DEADLINE_S,
         prefill_tokens_per_s: Callable[[], float] = lambda: 0.0,
+        transfer_cpus: tuple[int, ...] = (),
     ) -> None:
-        """`prefill_tokens_per_s`: the engine's measured prefill speed (0 until measured), for fetch deadlines."""
+        """`prefill_tokens_per_s`: the engine's measured prefill speed (0 until measured), for fetch deadlines;
+        `transfer_cpus`: the fetch and offload threads' CPUs (--kv-transfer-cpus; default: the engine's)."""
         self.client = client
         self.fetch_deadline_s = fetch_deadline_s
         self.kv_cache, self.kv_manager = kv_cache, kv_manager
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
-        self.offloader = Offloader(client, kv_cache, self.stats, queue_blocks)
+        self.offloader = Offloader(client, kv_cache, self.stats, queue_blocks, transfer_cpus)
         self.offload, self.flush, self.save_mark = (
             self.offloader.offload,
             self.offloader.flush,
@@ -106,7 +108,9 @@ class CacheStoreConnector:
             self.offloader.stored,
             self.offloader.wait_saved,
         )
-        self._fetch_pool = ThreadPoolExecutor(2, thread_name_prefix="kv-fetch", initializer=yield_to_steps)
+        self._fetch_pool = ThreadPoolExecutor(
+            2, thread_name_prefix="kv-fetch", initializer=yield_to_steps, initargs=(transfer_cpus,)
+        )
         self._fetching: set[Future] = set()
         self._open: list[PendingFetch] = []  # fetches whose blocks have not all landed
 
@@ -127,9 +131,10 @@ class CacheStoreConnector:
             tls = TLSConfig(config.cachestore_tls_ca, config.cachestore_tls_cert, config.cachestore_tls_key)
         token = read_token(config.cachestore_token_file) if config.cachestore_token_file else None
         client = CacheStoreClient(config.cachestore, layout, timeout_s=2.0, tls=tls, token=token)
-        connector = cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s)
+        cpus = config.kv_transfer_cpus or ()
+        connector = cls(client, kv_cache, kv_manager, prefill_tokens_per_s=prefill_tokens_per_s, transfer_cpus=cpus)
         if config.role == "decode":
-            threading.Thread(target=back_cache, args=(kv_cache,), name="kv-back", daemon=True).start()
+            threading.Thread(target=back_cache, args=(kv_cache, cpus), name="kv-back", daemon=True).start()
         return connector
 
     # ---- fetch ------------------------------------------------------------------------------------

@@ -112,6 +112,21 @@ def test_transfer_threads_yield_the_core_to_the_step_thread(cachestore):
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
+def test_transfer_threads_run_on_the_cpus_named(cachestore):
+    """--kv-transfer-cpus: the fetch and offload threads move onto those CPUs, off the step thread's core; the
+    step thread stays where it was, and the fetched KV is the same."""
+    mine = os.sched_getaffinity(0)
+    cpus = (max(mine),)
+    a, question, reference = stored_context(cachestore)
+    b = engine(cachestore, loaded_model=a.engine.runner.model, kv_transfer_cpus=cpus)
+    out = b.generate([question], GREEDY)[0]  # ran a fetch
+    conn = b.engine.connector
+    assert conn.stats.hits > 0 and out.outputs[0].token_ids == reference.outputs[0].token_ids
+    threads = [conn.offloader._thread, *conn._fetch_pool._threads]
+    assert len(threads) >= 2 and all(os.sched_getaffinity(t.native_id) == set(cpus) for t in threads)
+    assert os.sched_getaffinity(0) == mine
+
+
 def pages(cache, block_id: int, inner: bool = False) -> tuple[int, int]:
     """The (start address, count) of the pages a block's memory touches, or of those wholly inside it (inner):
     blocks need not be page-aligned, so a block can share its first and last page with its neighbours."""

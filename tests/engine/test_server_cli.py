@@ -10,6 +10,7 @@ import pytest
 
 from ragserve.cli import build_parser
 from ragserve.engine_args import EngineConfig, ServerConfig
+from ragserve.flags import cpu_list
 from tests.helpers.engine_server import start_engine
 
 CONTRACT = (
@@ -41,6 +42,13 @@ def test_prefiller_allow_repeats_and_reads_the_environment(monkeypatch):
     assert nets == ["10.1.0.0/16", "192.168.0.0/24"]
 
 
+def test_kv_transfer_cpus_take_a_taskset_list():
+    assert cpu_list("0,2-3,2") == (0, 2, 3) and cpu_list([1, 0]) == (0, 1)
+    args = build_parser().parse_args(["engine", "--cachestore", "s:1", "--kv-transfer-cpus", "0-0"])
+    assert EngineConfig.from_args(args).kv_transfer_cpus == (0,)
+    assert EngineConfig.from_args(build_parser().parse_args(["engine"])).kv_transfer_cpus is None
+
+
 def test_flags_read_ragserve_environment(monkeypatch):
     monkeypatch.setenv("RAGSERVE_PORT", "9123")
     monkeypatch.setenv("RAGSERVE_ROUTER", "router:50051")
@@ -68,6 +76,8 @@ def test_building_the_parser_does_not_import_torch():
         (["--prefiller-allow", "10.0.0.0/33"], "--prefiller-allow must be a CIDR or an IP"),
         (["--prefiller-allow", "prefill-pod"], "--prefiller-allow must be a CIDR or an IP"),
         (["--prefiller-timeout", "0"], "--prefiller-timeout must be positive"),
+        (["--kv-transfer-cpus", "3-1"], "invalid CPU list '3-1'"),
+        (["--kv-transfer-cpus", "0,4096"], "kv_transfer_cpus names CPUs this machine lacks"),
         (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "unknown publisher 'kafka'"),
         (
             ["--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://nohost"}'],
