@@ -223,7 +223,7 @@ class EnginePool:
     def _forget_gone(self) -> None:
         """Health and breakers of engines no longer in the pool (dropped, removed by the admin API): a request that
         ended after its engine left marks it again, recreating them."""
-        known = {r.engine_id for r in self.all()}
+        known = self.registered.keys() | self.discovered.keys()  # a static engine a registered one hides stays
         for gone in [e for e in self.health if e not in known]:
             del self.health[gone]
         for gone in [e for e in self.breakers if e not in known]:
