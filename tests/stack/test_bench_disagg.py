@@ -41,12 +41,17 @@ def test_append_refuses_mixing_eager_and_compiled(tmp_path):
     """--eager runs are their own files, and a file's repeats are all eager or all compiled: --append refuses a
     file whose workload differs (a run before the flag existed, without `eager`, included)."""
     workload = {"decoders": 2, "window": 48.0, "decode_tokens": 2000, "rag_clients": 2, "rag_tokens": 16, "aux_core": 0}
-    args = argparse.Namespace(**workload, eager=False, quick=False, out=str(tmp_path), append=True)
+    args = argparse.Namespace(**workload, eager=False, transfer_core=None, quick=False, out=str(tmp_path), append=True)
     assert disagg.result_path(args).name == "disagg.json"
     assert disagg.result_path(argparse.Namespace(**vars(args) | {"eager": True})).name == "disagg-eager.json"
+    assert disagg.result_path(argparse.Namespace(**vars(args) | {"transfer_core": 0})).name == "disagg-transfer0.json"
     for prior in (workload | {"eager": True}, workload):
         disagg.result_path(args).write_text(json.dumps({"workload": prior}))
         with pytest.raises(SystemExit, match="another workload"):
             disagg.previous(args)
     disagg.result_path(args).write_text(json.dumps({"workload": workload | {"eager": False}}))
-    assert disagg.previous(args)["workload"]["eager"] is False
+    assert disagg.previous(args)["workload"]["eager"] is False  # a file from before --transfer-core: none
+    moved = argparse.Namespace(**vars(args) | {"transfer_core": 0})
+    disagg.result_path(moved).write_text(json.dumps({"workload": workload | {"eager": False}}))
+    with pytest.raises(SystemExit, match="another workload"):
+        disagg.previous(moved)
