@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.router.conftest import Cluster
-from tests.router.test_disagg import ENGINE_FLAGS, answer, legs, prompt_tokens, rag, server_errors, start_pd
+from tests.router.test_disagg import ENGINE_FLAGS, answer, legs, metric, prompt_tokens, rag, server_errors, start_pd
 
 pytestmark = pytest.mark.slow  # several processes, each loading a model
 FAULT_SEED = 500500  # a request with this seed fails in the faulty engine's step (greedy: the seed changes nothing)
@@ -42,9 +42,12 @@ def test_prefill_engine_answering_500_loses_no_request(tmp_path, model_dir, unti
         warm = rag(11, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True)
         body = warm | {"seed": FAULT_SEED}
         expected, _, _ = answer(reference.url, body)
+        stored = lambda: metric(fleet.router.url, "ragserve_router_kv_events_total", kind="stored")  # noqa: E731
+        events = stored()
         resp = httpx.post(faulty.url + "/v1/chat/completions", json=body | {"max_tokens": 1}, timeout=300)
         assert resp.status_code == 500 and resp.headers["x-ragserve-error-scope"] == "request", resp.text
         answer(faulty.url, warm)  # the faulty engine holds the prompt now: it ranks first for the leg
+        until(lambda: stored() > events, message="the router knows (its KV events) the faulty engine holds the prompt")
         before, computed = legs(fleet.router), prompt_tokens(fleet.prefill)
 
         texts, usage, _ = answer(fleet.router.url, body)
