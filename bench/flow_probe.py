@@ -14,16 +14,13 @@ import sys
 import time
 
 import httpx
-
-PROMPT = " ".join(f"word{i}" for i in range(60))
+from flow_fairness import body
 
 
 def probe(client: httpx.Client, url: str, i: int) -> float:
-    body = {"model": "tiny", "prompt": f"critical {i} {PROMPT}", "max_tokens": 4, "ignore_eos": True, "stream": True}
-    body["stream_options"] = {"include_usage": True}  # as bench/flow_fairness.py's body()
     headers = {"X-Ragserve-Priority": "1", "X-Tenant": "ops"}
     start = time.monotonic()
-    with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as resp:
+    with client.stream("POST", url + "/v1/completions", json=body(f"critical {i}", 4), headers=headers) as resp:
         if resp.status_code != 200:
             raise SystemExit(f"critical probe {i}: HTTP {resp.status_code}: {resp.read()!r}")
         ttft = None
