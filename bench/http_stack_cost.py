@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httptools
 import uvloop
+from scale_procs import cpu_s
 
 BODY = json.dumps(
     {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
@@ -111,11 +112,6 @@ def bare_protocol(sock: socket.socket) -> None:
 
 
 SERVERS = {"router-stack": router_stack, "raw-asgi": raw_asgi, "bare-protocol": bare_protocol}
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one(name: str, requests: int) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router_scale import added_latency, warm_up  # noqa: E402
-from scale_procs import start_router  # noqa: E402
+from scale_procs import start_router, stat_cpu  # noqa: E402
 
 
 def frame_name(frame: str) -> str:
@@ -34,13 +33,12 @@ def thread_cpu(pid: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat = (task / "stat").read_text()
+            name, user, system = stat_cpu(task / "stat")
         except FileNotFoundError:  # a thread that ended meanwhile
             continue
-        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
         cpu = out.setdefault(name, [0.0, 0.0])
-        cpu[0] += int(fields[11]) / os.sysconf("SC_CLK_TCK")
-        cpu[1] += int(fields[12]) / os.sysconf("SC_CLK_TCK")
+        cpu[0] += user
+        cpu[1] += system
     return out
 
 

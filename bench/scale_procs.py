@@ -25,15 +25,26 @@ ROUTERS = ("ragserve-kv_aware", "ragserve-round_robin", "smg-cache_aware", "vllm
 STORE_SUFFIX = "+cachestore"  # e.g. ragserve-round_robin+cachestore: real engines sharing a `ragserve cachestore`
 
 
+def stat_cpu(stat: Path) -> tuple[str, float, float]:
+    """(name, user, system CPU seconds) from a /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat file."""
+    text = stat.read_text()
+    fields, tick = text.rsplit(")", 1)[1].split(), os.sysconf("SC_CLK_TCK")
+    return text[text.index("(") + 1 : text.rindex(")")], int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (children included once reaped: none here)."""
+    _, user, system = stat_cpu(Path(f"/proc/{pid}/stat"))
+    return user + system
+
+
 @dataclass
 class Proc:
     popen: subprocess.Popen
     log: Path
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the process so far (children included once reaped: none here)."""
-        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.popen.pid)
 
     def stop(self) -> None:
         if self.popen.poll() is None:
