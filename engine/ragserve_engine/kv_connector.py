@@ -3,7 +3,7 @@
 Nothing here blocks the step loop on the network. Fetch: when a request is admitted, the full
 prompt blocks past its local prefix hit are looked up and downloaded by a fetch thread while the
 request waits in WAITING_FOR_REMOTE_KVS and the others keep stepping; the step thread then writes
-the blocks into free paged-cache blocks under their hash (a memcpy, at most the scheduler's
+the blocks into free paged-cache blocks under their hash (a memcpy, at most remote_fetches'
 IMPORT_BLOCKS_PER_STEP a step, pinned until the request is admitted), so the request prefills only
 the rest. Blocks arrive in chunks, in chain order; a fetch still running at its deadline is cut there:
 the request keeps the prefix that arrived and recomputes the rest. Blocks that arrive while running
