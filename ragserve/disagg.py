@@ -1,6 +1,7 @@
-"""Disaggregated prefill/decode (docs/disaggregation.md): the prefill leg's request, one implementation for the two
-that run it: the router (ragserve_router/disagg.py) and a decode engine named a prefiller by the endpoint picker's
-`x-prefiller-host-port` header (ragserve_engine/server/prefiller.py)."""
+"""Disaggregated prefill/decode (docs/disaggregation.md): the prefill leg's request and what its answer gives the
+decode engine, one implementation for the two that run it: the router (ragserve_router/disagg.py) and a decode
+engine named a prefiller by the endpoint picker's `x-prefiller-host-port` header (ragserve_engine/server/prefiller.py).
+"""
 
 from __future__ import annotations
 
@@ -20,10 +21,41 @@ OK, REFUSED, FAILED = "ok", "refused", "failed"
 LEG_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)  # a leg's seconds, router's and engine's alike
 
 
+FIRST_TOKEN_FIELD = "first_token_id"  # the decode request's: the answer starts with the prefill engine's token
+
+
 def prefill_body(body: dict) -> bytes:
-    """The prefill leg's request: the client's prompt and settings, one token, not streamed."""
+    """The prefill leg's request: the client's prompt and settings, one token (its id in the answer), not
+    streamed."""
     leg = {k: v for k, v in body.items() if k not in GENERATION_ONLY}
-    return json.dumps({**leg, "max_tokens": 1, "stream": False}).encode()
+    return json.dumps({**leg, "max_tokens": 1, "stream": False, "return_token_ids": True}).encode()
+
+
+def first_token(body: dict, answer: bytes, max_model_len: int) -> int | None:
+    """The prefill leg's token when the decode engine may start from it (`first_token_id`: it then computes no
+    prompt token), else None (it computes the last prompt token again and samples the first token itself).
+
+    It may when the leg sampled what the decode engine would have: one choice, no logprobs (the first token's are
+    not carried over), no min_tokens (the leg did not mask EOS), nothing given to resume; and the leg stopped for
+    length (not at EOS or a stop string) with at least one more token to go (max_tokens, or the context left)."""
+    if any(body.get(k) not in (None, 1) for k in ("n", "best_of")) or body.get("use_beam_search"):
+        return None
+    if any(body.get(k) is not None and body[k] is not False for k in ("logprobs", "top_logprobs", "prompt_logprobs")):
+        return None  # (completions' logprobs 0 asks for them)
+    if body.get("min_tokens") or body.get("resume_token_ids") or FIRST_TOKEN_FIELD in body:
+        return None
+    try:
+        data = json.loads(answer)
+        (choice,) = data["choices"]
+        (token,) = choice["token_ids"]
+        prompt_tokens = data["usage"]["prompt_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if choice.get("finish_reason") != "length" or not isinstance(token, int) or not isinstance(prompt_tokens, int):
+        return None
+    budget = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
+    budget = max_model_len - prompt_tokens if budget is None else budget
+    return token if isinstance(budget, int) and budget >= 2 else None
 
 
 def prefill_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:

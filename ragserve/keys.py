@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 KEY_SCHEME = "ragserve-kv-v1"
 CHUNK_SCHEME = "ragserve-chunk-v1"
-TAIL_SCHEME = "ragserve-tail-v1"
+TAIL_SCHEME = "ragserve-tail-v2"  # v1 left the last prompt token out
 HASH_BYTES = 32
 
 
@@ -87,13 +87,14 @@ def cacheable_blocks(num_tokens: int, block_size: int) -> int:
 def tail_block(
     token_ids: Sequence[int], block_size: int, root: bytes, hashes: Sequence[bytes], cache_salt: str | None = None
 ) -> tuple[int, bytes] | None:
-    """A prompt's tail: the tokens after its cacheable full blocks but its last one (which a step computes for
-    its logits), as (count, key); None when there are none. Disaggregated prefill stores the tail's block under
-    this key so the decode engine computes only the last token. `hashes`: the prompt's full-block hashes.
-    key = SHA-256("ragserve-tail-v1" | parent | lp(u32le(tail tokens)) | lp(salt when the tail is block 0)),
+    """A prompt's tail: the tokens after its cacheable full blocks, its last token included (1 to block_size
+    tokens), as (count, key); None for an empty prompt. Disaggregated prefill stores the tail's block under this key,
+    so the decode engine holds the KV of every prompt token and computes none of them again.
+    `hashes`: the prompt's full-block hashes.
+    key = SHA-256("ragserve-tail-v2" | parent | lp(u32le(tail tokens)) | lp(salt when the tail is block 0)),
     parent = the hash of the last cacheable block, or the root."""
     start = cacheable_blocks(len(token_ids), block_size) * block_size
-    tail = token_ids[start : len(token_ids) - 1]
+    tail = token_ids[start:]
     if not tail:
         return None
     parent = hashes[start // block_size - 1] if start else root

@@ -66,9 +66,10 @@ class AsyncLLM:
         cache_salt: str | None = None,
         resume_token_ids: list[int] | None = None,
         blend: BlendSpec | None = None,
+        first_token_id: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
-        args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend)
+        args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend, first_token_id)
         if params.guided is not None:  # grammar compilation: on a worker thread, not the event loop or step loop
             req = await asyncio.to_thread(self.engine.make_request, *args)
         else:

@@ -1,11 +1,11 @@
 """Disaggregated prefill/decode (docs/disaggregation.md): the prompt's tail block moves too.
 
 A prefill engine (--role prefill) stores, besides the full blocks every cachestore engine offloads, the
-block holding the prompt's tail (the tokens after the cacheable full blocks, but the last one:
+block holding the prompt's tail (the tokens after the cacheable full blocks, the last one included:
 ragserve.keys.tail_block) under the tail's own key, and holds the request's answer until the store has
 every block of its prompt (SavingOutputs), while the step loop runs on for the other requests. A decode
 engine (--role decode) fetches the tail with the full blocks and lands it in the request's first fresh
-block at admission, so its first step computes the last prompt token only.
+block at admission: given the prefill engine's first token it computes no prompt token, else only the last.
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ if TYPE_CHECKING:
 
 
 def prompt_tail(kv_manager: KVCacheManager, seq: Sequence, cache_salt: str | None) -> tuple[int, bytes] | None:
-    """(tail tokens, tail key) of the sequence's prompt, None when the prompt has no tail."""
+    """(tail tokens, tail key) of the sequence's prompt; None when the sequence needs no tail: its cacheable full
+    blocks cover the tail's block already (the prompt ends on a block boundary and the sequence carries its first
+    output token, so that block is a full block of it, fetched by its hash)."""
     hashes = kv_manager.update_hashes(seq, cache_salt)
     prompt = seq.token_ids[: seq.num_prompt_tokens]
-    return tail_block(prompt, kv_manager.block_size, kv_manager.root, hashes, cache_salt)
+    bs = kv_manager.block_size
+    if cacheable_blocks(len(prompt), bs) < cacheable_blocks(seq.num_tokens, bs):
+        return None
+    return tail_block(prompt, bs, kv_manager.root, hashes, cache_salt)
 
 
 @dataclass
@@ -50,10 +55,12 @@ class SavingOutputs:
         completed = [s for s in scheduled if s.sample and s.seq.num_computed_tokens == s.seq.num_prompt_tokens]
         for s in completed:
             tail = prompt_tail(kv_manager, s.seq, s.request.cache_salt)
-            full = cacheable_blocks(s.seq.num_prompt_tokens, kv_manager.block_size)
+            prompt, bs = s.seq.num_prompt_tokens, kv_manager.block_size
             if tail is not None:
-                self.connector.offload([(s.seq.blocks[full], tail[1])], scheduled)
-            self.keys[s.request.request_id] = s.seq.block_hashes[:full] + ([tail[1]] if tail else [])
+                self.connector.offload([(s.seq.blocks[cacheable_blocks(prompt, bs)], tail[1])], scheduled)
+            # every full block (the last prompt block too: a decode engine given the first token fetches it by
+            # its hash) and the tail
+            self.keys[s.request.request_id] = s.seq.block_hashes[: prompt // bs] + ([tail[1]] if tail else [])
         mark = self.connector.save_mark()
         self.marks.update((s.request.request_id, mark) for s in completed)
 
@@ -87,9 +94,9 @@ class SavingOutputs:
         self.held.pop(request_id, None)
 
 
-def land_tail(connector: CacheStoreConnector, seq: Sequence, num_hit_blocks: int, tail: tuple[int, bytes]) -> None:
-    """Decode role, at admission (slots allocated): the fetched tail KV fills the block after the hits."""
-    count, data = tail
-    connector.kv_cache.write_block(seq.blocks[num_hit_blocks].block_id, data)
+def land_tail(connector: CacheStoreConnector, seq: Sequence, num_hit_blocks: int, tail: bytes, count: int) -> None:
+    """Decode role, at admission (slots allocated): the fetched tail KV fills the block after the hits; `count` of
+    its tokens are taken as computed (RemoteFetches.tail)."""
+    connector.kv_cache.write_block(seq.blocks[num_hit_blocks].block_id, tail)
     seq.num_computed_tokens += count
     connector.stats.hits += count

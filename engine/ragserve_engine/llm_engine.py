@@ -108,25 +108,29 @@ class LLMEngine:
         cache_salt: str | None = None,
         resume_token_ids: list[int] | None = None,
         blend: BlendSpec | None = None,
+        first_token_id: int | None = None,
     ) -> Request:
         """Tokenize and validate without touching engine state (safe from any thread).
 
         `resume_token_ids`: continue as if these output tokens had been generated already (migration);
         penalties and stop strings see them; min_tokens, max_tokens and the outputs do not.
+        `first_token_id`: the answer's first token, sampled by a prefill engine (disaggregated prefill): it is
+        output and counted like a sampled one, and the request continues after it.
         """
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         resumed = list(resume_token_ids or [])
-        params = self._validate(token_ids, params, resumed)
+        given = resumed + ([] if first_token_id is None else [first_token_id])
+        params = self._validate(token_ids, params, resumed, first_token_id)
         self.kv_manager.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
-        seq = Sequence(token_ids + resumed, len(token_ids))
+        seq = Sequence(token_ids + given, len(token_ids))
         if params.guided is not None:  # compiles (cached by spec): AsyncLLM calls this off the step loop
-            seq.matcher = self.grammars.matcher(params.guided, resumed)
+            seq.matcher = self.grammars.matcher(params.guided, given)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
             if not params.greedy:
-                self._fast_forward(seq.generator, len(resumed))
+                self._fast_forward(seq.generator, len(given))
         req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
         req.needs_fork = params.n > 1 or params.use_beam_search
         if blend is not None:
@@ -147,20 +151,27 @@ class LLMEngine:
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 
-    def _validate(self, token_ids: list[int], params: SamplingParams, resumed: list[int]) -> SamplingParams:
+    def _validate(
+        self, token_ids: list[int], params: SamplingParams, resumed: list[int], first: int | None
+    ) -> SamplingParams:
         if not token_ids:
             raise ValueError("prompt must not be empty")
         vocab = self.runner.model_config.vocab_size
-        for name, ids in (("prompt", token_ids), ("resume_token_ids", resumed)):
+        firsts = [] if first is None else [first]
+        for name, ids in (("prompt", token_ids), ("resume_token_ids", resumed), ("first_token_id", firsts)):
             if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
                 raise ValueError(f"{name} token ids must be integers in [0, {vocab})")
         if resumed and (params.n > 1 or params.use_beam_search):
             raise ValueError("resume_token_ids needs n=1 and no beam search")
+        if first is not None and resumed:
+            raise ValueError("resume_token_ids cannot be combined with first_token_id")
         n = len(token_ids) + len(resumed)
         if n >= self.max_model_len:
             raise ValueError(f"prompt has {n} tokens, but max_model_len is {self.max_model_len}")
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - n
+        if first is not None and (why := params.continues_after_first_token()):
+            raise ValueError(why)
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "

@@ -91,18 +91,20 @@ class RemoteFetches:
         wait_futures([p.future for p in self.pending.values()], timeout=timeout, return_when=FIRST_COMPLETED)
 
     def tail(self, req: Request, num_hits: int) -> int:
-        """Tokens of the fetched tail that land at admission: with every cacheable block hit, else none."""
+        """Tokens of the fetched tail that land at admission: with every cacheable block hit, else none. All of the
+        tail when the request carries the prefill engine's first token; otherwise all but the last prompt token,
+        which the first step computes again for the logits."""
         if req not in self.tails:
             return 0
         seq = req.live_seqs[0]
         if len(req.live_seqs) > 1 or num_hits != cacheable_blocks(seq.num_tokens, self.kv_manager.block_size):
             del self.tails[req]
             return 0
-        return self.tails[req][0]
+        return min(self.tails[req][0], seq.num_tokens - 1 - num_hits * self.kv_manager.block_size)
 
-    def land_tail(self, req: Request, num_hits: int) -> None:
+    def land_tail(self, req: Request, num_hits: int, count: int) -> None:
         """At admission (slots allocated): the fetched tail KV fills the block after the hits."""
-        land_tail(self.connector, req.live_seqs[0], num_hits, self.tails.pop(req))
+        land_tail(self.connector, req.live_seqs[0], num_hits, self.tails.pop(req)[1], count)
 
     def drop(self, req: Request) -> None:
         self.tails.pop(req, None)
@@ -131,6 +133,6 @@ class RemoteFetches:
         return num_fetched
 
     def _fetches_tail(self, req: Request) -> bool:
-        """A decode engine fetches a fresh prompt's tail block (kv_tail.py); no one else stores tails."""
-        seq = req.live_seqs[0]
-        return self.config.role == "decode" and seq.num_tokens == seq.num_prompt_tokens
+        """A decode engine fetches the prompt's tail block (kv_tail.py; prompt_tail: when the sequence's cacheable
+        blocks end where it starts); no one else stores tails."""
+        return self.config.role == "decode"

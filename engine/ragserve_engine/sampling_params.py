@@ -74,3 +74,14 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def continues_after_first_token(self) -> str:
+        """Why a request cannot start from a first token another engine sampled (first_token_id; "" when it can):
+        one sample, no token logprobs (the first one's are not carried over), at least one more token to go."""
+        if self.n != 1 or self.use_beam_search:
+            return "first_token_id needs n=1 and no beam search"
+        if self.logprobs is not None or self.prompt_logprobs is not None:
+            return "first_token_id cannot be combined with logprobs"
+        if self.max_tokens is not None and self.max_tokens < 2:
+            return "first_token_id needs max_tokens of at least 2"
+        return ""

@@ -263,7 +263,7 @@ class Scheduler:
             for seq, seq_hits in zip(seqs, hits, strict=True):
                 self.kv_manager.allocate_slots(seq, chunk + tail, seq_hits)
             if tail:
-                self.remote.land_tail(req, len(hits[0]))
+                self.remote.land_tail(req, len(hits[0]), tail)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = len(hits[0]) * self.kv_manager.block_size + tail  # a fetched tail too
                 self.kv_manager.record_query(seqs[0].num_tokens, req.num_cached_tokens)

@@ -79,7 +79,10 @@ def create_app(gw: Gateway) -> ASGIApp:
             except ClientGone:
                 routed.slot.release()
                 return Response(status_code=CLIENT_CLOSED)
-            return await gw.proxy.forward(replace(routed, prefill_s=leg.seconds) if leg.engine_id else routed)
+            if not leg.engine_id:
+                return await gw.proxy.forward(routed)
+            plan = replace(routed.plan, first_token_id=leg.first_token_id)
+            return await gw.proxy.forward(replace(routed, prefill_s=leg.seconds, plan=plan))
 
     async def chat_completions(request: Request) -> Response:
         return await route(request, "/v1/chat/completions", chat=True)

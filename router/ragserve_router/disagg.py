@@ -5,8 +5,9 @@ never a candidate). When the prompt is at least --disagg-min-prompt-tokens long,
 engine and a prefill engine shares its cachestore, the prefill leg runs first: the same body with one output token,
 not streamed, sent to the prefill engine the routing policy ranks first among the prefill engines (kv_aware: cache
 hits and queued prefill work). That engine answers once every block of the prompt, the partial last one included,
-is in the cachestore. Then the request goes to the decode engine (proxy.py), which fetches the blocks and computes
-only the last prompt token: the client gets that engine's answer, one id, its usage. A prefill leg that fails
+is in the cachestore, with the first token it sampled. Then the request goes to the decode engine (proxy.py), which
+fetches the blocks and starts from that token (`first_token_id`, when the request can: ragserve.disagg.first_token),
+computing no prompt token; the client gets that engine's answer, one id, its usage. A prefill leg that fails
 (engine died, timed out, overloaded) is tried on the next prefill engine, and with none left the decode engine
 computes the prompt itself: never an error.
 
@@ -24,7 +25,17 @@ from dataclasses import dataclass
 import httpx
 
 from ragserve import tracing
-from ragserve.disagg import DECODE, FAILED, OK, PREFILL, REFUSED, leg_outcome, prefill_body, prefill_headers
+from ragserve.disagg import (
+    DECODE,
+    FAILED,
+    OK,
+    PREFILL,
+    REFUSED,
+    first_token,
+    leg_outcome,
+    prefill_body,
+    prefill_headers,
+)
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.policies import Decision, RouteRequest
 
@@ -40,6 +51,7 @@ def decodes(engine: EngineRecord) -> bool:
 class PrefillLeg:
     engine_id: str = ""  # the prefill engine that computed the prompt ("": none did; the decode engine computes)
     seconds: float = 0.0
+    first_token_id: int | None = None  # its first token, when the decode engine may start from it
 
 
 def prefill_engines(routing, picked) -> list[EngineRecord]:
@@ -79,11 +91,11 @@ async def _attempts(gw, r, engines: list[EngineRecord]) -> PrefillLeg:
         t0 = time.monotonic()
         predicted = decision.predictions.get(engine.engine_id)
         slot = gw.pool.reserve(engine, predicted.computed_tokens if predicted else 0, r.key.hashes)
-        failure = ""
+        failure, data = "", b""
         try:
             resp = await upstream.http.post(engine.url + r.path, headers, raw)
             try:
-                await resp.aread()
+                data = await resp.aread()
             finally:
                 await resp.aclose()
         except httpx.TimeoutException:
@@ -95,7 +107,8 @@ async def _attempts(gw, r, engines: list[EngineRecord]) -> PrefillLeg:
         outcome = FAILED if failure else leg_outcome(resp.status_code)
         if outcome == OK:
             gw.pool.mark_success(engine)
-            leg = PrefillLeg(engine.engine_id, time.monotonic() - t0)
+            first = first_token(body, data, r.decision.order[0].max_model_len)
+            leg = PrefillLeg(engine.engine_id, time.monotonic() - t0, first)
             metrics.disagg_legs.labels(OK).inc()
             metrics.disagg_leg_seconds.observe(leg.seconds)
             return leg

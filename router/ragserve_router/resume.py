@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ragserve.disagg import FIRST_TOKEN_FIELD
 from ragserve_router.engines import EngineRecord
 from ragserve_router.stream_usage import hides_usage, with_usage
 
@@ -46,6 +47,7 @@ class ResumePlan:
     raw: bytes
     chat: bool
     reason: str  # "" when the stream can be resumed
+    first_token_id: int | None = None  # the prefill leg's token the answer starts with (disagg.py)
 
     @property
     def active(self) -> bool:
@@ -64,11 +66,14 @@ class ResumePlan:
         return with_usage(self.body) if self.hides_usage else self.body
 
     def upstream_body(self) -> bytes:
-        """The first engine's request: the client's, asking for token ids when a resume may need them."""
-        if (not self.active or self.client_wants_ids) and not self.hides_usage:
+        """The first engine's request: the client's, asking for token ids when a resume may need them, and starting
+        from the prefill leg's first token when there is one."""
+        extra: dict = {"return_token_ids": True} if self.active and not self.client_wants_ids else {}
+        if self.first_token_id is not None:
+            extra[FIRST_TOKEN_FIELD] = self.first_token_id
+        if not extra and not self.hides_usage:
             return self.raw
-        ids = {"return_token_ids": True} if self.active and not self.client_wants_ids else {}
-        return json.dumps({**self._asking(), **ids}).encode()
+        return json.dumps({**self._asking(), **extra}).encode()
 
     def resumed_body(self, token_ids: list[int]) -> bytes | None:
         """The request that continues after token_ids; None when they used up the whole budget."""

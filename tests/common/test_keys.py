@@ -152,16 +152,19 @@ def test_the_last_token_is_never_cached():
 
 
 def test_tail_block_definition():
-    """Disaggregated decode's tail (docs/disaggregation.md): the tokens after the cacheable blocks but the last."""
+    """Disaggregated decode's tail (docs/disaggregation.md): the tokens after the cacheable blocks, the last one too."""
     root = root_hash("m")
-    tokens = list(range(40))  # 2 cacheable blocks, tail = tokens 32..38, token 39 computed by the decode engine
+    tokens = list(range(40))  # 2 cacheable blocks, tail = tokens 32..39 (the decode engine computes none of them)
     hashes = block_hashes(tokens, 16, root)
     count, key = tail_block(tokens, 16, root, hashes)
     lp = lambda b: struct.pack("<I", len(b)) + b  # noqa: E731
-    manual = lp(b"ragserve-tail-v1") + hashes[1] + lp(struct.pack("<7I", *range(32, 39))) + lp(b"")
-    assert (count, key) == (7, hashlib.sha256(manual).digest())
-    assert tail_block(list(range(33)), 16, root, hashes) is None  # the last token alone: no tail
-    assert tail_block(list(range(32)), 16, root, hashes)[0] == 15  # a full last block: its first 15 tokens
+    manual = lp(b"ragserve-tail-v2") + hashes[1] + lp(struct.pack("<8I", *range(32, 40))) + lp(b"")
+    assert (count, key) == (8, hashlib.sha256(manual).digest())
+    assert tail_block(list(range(33)), 16, root, hashes)[0] == 1  # the last token alone in its block
+    assert tail_block(list(range(32)), 16, root, hashes)[0] == 16  # a full last block: all of it
+    assert tail_block([], 16, root, []) is None
+    # the last token is part of the key: prompts differing only there have different tails
+    assert tail_block(tokens[:-1] + [99], 16, root, hashes) != (count, key)
     # the salt is in block 0's hash, so it enters a tail key only when the tail is block 0
     assert tail_block([1, 2, 3], 16, root, [], "a") != tail_block([1, 2, 3], 16, root, [])
     assert tail_block(tokens, 16, root, hashes, "a") == tail_block(tokens, 16, root, hashes)

@@ -1,5 +1,6 @@
 """--role prefill / decode over a real cachestore: the decode engine fetches the prompt's full blocks and its tail
-block, computes only the last prompt token, and generates what one engine alone generates. The prefill engine's
+block; given the prefill engine's first token it computes no prompt token, without it only the last one, and either
+way it generates what one engine alone generates. The prefill engine's
 answer waits for the store to take the prompt's blocks; its other requests keep stepping meanwhile."""
 
 from __future__ import annotations
@@ -47,6 +48,61 @@ def test_decode_engine_computes_only_the_last_prompt_token(cachestore, tail):
     reference = eager(loaded_model=model).generate([prompt], GREEDY)[0].outputs[0].token_ids
     assert out.outputs[0].token_ids == reference
     assert first == reference[:1]
+
+
+def generate(llm: LLM, prompt: list[int], params: SamplingParams, **kw):
+    """One request through the engine, with make_request's keyword options (first_token_id)."""
+    llm.engine.add_request("one", prompt, params, **kw)
+    while llm.engine.has_unfinished_requests():
+        done = [out for out in llm.engine.step() if out.finished]
+    return done[0]
+
+
+@pytest.mark.parametrize("tail", [6, 0, 15])  # 15: the prompt ends on a block boundary (its last block is full)
+def test_decode_engine_given_the_first_token_computes_no_prompt_token(cachestore, tail):
+    prefill = eager(cachestore=cachestore.address, role="prefill")
+    model = prefill.engine.runner.model
+    decode = eager(cachestore=cachestore.address, role="decode", loaded_model=model)
+    prompt = list(range(3000, 3000 + 20 * 16 + tail + 1))
+    first = prefill.generate([prompt], FIRST)[0].outputs[0].token_ids
+    out = generate(decode, prompt, GREEDY, first_token_id=first[0])
+    assert out.num_cached_tokens == len(prompt)  # every prompt token's KV came from the prefill engine
+    assert decode.engine.connector.stats.hits == len(prompt)
+    assert decode.engine.stats().computed_prompt_tokens == 0
+    reference = eager(loaded_model=model).generate([prompt], GREEDY)[0].outputs[0].token_ids
+    assert out.outputs[0].token_ids == reference  # the first token is output, and counted in max_tokens
+    assert len(reference) == GREEDY.max_tokens
+
+
+def test_seeded_sampling_continues_after_the_first_token(cachestore):
+    """The decode engine's seeded generator starts where the prefill engine's left off (one draw a token)."""
+    prefill = eager(cachestore=cachestore.address, role="prefill")
+    model = prefill.engine.runner.model
+    decode = eager(cachestore=cachestore.address, role="decode", loaded_model=model)
+    prompt = list(range(6000, 6000 + 4 * 16 + 9))
+    seeded = dict(temperature=1.0, seed=11, ignore_eos=True)
+    first = prefill.generate([prompt], SamplingParams(max_tokens=1, **seeded))[0].outputs[0].token_ids
+    out = generate(decode, prompt, SamplingParams(max_tokens=10, **seeded), first_token_id=first[0])
+    reference = eager(loaded_model=model).generate([prompt], SamplingParams(max_tokens=10, **seeded))[0]
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
+    assert out.num_cached_tokens == len(prompt)
+
+
+@pytest.mark.parametrize(
+    ("params", "kw", "message"),
+    [
+        (SamplingParams(n=2, temperature=0.0), {}, "n=1"),
+        (SamplingParams(logprobs=2), {}, "logprobs"),
+        (SamplingParams(max_tokens=1), {}, "at least 2"),
+        (GREEDY, {"resume_token_ids": [5]}, "cannot be combined"),
+    ],
+)
+def test_first_token_id_refused_where_it_cannot_continue(params, kw, message):
+    llm = eager()
+    with pytest.raises(ValueError, match=message):
+        llm.engine.make_request("r", [1, 2, 3], params, first_token_id=7, **kw)
+    with pytest.raises(ValueError, match="first_token_id token ids must be integers"):
+        llm.engine.make_request("r", [1, 2, 3], GREEDY, first_token_id=10**9)
 
 
 def test_decode_engine_recomputes_without_the_store(cachestore, tmp_path):
@@ -104,7 +160,7 @@ async def _answer_waits_for_the_store(llm: AsyncLLM, store: CacheStoreProcess) -
         connector = engine.connector
         hashes = engine.kv_manager.hash_blocks(prompt, None)
         tail = prompt_tail(engine.kv_manager, engine.make_request("probe", prompt, FIRST).seqs[0], None)
-        assert tail is not None and tail[0] == 6
+        assert tail is not None and tail[0] == 7  # the 6 tokens and the last one
         assert connector.client.lookup([*hashes, tail[1]]) == len(hashes) + 1  # all stored, tail included
         assert connector.stats.transfer_requests["stored"] == stored + 1
         assert not decoding.done()  # still decoding: nothing held it

@@ -1,6 +1,7 @@
 """Disaggregated prefill/decode through the router, real processes: a cachestore, a --role prefill and a --role
 decode engine on the tiny model, and a `both` engine alone for reference. Greedy answers through 1P1D equal the
-reference token for token; the decode engine fetched the prompt (it computed the last token only) and both engines
+reference token for token; the decode engine fetched the prompt (it computed no prompt token: it started from the
+prefill engine's first token; with n > 1, only the last prompt token) and both engines
 count the KV bytes they moved; faults in a 2P2D fleet (decode engine killed mid-stream, prefill engine killed
 mid-prefill with another to retry on and with none left, store down) lose no request."""
 
@@ -127,8 +128,8 @@ def test_1p1d_equals_one_engine(pd, name, stream, n):
     assert usage["prompt_tokens"] == ref_usage["prompt_tokens"]
     long = usage["prompt_tokens"] >= 64
     assert metric(fleet.router.url, LEGS, outcome="ok") == legs + long  # short prompts skip the prefill leg
-    if long:  # the decode engine computed the last prompt token only: the rest was fetched (or held since)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    if long:  # fetched (or held since): every prompt token, or all but the last one with n > 1 (computed again)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - (n > 1)
 
 
 def test_ttft_split_into_prefill_and_decode_legs(pd):
@@ -149,7 +150,7 @@ def test_decode_engine_fetched_the_prompt(pd):
     body = rag(7, "What does item 7-3 weigh?", max_tokens=4, temperature=0)
     before = metric(fleet.decode.url, FETCHED)
     _, usage, _ = answer(fleet.router.url, body)
-    assert metric(fleet.decode.url, FETCHED) - before == usage["prompt_tokens"] - 1
+    assert metric(fleet.decode.url, FETCHED) - before == usage["prompt_tokens"]
 
 
 def transfer(url: str, what: str, direction: str) -> float:
@@ -170,15 +171,13 @@ def test_engines_count_the_kv_they_moved(pd, model_dir):
     block_nbytes = config["num_hidden_layers"] * 2 * 16 * config["num_key_value_heads"] * config["head_dim"] * 4
     before = {(e.url, w, d): transfer(e.url, w, d) for e in (fleet.prefill, fleet.decode) for w in
               ("bytes", "seconds", "requests") for d in ("stored", "fetched")}  # fmt: skip
-    n, body = next(  # a prompt with a tail (1 to 14 tokens between its cacheable blocks and its last token)
-        (n, b)
-        for n, b in ((answer(reference.url, b)[1]["prompt_tokens"], b) for b in TAILED)
-        if (n - 1) % 16 not in (0, 15)
+    n, body = next(  # a prompt with a tail (2 to 15 tokens after its cacheable blocks, its last token included)
+        (n, b) for n, b in ((answer(reference.url, b)[1]["prompt_tokens"], b) for b in TAILED) if n % 16 not in (0, 1)
     )
     _, usage, _ = answer(fleet.router.url, body)
     moved = {k: transfer(*k) - v for k, v in before.items()}
-    assert usage["prompt_tokens"] == n and usage["prompt_tokens_details"]["cached_tokens"] == n - 1
-    blocks = (n - 1) // 16 + 1  # cacheable blocks + the tail block
+    assert usage["prompt_tokens"] == n and usage["prompt_tokens_details"]["cached_tokens"] == n
+    blocks = n // 16 + 1  # cacheable blocks + the tail block
     assert moved[fleet.prefill.url, "bytes", "stored"] == blocks * block_nbytes
     assert moved[fleet.prefill.url, "requests", "stored"] == 1
     assert moved[fleet.decode.url, "bytes", "fetched"] == blocks * block_nbytes
@@ -305,7 +304,7 @@ def test_prefill_engine_answering_5xx_loses_no_request(pd, tmp_path, model_dir, 
         before, computed = legs(fleet.router), prompt_tokens(other)
         texts, usage = leg_refused(fleet, first, body | {"cache_salt": "warm"}, until)
         assert texts == expected
-        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1  # the retry's KV
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]  # the retry's KV
         after = legs(fleet.router)
         assert after == before | {"retried": before["retried"] + 1, "ok": before["ok"] + 1}
         assert server_errors(fleet.router, first) == 1  # a 5xx, not a refused connection

@@ -16,6 +16,9 @@ from ragserve_engine.server.serving_pooling import PoolingServing
 from ragserve_engine.server.warmup import WarmupManager
 
 if TYPE_CHECKING:
+    from fastapi import Request
+
+    from ragserve_engine.server.protocol import SamplingRequest
     from ragserve_engine.server.registration import RegistrationClient
     from ragserve_engine.server.vllm_kv_events import VllmKVEventPublisher
 
@@ -51,6 +54,13 @@ class EngineServer:
             self.kv_publisher.attach(llm)
             self.metrics.attach_kv_publisher(self.kv_publisher.stats)
         self.status = READY
+
+    async def prefill_leg(self, request: Request, path: str, body: dict, req: SamplingRequest) -> None:
+        """The prefill leg the endpoint picker named (prefiller.py), if any; its first token starts the answer
+        when the request can start there."""
+        first = await self.prefiller.run(request, path, body, self.llm.info.max_model_len)
+        if first is not None:
+            req.first_token_id = first
 
     @property
     def embeds(self) -> bool:

@@ -2,7 +2,8 @@
 prefill engine in the `x-prefiller-host-port` request header (llm-d's) instead of running the leg, and a
 `--role decode` engine sends that engine the router's prefill leg (ragserve.disagg.prefill_body: the prompt, one
 token, not streamed) before it admits the request, which then fetches the prompt's blocks from the cachestore and
-computes only its last token. A leg that fails or times out costs a recompute here, never an error. The header is
+starts from the leg's first token (ragserve.disagg.first_token): it computes no prompt token, or only the last one
+when the request cannot start there. A leg that fails or times out costs a recompute here, never an error. The header is
 honoured only when its host is an IP in --prefiller-allow (no name lookups: a client or a compromised picker cannot
 make the engine call anywhere else); otherwise it is ignored, with a log line."""
 
@@ -25,6 +26,7 @@ from ragserve.disagg import (
     OK,
     PREFILLER_HEADER,
     REFUSED,
+    first_token,
     leg_outcome,
     prefill_body,
     prefill_headers,
@@ -76,13 +78,13 @@ class Prefiller:
             return None
         return f"http://{value.strip()}"
 
-    async def run(self, request: Request, path: str, body: dict) -> None:
+    async def run(self, request: Request, path: str, body: dict, max_model_len: int) -> int | None:
         """The prefill leg of `body` (the request's, parsed and checked), when the request names an allowed
-        prefiller; returns once it ended, however it ended."""
+        prefiller; returns once it ended, however it ended: the first token to start from, or None."""
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         url = self.target(request.headers.get(PREFILLER_HEADER), request_id)
         if url is None:
-            return
+            return None
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -100,6 +102,7 @@ class Prefiller:
         self.legs.labels(self.model_name, outcome).inc()
         if outcome == OK:
             self.seconds.labels(self.model_name).observe(time.monotonic() - t0)
-        else:
-            log.warning("request %s: prefill leg on %s %s (%s): computing the prompt here", request_id, url, outcome,
-                        why)  # fmt: skip
+            return first_token(body, resp.content, max_model_len)
+        log.warning("request %s: prefill leg on %s %s (%s): computing the prompt here", request_id, url, outcome,
+                    why)  # fmt: skip
+        return None

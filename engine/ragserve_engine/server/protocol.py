@@ -86,6 +86,7 @@ class SamplingRequest(ApiRequest):
     user: str | None = None
     return_token_ids: bool = False  # vLLM's: choices carry the token ids (of the chunk, when streaming)
     resume_token_ids: list[int] | None = None  # migration: continue after these output tokens
+    first_token_id: int | None = None  # disaggregated prefill: the first output token, sampled by the prefill engine
     response_format: dict[str, Any] | None = None  # structured outputs (server/structured.py)
     guided_json: dict[str, Any] | bool | str | None = None
     guided_regex: str | None = None

@@ -107,7 +107,7 @@ def add_generation_routes(app: FastAPI, server: EngineServer, auth: list, limit:
         server.check_accepting()
         req, body = await parse_body(request, ChatCompletionRequest, limit)
         server.check_model(req.model)
-        await server.prefiller.run(request, "/v1/chat/completions", body)  # named by the endpoint picker
+        await server.prefill_leg(request, "/v1/chat/completions", body, req)  # named by the endpoint picker
         return await server.chat.create(request, req)
 
     @app.post("/v1/completions", dependencies=auth)
@@ -115,7 +115,7 @@ def add_generation_routes(app: FastAPI, server: EngineServer, auth: list, limit:
         server.check_accepting()
         req, body = await parse_body(request, CompletionRequest, limit)
         server.check_model(req.model)
-        await server.prefiller.run(request, "/v1/completions", body)
+        await server.prefill_leg(request, "/v1/completions", body, req)
         return await server.completion.create(request, req)
 
     @app.post("/v1/warmup", dependencies=auth)

@@ -29,6 +29,8 @@ class CompletionServing(OpenAIServing):
         prompts = req.prompts()
         if req.resumed and len(prompts) > 1:
             raise ApiError(400, "resume_token_ids needs a single prompt", "invalid_value", "resume_token_ids")
+        if req.first_token_id is not None and len(prompts) > 1:
+            raise ApiError(400, "first_token_id needs a single prompt", "invalid_value", "first_token_id")
         # strings go to the engine as they are: it encodes them exactly like the router does
         return await self.run(request, req, prompts, params)
 
