@@ -2,7 +2,8 @@
 
 A stream cut after any chunk and resumed from the token ids it carried continues exactly like the
 uninterrupted run: same remaining tokens, the client's text joins without a seam (also when a stop
-string spans the cut), usage counts the original prompt and the new tokens only.
+string spans the cut), usage counts the original prompt and the new tokens only. And its disaggregated
+sibling `first_token_id`: an answer started from a given first token is the whole uninterrupted answer.
 """
 
 from __future__ import annotations
@@ -154,3 +155,43 @@ def test_smollm2_greedy_chat_resumes_after_any_chunk(tmp_path):
     with running_engine(tmp_path, *args) as smol:
         body = {"messages": CHAT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
         assert resume_everywhere(smol, "/v1/chat/completions", body) >= 10
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 5}])
+def test_first_token_id_starts_the_answer(engine, path, sampling):
+    """Started from a first token (as a decode engine is, from the prefill leg's), the answer is that token, output
+    and counted, then what the engine generates after it: its own first token gives the uninterrupted answer, another
+    one the answer resumed after that token."""
+    prompt = {"prompt": PROMPT} if "chat" not in path else {"messages": CHAT}
+    body = {**prompt, "max_tokens": N, "ignore_eos": True, **sampling}
+    full, full_usage = stream(engine, path, body)
+    ids = [i for _, chunk_ids, _ in full for i in chunk_ids]
+    started, usage = stream(engine, path, {**body, "first_token_id": ids[0]})
+    assert [i for _, chunk_ids, _ in started for i in chunk_ids] == ids
+    assert "".join(t for t, _, _ in started) == "".join(t for t, _, _ in full)
+    tokens = ("prompt_tokens", "completion_tokens")
+    assert [usage[k] for k in tokens] == [full_usage[k] for k in tokens]  # the first token counted
+    other = (ids[0] + 1) % 100 + 1
+    started, usage = stream(engine, path, {**body, "first_token_id": other})
+    after, _ = stream(engine, path, {**body, "max_tokens": N - 1, "resume_token_ids": [other]})
+    assert [i for _, chunk_ids, _ in started for i in chunk_ids] == [other] + [i for _, c, _ in after for i in c]
+    assert usage["completion_tokens"] == N
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ({"first_token_id": 10**9}, "first_token_id"),
+        ({"first_token_id": 1, "n": 2}, "n=1"),
+        ({"first_token_id": 1, "logprobs": 1}, "logprobs"),
+        ({"first_token_id": 1, "max_tokens": 1}, "at least 2"),
+        ({"first_token_id": 1, "resume_token_ids": [2]}, "cannot be combined"),
+        ({"first_token_id": 1, "prompt": ["a", "b"]}, "single prompt"),
+    ],
+)
+def test_bad_first_token_id_is_400(engine, extra, fragment):
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8, **extra}
+    resp = httpx.post(engine.url + "/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 400 and fragment in resp.text, resp.text
+    assert resp.json()["error"]["type"] == "invalid_request_error"
