@@ -161,14 +161,16 @@ def test_smollm2_greedy_chat_resumes_after_any_chunk(tmp_path):
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 5}])
 def test_first_token_id_starts_the_answer(engine, path, sampling):
     """Started from a first token (as a decode engine is, from the prefill leg's), the answer is that token, output
-    and counted, then what the engine generates after it: its own first token gives the uninterrupted answer, another
-    one the answer resumed after that token."""
+    and counted, sent before the engine's first step, then what the engine generates after it: its own first token
+    gives the uninterrupted answer, another one the answer resumed after that token."""
     prompt = {"prompt": PROMPT} if "chat" not in path else {"messages": CHAT}
     body = {**prompt, "max_tokens": N, "ignore_eos": True, **sampling}
     full, full_usage = stream(engine, path, body)
     ids = [i for _, chunk_ids, _ in full for i in chunk_ids]
     started, usage = stream(engine, path, {**body, "first_token_id": ids[0]})
     assert [i for _, chunk_ids, _ in started for i in chunk_ids] == ids
+    # the given token goes out at once, in a chunk of its own (the engine's first step then gives the second)
+    assert next(chunk_ids for _, chunk_ids, _ in started if chunk_ids) == ids[:1]
     assert "".join(t for t, _, _ in started) == "".join(t for t, _, _ in full)
     tokens = ("prompt_tokens", "completion_tokens")
     assert [usage[k] for k in tokens] == [full_usage[k] for k in tokens]  # the first token counted
