@@ -13,6 +13,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -77,10 +78,16 @@ class AsyncLLM:
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
+        given = None
+        if first_token_id is not None:  # the answer's first token is known: it is the first output, now
+            req.first_token_time = time.monotonic()
+            given = self.engine.output_of(req)  # before the step loop has the request
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         self._submit(("add", req))
         finished = False
         try:
+            if given is not None:
+                yield given
             while not finished:
                 out = await stream.get()
                 if isinstance(out, BaseException):

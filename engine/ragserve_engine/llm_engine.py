@@ -16,22 +16,23 @@ from ragserve.model_source import load_tokenizer, resolve_model
 from ragserve_engine.beam_search import beam_step
 from ragserve_engine.blend.runner import Blender
 from ragserve_engine.blend.spec import BlendSpec
-from ragserve_engine.blend.spec import bind as bind_blend
 from ragserve_engine.block_pool import BlockPool
 from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import EngineInfo, EngineStats
+from ragserve_engine.input_processor import InputProcessor
 from ragserve_engine.kv_cache_manager import KVCacheManager
 from ragserve_engine.kv_tail import SavingOutputs
 from ragserve_engine.load_stats import LoadTracker
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ragserve_engine.sampler import Sampler, SampleResult, SamplingRow, draw, is_plain_greedy, top_logprobs
+from ragserve_engine.sample_step import SampleStep
+from ragserve_engine.sampler import Sampler, top_logprobs
 from ragserve_engine.sampling_params import SamplingParams
 from ragserve_engine.scheduler import Scheduler, SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
-from ragserve_engine.stop import StopCriteria, check_stop
+from ragserve_engine.stop import StopCriteria
 from ragserve_engine.structured.grammar import GrammarCompiler
 
 REMOTE_POLL_S = 0.05  # longest idle wait for a cachestore fetch before the step loop looks again
@@ -79,6 +80,14 @@ class LLMEngine:
         eos_ids = frozenset(mc.eos_token_ids) | {t for t in [self.tokenizer.eos_token_id] if t is not None}
         self.stop_criteria = StopCriteria(self.tokenizer, eos_ids, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, sorted(eos_ids))
+        self.sample_step = SampleStep(
+            self.sampler, self.grammars, self.stop_criteria, self.kv_manager, self.runner.device,
+            config.enable_jump_forward, self._guard, self.requests,
+        )  # fmt: skip
+        self.processor = InputProcessor(
+            config, self.tokenizer, self.kv_manager, self.grammars, self.runner.device, mc.vocab_size,
+            self.max_model_len, self.layout.block_size, self.pool.num_blocks,
+        )  # fmt: skip
 
     def _chunk_keys(self) -> list[bytes]:
         """The blend chunk keys held (the pool reports them with its cached blocks)."""
@@ -110,40 +119,9 @@ class LLMEngine:
         blend: BlendSpec | None = None,
         first_token_id: int | None = None,
     ) -> Request:
-        """Tokenize and validate without touching engine state (safe from any thread).
-
-        `resume_token_ids`: continue as if these output tokens had been generated already (migration);
-        penalties and stop strings see them; min_tokens, max_tokens and the outputs do not.
-        `first_token_id`: the answer's first token, sampled by a prefill engine (disaggregated prefill): it is
-        output and counted like a sampled one, and the request continues after it.
-        """
-        params = params or SamplingParams()
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        resumed = list(resume_token_ids or [])
-        given = resumed + ([] if first_token_id is None else [first_token_id])
-        params = self._validate(token_ids, params, resumed, first_token_id)
-        self.kv_manager.hash_blocks(token_ids, cache_salt)  # a salt that cannot be hashed fails here, not in a step
-        seq = Sequence(token_ids + given, len(token_ids))
-        if params.guided is not None:  # compiles (cached by spec): AsyncLLM calls this off the step loop
-            seq.matcher = self.grammars.matcher(params.guided, given)
-        if params.seed is not None:
-            seq.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-            if not params.greedy:
-                self._fast_forward(seq.generator, len(given))
-        req = Request(request_id, text, token_ids, params, [seq], priority, cache_salt)
-        req.needs_fork = params.n > 1 or params.use_beam_search
-        if blend is not None:
-            bind_blend(req, blend)
-        if resumed:
-            req.num_resumed_tokens = len(resumed)
-            req.resumed_text = self.tokenizer.decode(resumed, params.skip_special_tokens).rstrip("\ufffd")
-        return req
-
-    def _fast_forward(self, generator: torch.Generator, num_tokens: int) -> None:
-        """Draw what sampling `num_tokens` tokens drew (the sampler takes one draw per token)."""
-        for _ in range(num_tokens):
-            draw(generator, self.runner.device)
+        """Tokenize and validate without touching engine state (safe from any thread): InputProcessor."""
+        args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend, first_token_id)
+        return self.processor.make_request(*args)
 
     def submit(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -151,43 +129,9 @@ class LLMEngine:
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 
-    def _validate(
-        self, token_ids: list[int], params: SamplingParams, resumed: list[int], first: int | None
-    ) -> SamplingParams:
-        if not token_ids:
-            raise ValueError("prompt must not be empty")
-        vocab = self.runner.model_config.vocab_size
-        firsts = [] if first is None else [first]
-        for name, ids in (("prompt", token_ids), ("resume_token_ids", resumed), ("first_token_id", firsts)):
-            if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
-                raise ValueError(f"{name} token ids must be integers in [0, {vocab})")
-        if resumed and (params.n > 1 or params.use_beam_search):
-            raise ValueError("resume_token_ids needs n=1 and no beam search")
-        if first is not None and resumed:
-            raise ValueError("resume_token_ids cannot be combined with first_token_id")
-        n = len(token_ids) + len(resumed)
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt has {n} tokens, but max_model_len is {self.max_model_len}")
-        if params.max_tokens is None:
-            params.max_tokens = self.max_model_len - n
-        if first is not None and (why := params.continues_after_first_token()):
-            raise ValueError(why)
-        if n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
-                f"max_model_len ({self.max_model_len})"
-            )
-        width = max(params.n, params.beam_width if params.use_beam_search else 1)
-        blocks = -(-(n + params.max_tokens) // self.layout.block_size) * width
-        if blocks > self.pool.num_blocks:
-            raise ValueError(f"request needs up to {blocks} KV blocks; the cache has {self.pool.num_blocks}")
-        if not self.config.enable_chunked_prefill and n * width > self.config.max_num_batched_tokens:
-            raise ValueError(f"prompt has {n} tokens, above max_num_batched_tokens without chunked prefill")
-        return params
-
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._drop(request_id)
-        return None if req is None else self._output(req)
+        return None if req is None else self.output_of(req)
 
     def _drop(self, request_id: str) -> Request | None:
         """Forget a request and free what it holds; its live sequences end as "abort"."""
@@ -259,7 +203,7 @@ class LLMEngine:
                 self._guard(req, beam_step, req, beam_rows, self.kv_manager, self.stop_criteria)
             else:
                 sampled.append((req, rows))
-        self._sample(sampled, model_out.logits)
+        self.sample_step(sampled, model_out.logits)
         outputs = []
         for rid, req in touched.items():
             if rid in self.failed or (rid not in by_request and req.params.prompt_logprobs is None):
@@ -268,7 +212,7 @@ class LLMEngine:
                 self.scheduler.finish(req)
                 self.requests.pop(rid, None)
             if not req.params.use_beam_search or req.finished:
-                self._guard(req, lambda r: outputs.append(self._output(r)), req)
+                self._guard(req, lambda r: outputs.append(self.output_of(r)), req)
         return outputs
 
     def _guard(self, req: Request, fn, *args) -> None:
@@ -287,107 +231,6 @@ class LLMEngine:
         failed, self.failed = self.failed, {}
         return failed
 
-    def _expand_forks(self, req: Request, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
-        """n > 1: once the prompt is prefilled, fork n - 1 children sharing its blocks (and its logits row)."""
-        if not req.needs_fork:
-            return rows
-        (parent, row), seed = rows[0], req.params.seed
-        for i in range(1, req.params.n):
-            child = self.kv_manager.fork(parent)
-            child.index = i
-            if seed is not None:
-                child.generator = torch.Generator(device=self.runner.device).manual_seed(seed + i)
-            req.seqs.append(child)
-        req.needs_fork = False
-        return [(seq, row) for seq in req.seqs]
-
-    def _sample(self, batch: list[tuple[Request, list[tuple[Sequence, int]]]], logits: torch.Tensor) -> None:
-        """One token for every sequence of the step's sampling requests. Plain greedy requests share one
-        sampler call (one argmax); the rest sample one request at a time (their generators draw only for
-        themselves), so a failure, or the shared call's failing, fails only the requests it belongs to."""
-        ready: list[tuple[Request, list[tuple[Sequence, int, SamplingRow]]]] = []
-        for req, rows in batch:
-            self._guard(req, lambda r, rs: ready.append((r, self._sampling_rows(r, rs))), req, rows)
-        ready = self._apply_grammars(ready, logits)
-        plain = []
-        for req, rows in ready:
-            if all(is_plain_greedy(s) for *_, s in rows):
-                plain.append((req, rows))
-            else:
-                self._guard(req, self._sample_request, req, rows, logits)
-        flat = [(req, seq, row, s) for req, rows in plain for seq, row, s in rows]
-        if not flat:
-            return
-        try:
-            results = self.sampler(_take_rows(logits, [f[2] for f in flat]), [f[3] for f in flat])
-        except Exception:
-            for req, rows in plain:
-                self._guard(req, self._sample_request, req, rows, logits)
-            return
-        for (req, seq, _, _), res in zip(flat, results, strict=True):
-            self._guard(req, self._append_token, req, seq, res)
-
-    def _apply_grammars(self, ready: list, logits: torch.Tensor) -> list:
-        """Mask the constrained rows to what their grammars allow, in one pass over the batch; if that fails,
-        the constrained requests fail (the others carry on)."""
-        rows = {row: seq.matcher for _, rs in ready for seq, row, _ in rs if seq.matcher is not None}
-        if not rows:
-            return ready
-        try:
-            self.grammars.apply(logits, list(rows), list(rows.values()))
-            return ready
-        except Exception as exc:
-            constrained = {req.request_id for req, rs in ready if any(seq.matcher for seq, *_ in rs)}
-            for rid in constrained:
-                self._guard(self.requests[rid], _raise, exc)
-            return [(req, rs) for req, rs in ready if req.request_id not in constrained]
-
-    def _sampling_rows(self, req: Request, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int, SamplingRow]]:
-        out = []
-        for seq, row in self._expand_forks(req, rows):
-            short = len(seq.output_token_ids) - req.num_resumed_tokens < req.params.min_tokens
-            blocked = sorted(self.stop_criteria.eos_ids | set(req.params.stop_token_ids)) if short else []
-            out.append((seq, row, SamplingRow(req.params, req.prompt_token_ids, seq.output_token_ids, seq.generator,
-                                              blocked)))  # fmt: skip
-        return out
-
-    def _sample_request(self, req: Request, rows: list[tuple[Sequence, int, SamplingRow]], logits: torch.Tensor):
-        results = self.sampler(_take_rows(logits, [row for _, row, _ in rows]), [s for *_, s in rows])
-        for (seq, _, _), res in zip(rows, results, strict=True):
-            self._append_token(req, seq, res)
-
-    def _append_token(self, req: Request, seq: Sequence, res: SampleResult) -> None:
-        seq.token_ids.append(res.token_id)
-        seq.cumulative_logprob += res.logprob
-        if res.top_logprobs is not None:
-            seq.logprobs.append(res.top_logprobs)
-        if seq.matcher is not None and not seq.matcher.consume_token(res.token_id):
-            raise RuntimeError(f"the grammar rejected token {res.token_id}: {seq.matcher.get_error()}")
-        self._after_token(req, seq)
-        if self._jumps_forward(req, seq):
-            for token in seq.matcher.compute_ff_tokens():
-                if seq.finished or not seq.matcher.consume_token(token):
-                    break
-                seq.token_ids.append(token)
-                self._after_token(req, seq)
-
-    def _after_token(self, req: Request, seq: Sequence) -> None:
-        check_stop(req, seq, self.stop_criteria)
-        if not seq.finished and seq.matcher is not None and seq.matcher.is_stopped():
-            seq.finish_reason = "stop"  # the grammar is complete: nothing but EOS could follow
-        if seq.finished and seq.blocks:
-            self.kv_manager.free(seq)
-
-    def _jumps_forward(self, req: Request, seq: Sequence) -> bool:
-        """Jump-forward (docs/api.md#jump-forward): the tokens the grammar forces (each the only one its mask
-        allows) are appended unsampled; the scheduler computes them next step with the sampled one, like a
-        prefill chunk. Not with logprobs (a forced token has none) nor n > 1 (forks step together)."""
-        p = req.params
-        return (
-            self.config.enable_jump_forward and seq.matcher is not None and not seq.finished
-            and p.logprobs is None and p.n == 1
-        )  # fmt: skip
-
     def _prompt_logprobs(self, req: Request, start: int, logits: torch.Tensor) -> None:
         if req.prompt_logprobs is None:
             req.prompt_logprobs = [None]
@@ -398,7 +241,7 @@ class LLMEngine:
             if nxt < len(req.prompt_token_ids):
                 req.prompt_logprobs.append(top_logprobs(lp[i], k, req.prompt_token_ids[nxt]))
 
-    def _output(self, req: Request) -> RequestOutput:
+    def output_of(self, req: Request) -> RequestOutput:
         outs = [
             CompletionOutput(
                 s.index,
@@ -459,14 +302,3 @@ class LLMEngine:
             decode_graph_cache_misses=graphs.stats.cache_misses if graphs else 0,
             warmup_decode_steps=self.warmup_steps,
         )
-
-
-def _raise(exc: Exception) -> None:
-    raise exc
-
-
-def _take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """logits[rows], without a copy when rows are all of them in order (a decode step's usual case)."""
-    if rows == list(range(logits.shape[0])):
-        return logits
-    return logits[torch.tensor(rows, device=logits.device)]

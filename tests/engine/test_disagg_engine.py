@@ -88,6 +88,33 @@ def test_seeded_sampling_continues_after_the_first_token(cachestore):
     assert out.num_cached_tokens == len(prompt)
 
 
+def test_the_first_token_is_output_before_the_fetch(cachestore):
+    """The given first token is the request's first output at once: a client sees it while the decode engine still
+    waits for the prompt's KV (the store frozen), not after the fetch and the first step."""
+    prefill = eager(cachestore=cachestore.address, role="prefill")
+    model = prefill.engine.runner.model
+    decode = eager(cachestore=cachestore.address, role="decode", loaded_model=model)
+    prompt = list(range(7000, 7000 + 12 * 16 + 5))
+    first = prefill.generate([prompt], FIRST)[0].outputs[0].token_ids[0]
+    reference = eager(loaded_model=model).generate([prompt], GREEDY)[0].outputs[0].token_ids
+    asyncio.run(_first_output_while_frozen(AsyncLLM(decode.engine.config, decode.engine), cachestore, prompt, first,
+                                           reference))  # fmt: skip
+
+
+async def _first_output_while_frozen(llm: AsyncLLM, store, prompt: list[int], first: int, reference: list[int]):
+    try:
+        with frozen([store.process]):
+            outputs = llm.generate(prompt, GREEDY, "given", first_token_id=first)
+            out = await asyncio.wait_for(anext(outputs), 30)
+            assert out.outputs[0].token_ids == [first] and not out.finished
+            assert out.outputs[0].text == llm.engine.tokenizer.decode([first], True)
+            assert llm.engine.stats().computed_prompt_tokens == 0 and not llm.engine.scheduler.running
+        last = [o async for o in outputs][-1]
+        assert last.finished and last.outputs[0].token_ids == reference
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize(
     ("params", "kw", "message"),
     [

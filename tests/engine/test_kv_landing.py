@@ -219,3 +219,8 @@ def test_a_decode_engine_backs_its_whole_cache_at_start(cachestore):
     blocks = range(decode.engine.pool.num_blocks)
     until(lambda: all(resident(decode.engine.runner.kv_cache, i) for i in blocks), timeout=60, what="cache backed")
     assert not all(resident(both.engine.runner.kv_cache, i) for i in blocks)
+    kv_cache = decode.engine.runner.kv_cache
+    until(lambda: kv_cache.backed, timeout=60, what="back_all done")  # then a fetch backs nothing again
+    evict(kv_cache, [5])
+    kv_cache.back([5])
+    assert not resident(kv_cache, 5, inner=True)  # (a real engine never evicts: this shows back() skipped)

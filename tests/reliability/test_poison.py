@@ -24,7 +24,7 @@ import pytest
 
 from ragserve.engine_args import EngineConfig
 from ragserve.metric_names import NUM_REQUESTS_RUNNING
-from ragserve_engine import llm_engine, sampler
+from ragserve_engine import sample_step, sampler
 from ragserve_engine.async_engine import AsyncLLM
 from ragserve_engine.outputs import EngineError, RequestError
 from ragserve_engine.sampling_params import SamplingParams
@@ -76,14 +76,14 @@ def _poisoned(req) -> bool:
 
 
 def inject_in_stop_check(monkeypatch):
-    real = llm_engine.check_stop
+    real = sample_step.check_stop
 
     def check_stop(req, seq, criteria):
         if _poisoned(req) and len(seq.output_token_ids) >= 3:
             raise RuntimeError("injected fault in the stop check")
         real(req, seq, criteria)
 
-    monkeypatch.setattr(llm_engine, "check_stop", check_stop)
+    monkeypatch.setattr(sample_step, "check_stop", check_stop)
 
 
 def inject_in_sampler(monkeypatch):
@@ -129,8 +129,8 @@ def test_a_step_failure_of_no_single_request_fails_all_as_engine_error(engine, m
 
 INJECT = """
 import sys
-from ragserve_engine import llm_engine
-real_stop, real_step = llm_engine.check_stop, llm_engine.LLMEngine.step
+from ragserve_engine import llm_engine, sample_step
+real_stop, real_step = sample_step.check_stop, llm_engine.LLMEngine.step
 
 def check_stop(req, seq, criteria):
     if req.prompt and "POISON" in req.prompt and len(seq.output_token_ids) >= 3:
@@ -142,7 +142,7 @@ def step(self):
         raise RuntimeError("injected device fault")
     return real_step(self)
 
-llm_engine.check_stop, llm_engine.LLMEngine.step = check_stop, step
+sample_step.check_stop, llm_engine.LLMEngine.step = check_stop, step
 from ragserve.cli import main
 sys.exit(main())
 """

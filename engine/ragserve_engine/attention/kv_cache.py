@@ -21,6 +21,7 @@ class KVCacheTensors:
     data: torch.Tensor  # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
     scales: torch.Tensor | None  # int8: [num_blocks, num_layers, 2, block_size, num_kv_heads] float32
     kv_dtype: str  # canonical --kv-cache-dtype ("auto" = model dtype, "fp8" -> "fp8_e4m3")
+    backed: bool = False  # back_all() ran: every block is resident, back() has nothing left to do
 
     def layers(self) -> list[LayerKVCache]:
         return [
@@ -69,7 +70,7 @@ class KVCacheTensors:
         CPU cache's pages are zeroed as they are first written (zeros()), which costs the thread that writes
         first ~1.7 ms per 0.7 MB block on a VM; a fetch backs the blocks its KV will land in on the fetch thread,
         not the step thread. A no-op on other devices and where the kernel lacks it."""
-        if self.data.device.type == "cpu" and block_ids:
+        if self.data.device.type == "cpu" and block_ids and not self.backed:
             ids, size = sorted(set(block_ids)), self._data_nbytes
             populate_write([(self.data.data_ptr() + i * size, size) for i in ids])
 
@@ -79,6 +80,7 @@ class KVCacheTensors:
             populate_write(
                 [(t.data_ptr(), t.numel() * t.element_size()) for t in (self.data, self.scales) if t is not None]
             )
+            self.backed = True
 
     def write_block(self, block_id: int, raw: bytes) -> None:
         """Block block_id = raw (block_nbytes bytes, as GatheredBlocks.block_bytes gives them)."""

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ragserve import tracing
-from ragserve_engine.engine_client import CompletionOutput, EngineError, RequestError, RequestOutput
+from ragserve_engine.engine_client import EngineError, RequestError, RequestOutput
 from ragserve_engine.server.blend_api import usage_details
 from ragserve_engine.server.errors import bad_request, failure, failure_event
 from ragserve_engine.server.generation import Generation
@@ -52,12 +52,6 @@ class OpenAIServing:
     @property
     def tokenizer(self):
         return self.server.llm.tokenizer
-
-    def first_output(self, req: SamplingRequest) -> CompletionOutput:
-        """The answer's given first token (first_token_id) as an output of the engine's would have it, to stream
-        before the engine's first step (its outputs then continue after it)."""
-        text = self.tokenizer.decode([req.first_token_id], req.skip_special_tokens)
-        return CompletionOutput(0, text, [req.first_token_id], 0.0, None, None, None)
 
     def header(self, request_id: str, created: int) -> dict:
         return {"id": request_id, "object": self.object_name, "created": created, "model": self.server.model_name}

@@ -112,11 +112,6 @@ class ChatServing(OpenAIServing):
         cursors: dict[int, ChoiceCursor] = {}
         done: set[int] = set()
         holdback = stop_holdback(req.stop_strings)
-        if req.first_token_id is not None and not tools.active:  # sent now, not with the engine's first step
-            cursors[0] = ChoiceCursor(holdback)
-            yield _chunk(0, {"role": "assistant", "content": ""}, token_ids=[] if ids else None)
-            delta, tokens, _ = cursors[0].advance(self.first_output(req))
-            yield _chunk(0, {"content": delta} if delta else {}, token_ids=tokens if ids else None)
         async for i, out in gen.outputs():
             last[i] = out
             for c in out.outputs:

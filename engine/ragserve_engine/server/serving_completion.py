@@ -97,11 +97,6 @@ class CompletionServing(OpenAIServing):
         cursors: dict[int, ChoiceCursor] = {}
         offsets: dict[int, int] = {}
         done: set[int] = set()
-        if req.first_token_id is not None and not req.echo:  # sent now, not with the engine's first step
-            cursors[0], first = ChoiceCursor(holdback), self.first_output(req)
-            delta, tokens, _ = cursors[0].advance(first)
-            offsets[0] = len(delta)
-            yield {"choices": [self._choice(0, delta, None, first, tokens, [], None, False, 0, ids)]}
         async for i, out in gen.outputs():
             last[i] = out
             for c in out.outputs:
