@@ -16,15 +16,15 @@ pytestmark = pytest.mark.slow  # several processes, each loading a model
 FAULT_SEED = 500500  # a request with this seed fails in the faulty engine's step (greedy: the seed changes nothing)
 FAULTY = f"""
 import sys
-from ragserve_engine import llm_engine
-real = llm_engine.check_stop
+from ragserve_engine import sample_step
+real = sample_step.check_stop
 
 def check_stop(req, seq, criteria):
     if req.params.seed == {FAULT_SEED}:
         raise RuntimeError("injected fault in the stop check")
     real(req, seq, criteria)
 
-llm_engine.check_stop = check_stop
+sample_step.check_stop = check_stop
 from ragserve.cli import main
 sys.exit(main())
 """
