@@ -67,7 +67,7 @@ ENGINE = ["--device", "cpu", "--num-gpu-blocks", "1024", "--max-model-len", "409
 GRAPHS = ["--max-seq-len-to-capture", "4096"]  # the model length: no context of the workload falls back to eager
 LEG, DECODE_TTFT = "ragserve_router_disagg_prefill_seconds", "ragserve_router_disagg_decode_ttft_seconds"
 TRANSFER = "ragserve:kv_transfer_"
-ANSWER_LEAD_S = 2.0  # a RAG request is on its decode engine (fetch, landing, last token) this long before its 1st token
+ANSWER_LEAD_S = 2.0  # a RAG answer's lead before its 1st token (the baseline's last prefill chunk; 1P1D's leg end)
 READY_S = 1800  # a cold start compiles four engines' decode graphs on 2 cores (a warm one loads them: seconds)
 
 
@@ -138,13 +138,14 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, out: Stream | 
 
 def split_gaps(users: list[Stream], rags: list[Stream]) -> dict[str, list[float]]:
     """The users' gaps by what the RAG requests were doing meanwhile: `rag_answering`, those overlapping a RAG
-    request's answer (from ANSWER_LEAD_S before its first token, which covers a decode engine's fetch, landing and
-    last-token step, to its last token: the RAG request is on the engine that decodes), in two parts, `rag_decoding`
-    (overlapping a RAG request's tokens, first to last) and `rag_fetching` (the rest: the lead before its first
-    token), and `rag_prefill_only`, the rest (the RAG prompts only in prefill, on the prefill engine for 1P1D)."""
-    rags = [r.times for r in rags if len(r.times) > 1]
+    request's answer (from ANSWER_LEAD_S before its first token to its last token: the RAG request is on the engine
+    that decodes), in two parts, `rag_fetching` (before its second token: the lead, and for 1P1D the decode engine's
+    fetch, landing and first step, as the first token, the prefill engine's, arrives before them) and `rag_decoding`
+    (overlapping its later tokens), and `rag_prefill_only`, the rest (the RAG prompts only in prefill, on the prefill
+    engine for 1P1D)."""
+    rags = [r.times for r in rags if len(r.times) > 2]
     answering = [(t[1] - ANSWER_LEAD_S, t[-1]) for t in rags]
-    decoding = [(t[1], t[-1]) for t in rags]
+    decoding = [(t[2], t[-1]) for t in rags]
     names = ("rag_answering", "rag_decoding", "rag_fetching", "rag_prefill_only")
     parts: dict[str, list[float]] = {name: [] for name in names}
     for user in users:
@@ -263,11 +264,11 @@ ROWS = {
     "multi_token_chunks": "users' chunks that carried more than one token (loaded phase)",
     "textless_chunks": "users' chunks that carried tokens but no text (loaded phase; counted by text: merged gaps)",
     "itl_rag_prefill_only_p99_ms": "... p99 of the gaps while RAG prompts were only in prefill (ms)",
-    "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, last token, its tokens) (ms)",
+    "itl_rag_answering_p99_ms": "... p99 of the gaps overlapping a RAG answer (fetch, landing, its tokens) (ms)",
     "itl_rag_answering_gaps": "... gaps overlapping a RAG answer (count)",
-    "itl_rag_fetching_p50_ms": "... of those, before the answer's first token (fetch, landing, last token): p50 (ms)",
+    "itl_rag_fetching_p50_ms": "... of those, before the answer's 2nd token (fetch, landing, first step): p50 (ms)",
     "itl_rag_fetching_p99_ms": "... the same, p99 (ms)",
-    "itl_rag_decoding_p50_ms": "... of those, while the answer's tokens came (first to last): p50 (ms)",
+    "itl_rag_decoding_p50_ms": "... of those, while the answer's later tokens came (2nd to last): p50 (ms)",
     "itl_rag_decoding_p99_ms": "... the same, p99 (ms)",
     "rag_ttft_p50_s": "RAG TTFT p50 (s)",
     "rag_ttft_p95_s": "RAG TTFT p95 (s)",
