@@ -148,6 +148,8 @@ def test_responses_have_the_real_engines_shape(fleet, real_engine):
     bad = {"model": "nope", "prompt": "Hi"}
     mine, theirs = (httpx.post(u + "/v1/completions", json=bad, timeout=30) for u in (sim, real_engine))
     assert (mine.status_code, mine.json()) == (theirs.status_code, theirs.json())
+    given = httpx.post(sim + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "first_token_id": 5}, timeout=30)
+    assert given.status_code == 400 and "first_token_id" in given.json()["error"]["message"]  # not simulated: said
 
 
 def families(url: str) -> set[str]:

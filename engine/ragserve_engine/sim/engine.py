@@ -90,8 +90,10 @@ class SimEngine:
 
     async def generate(
         self, prompt, params: SamplingParams, request_id: str, priority: int = 0, cache_salt: str | None = None,
-        resume_token_ids: list[int] | None = None, blend=None,
+        resume_token_ids: list[int] | None = None, blend=None, first_token_id: int | None = None,
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
+        if first_token_id is not None:
+            raise ValueError("the sim engine does not simulate first_token_id (disaggregated decode)")
         req = self._request(prompt, params, request_id, cache_salt, resume_token_ids, blend)
         self.waiting.append(req)
         self._kick()
