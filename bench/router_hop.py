@@ -1,5 +1,7 @@
 """The router hop at equal load: added latency of ragserve's kv_aware against smg's cache_aware (and, with
---baseline-src, the kv_aware router of another tree: before / after a change), on `ragserve sim-engine`s.
+--baseline-src, the kv_aware router of another tree: before / after a change; with --router-python, the same
+kv_aware router under another interpreter, e.g. a PGO + LTO build as in the python:3.11-slim image), on
+`ragserve sim-engine`s. The sims and the load generator always run on this interpreter.
 
 Every repeat starts each router afresh on a fresh fleet (--engines sims), warms its connections up, then runs
 bench/router_scale.py's added-latency step at each --rates (short completions alternating router / direct;
@@ -9,6 +11,7 @@ table gives the median over --repeats. Everything, the load generator included, 
     pip install smg==1.13.0   # benchmark only
     git archive REV router | tar -x -C /tmp/base   # optional: the router before a change
     flock /tmp/cpu.lock .venv/bin/python bench/router_hop.py --baseline-src /tmp/base/router --tag after-perf
+    ... --router-python /tmp/dvenv/bin/python --router-python-tag py-pgo-lto   # + ragserve-kv_aware@py-pgo-lto
 """
 
 from __future__ import annotations
@@ -28,11 +31,39 @@ from router_scale import added_latency, warm_up  # noqa: E402
 from scale_procs import start_router  # noqa: E402
 
 BASELINE = "ragserve-kv_aware@baseline"
+OTHER_PYTHON = "ragserve-kv_aware@"  # + --router-python-tag: the kv_aware router under --router-python
+# what each ragserve row's interpreter is: version, configure arguments, whether libpython is a shared library
+INTERPRETER = (
+    "import json, sys, sysconfig; maps = open('/proc/self/maps').read(); "
+    "print(json.dumps({'executable': sys.executable, 'version': sys.version.split()[0], "
+    "'config_args': sysconfig.get_config_var('CONFIG_ARGS'), 'libpython_shared': 'libpython' in maps}))"
+)
+
+
+def router_python(name: str, args) -> str:
+    """The interpreter that runs router `name` (a ragserve one)."""
+    other = args.router_python and name == OTHER_PYTHON + args.router_python_tag
+    return args.router_python if other else sys.executable
+
+
+def interpreters(names: list[str], args) -> dict[str, dict]:
+    """Per ragserve row: its interpreter, as that interpreter describes itself (other rows: native binaries)."""
+    rows = {}
+    for name in names:
+        if not name.startswith("ragserve-"):
+            rows[name] = {"native": True}
+            continue
+        out = subprocess.run([router_python(name, args), "-c", INTERPRETER], capture_output=True, text=True, check=True)
+        rows[name] = json.loads(out.stdout)
+    return rows
 
 
 def one(name: str, args, logs: Path) -> list[dict]:
     src = args.baseline_src if name == BASELINE else None
-    router, fleet, url, urls = start_router(name.split("@")[0], args.engines, args.model, 1024, logs, router_src=src)
+    python = router_python(name, args) if name.startswith("ragserve-") else None
+    router, fleet, url, urls = start_router(
+        name.split("@")[0], args.engines, args.model, 1024, logs, router_src=src, python=python
+    )
     try:
         asyncio.run(warm_up(url, urls))
         cpu0 = router.cpu_s()
@@ -76,6 +107,15 @@ def markdown(report: dict) -> str:
             f"{r['router_p50_ms']:.2f} / {r['direct_p50_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
             f"{', '.join(map(str, r['added_p50_each']))} | {r['errors']} |"
         )
+    lines += ["", "Interpreters (the sims and the load generator run on the first):", ""]
+    for name, py in report["interpreters"].items():
+        if py.get("native"):
+            lines.append(f"- {name}: a native binary (no interpreter)")
+            continue
+        shared = "shared" if py["libpython_shared"] else "static"
+        lines.append(
+            f"- {name}: `{py['executable']}` {py['version']} ({shared} libpython), CONFIG_ARGS `{py['config_args']}`"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -87,6 +127,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routers", type=lambda s: s.split(","), default=["ragserve-kv_aware", "smg-cache_aware"])
     p.add_argument("--baseline-src", default=None, help="a router/ directory to run as " + BASELINE)
+    p.add_argument("--router-python", default=None, help="an interpreter to run the kv_aware router under as well")
+    p.add_argument("--router-python-tag", default="other-python", help="its row: " + OTHER_PYTHON + "TAG")
     p.add_argument("--model", default=None, help="default: the tiny test model (its tokenizer)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -96,6 +138,7 @@ def main() -> int:
 
         args.model = str(tiny_model("llama"))
     names = [*args.routers, *([BASELINE] if args.baseline_src else [])]
+    names += [OTHER_PYTHON + args.router_python_tag] if args.router_python else []
     logs = Path(tempfile.mkdtemp(prefix="ragserve-router-hop-"))
     runs: dict[str, list[list[dict]]] = {n: [] for n in names}
     for rep in range(args.repeats):
@@ -110,6 +153,7 @@ def main() -> int:
         "engines": args.engines,
         "repeats": args.repeats,
         "step_s": args.step_s,
+        "interpreters": interpreters(names, args),
         "rows": median_rows(runs, args.rates),
         "runs": runs,
     }

@@ -145,10 +145,12 @@ def start_router(
     profile: bool = False,
     real: bool = False,
     router_src: str | None = None,
+    python: str | None = None,
 ):
     """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
     router URL, engine URLs). router_src: a ragserve router package from another tree (a `router/` directory,
-    e.g. an older commit's, `git archive REV router | tar -x -C DIR`) instead of the installed one.
+    e.g. an older commit's, `git archive REV router | tar -x -C DIR`) ahead of the installed one. python: the
+    interpreter that runs a ragserve router (default: this one; the fleet always runs on this one).
     A name ending in STORE_SUFFIX (real engines only) gives the engines a shared cachestore."""
     cachestore = name.endswith(STORE_SUFFIX)
     if cachestore and not real:
@@ -160,9 +162,11 @@ def start_router(
     if name.startswith("ragserve-"):
         grpc_port = free_port()
         prof = ["-m", "cProfile", "-o", str(logs / f"{name}-{count}.prof")] if profile else []
-        argv = [sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1], "--log-level", "warning"]
-        env = {"PYTHONPATH": router_src} if router_src else None
+        argv = [python or sys.executable, *prof, "-m", "ragserve.cli", "router", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--grpc-port", str(grpc_port), "--policy", name.split("-", 1)[1]]
+        argv += ["--log-level", "warning"]
+        path = os.pathsep.join(filter(None, [router_src, os.environ.get("PYTHONPATH")]))  # the rest as given
+        env = {"PYTHONPATH": path} if path else None
         router = spawn(name, [*argv, "--registry-allow-unauthenticated"], logs, env)
         fleet, urls = fleet_of(model, count, num_blocks, logs, f"127.0.0.1:{grpc_port}")
         wait_until(lambda: httpx.get(url + "/ready").json().get("healthy_engines") == count, f"{name} fleet", router)

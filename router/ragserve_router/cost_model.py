@@ -51,6 +51,8 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from operator import is_
+from typing import NamedTuple
 
 from ragserve.keys import cacheable_blocks
 from ragserve.v1 import registry_pb2
@@ -155,8 +157,30 @@ def calibrate(load: Load, fleet: FleetFigures | Sequence[Load], block_size: int)
     return Speed(rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold)
 
 
-@dataclass(frozen=True)
-class Prediction:
+class FleetSpeeds:
+    """calibrate() of each engine of a candidate set, kept until one of their loads is replaced (a heartbeat; a Load
+    never changes) rather than worked out on every decision: per set of engine ids, their loads and Speeds."""
+
+    MAX_SETS = 64  # candidate sets kept (all of them forgotten past that)
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple[tuple[str, ...], int], tuple[tuple[Load, ...], tuple[Speed, ...]]] = {}
+
+    def of(self, engine_ids: tuple[str, ...], loads: Sequence[Load], block_size: int) -> tuple[Speed, ...]:
+        """Each load's Speed, in their order: calibrate(load, loads, block_size)."""
+        key = (engine_ids, block_size)
+        kept = self._sets.get(key)
+        if kept is not None and len(kept[0]) == len(loads) and all(map(is_, kept[0], loads)):
+            return kept[1]
+        fleet = FleetFigures.of(loads)
+        speeds = tuple(calibrate(load, fleet, block_size) for load in loads)
+        if len(self._sets) >= self.MAX_SETS:
+            self._sets.clear()
+        self._sets[key] = (tuple(loads), speeds)
+        return speeds
+
+
+class Prediction(NamedTuple):  # a tuple: made for every candidate of every decision, and cheaper so
     local_tokens: int
     fetched_tokens: int
     computed_tokens: int

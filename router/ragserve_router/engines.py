@@ -10,9 +10,10 @@ SOURCES = (GRPC, STATIC, K8S, EXTERNAL)
 CONNECT, TIMEOUT, SERVER_ERROR = "connect", "timeout", "server_error"  # how an engine failed a request
 
 
-@dataclass
+@dataclass(frozen=True)
 class Load:
-    """An engine's last heartbeat (proto Load): queues, KV usage, measured speeds (0: not measured)."""
+    """An engine's last heartbeat (proto Load): queues, KV usage, measured speeds (0: not measured). A new heartbeat
+    replaces it, never changes it (cost_model.FleetSpeeds keeps what it computed from a fleet's loads until then)."""
 
     num_running: int = 0
     num_waiting: int = 0

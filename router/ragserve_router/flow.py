@@ -96,7 +96,7 @@ class FlowControl:
         self._note(model, tenant, arriving=int(cls != SHEDDABLE))  # a sheddable one reserves nothing it may not get
         self.dispatch(model)  # then no waiter fits: this request goes ahead only if it does
         if self._fits(model, cls, tenant, self._allocations(model)):
-            self.metrics.queue_wait.labels(cls).observe(0)
+            self.metrics.child(self.metrics.queue_wait, cls).observe(0)
             return self._admit(model, tenant)
         if cls == SHEDDABLE:
             self._refuse(cls, "saturated", 429, "every engine is at its in-flight limit and this request is sheddable")

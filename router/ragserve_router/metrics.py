@@ -8,6 +8,7 @@ Series with a known label set start at zero, so "no data" never stands for zero.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -29,6 +30,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         p = "ragserve_router_"
+        self._children: dict[tuple[Any, tuple], Any] = {}  # child()'s
         self.requests = Counter(
             p + "requests",
             "HTTP answers by final status (499: the client left first) and error code",
@@ -156,15 +158,24 @@ class RouterMetrics:
             for value in values:
                 family.labels(value)
 
+    def child(self, family: Any, *values: Any) -> Any:
+        """family.labels(*values), kept for the next time: prometheus_client's labels() converts and checks the values
+        and takes a lock on every call, and a request looks a dozen up (no child is ever removed here)."""
+        key = (family, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*values)
+        return found
+
     def observe_prediction(self, engine_id: str, prediction) -> None:
         """kv_aware's cost_model.Prediction for the engine a request was sent to."""
-        self.predicted_ttft.labels(engine_id).observe(prediction.ttft_s)
+        self.child(self.predicted_ttft, engine_id).observe(prediction.ttft_s)
         for source, tokens in (
             ("local", prediction.local_tokens),
             ("fetched", prediction.fetched_tokens),
             ("computed", prediction.computed_tokens),
         ):
-            self.predicted_tokens.labels(engine_id, source).inc(tokens)
+            self.child(self.predicted_tokens, engine_id, source).inc(tokens)
 
     def count_kv_ops(self, ops: Iterable) -> None:
         """KV-index ops applied (a registered engine's events, or an external engine's vLLM events)."""
@@ -174,10 +185,10 @@ class RouterMetrics:
     def count(self, outcome: Outcome) -> None:
         """One answer (ragserve.http.outcomes.CountResponses)."""
         model, engine, policy = (outcome.state.get(k, "") for k in ("model", "engine", "policy"))
-        self.requests.labels(model, engine, policy, str(outcome.status), outcome.reason).inc()
+        self.child(self.requests, model, engine, policy, str(outcome.status), outcome.reason).inc()
         if engine:  # an engine's token counters exist from its first answer, even without usage
             for family in (self.predicted_cached, self.actual_cached, self.prompt_tokens):
-                family.labels(engine)
+                self.child(family, engine)
 
     def render(self, models: Iterable[str] = ()) -> bytes:
         """The exposition; each served model's histograms exist (at zero) before its first request."""

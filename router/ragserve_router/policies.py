@@ -12,15 +12,16 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import ClassVar
 
 from ragserve.chunks import chunk_record_keys
 from ragserve.keys import cacheable_blocks
 from ragserve.router_args import POLICIES, RouterConfig
 from ragserve_router.cost_model import (
-    FleetFigures,
+    FleetSpeeds,
     Prediction,
-    calibrate,
+    Speed,
     kv_room,
     offload_speed,
     output_tokens,
@@ -33,6 +34,7 @@ from ragserve_router.state import RouterState
 from ragserve_router.store_index import StoreIndex
 
 log = logging.getLogger(__name__)
+_ENGINE_ID = attrgetter("engine_id")
 TEXT_CHUNK_TOKENS = TEXT_CHUNK_BYTES // 4  # about, for prompts hashed as text chunks
 
 
@@ -204,50 +206,65 @@ class KVAware(RoutingPolicy):
 
     name = "kv_aware"
 
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.speeds = FleetSpeeds()  # the candidates' calibrated speeds, until a heartbeat changes their loads
+
     async def route(self, req: RouteRequest, cands: list[EngineRecord]) -> Decision:
         key = req.key
-        if key.chunk_tokens:
-            cached, stored = await self._chunk_blocks(key, cands)
-        else:
-            cached, stored = await self._cached_blocks(key, cands), await self._stored_blocks(key, cands)
-        offloaded = await self._offloaded_blocks(key, cands) if not key.chunk_tokens else {}
+        cached, stored, offloaded = await self._blocks(key, cands)
         bs = key.block_tokens or TEXT_CHUNK_TOKENS
         prompt = key.num_prompt_tokens if key.num_prompt_tokens is not None else (len(key.hashes) + 1) * bs
-        fleet, out = FleetFigures.of([r.load for r in cands]), output_tokens(req.body)
-
-        def prediction(r: EngineRecord) -> Prediction:
-            local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)
-            if not key.chunk_tokens:  # a prompt sent there moments ago: its blocks are there by our turn
-                local = max(local, self.ctx.routed_blocks(r, key.hashes))
-            speed = calibrate(r.load, fleet, bs)
-            blocks, medium = offloaded.get(r.engine_id, (0, ""))
-            if blocks > stored_blocks:  # the engine loads them from its own CPU / disk tier instead
-                stored_blocks, speed = blocks, offload_speed(speed, medium, bs)
-            queued, decoding = self.ctx.queued(r), self.ctx.load(r)
-            prompts, weight = self.ctx.queued_prompts(r), self.cfg.work_weight
-            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts)
-
-        predictions = {r.engine_id: prediction(r) for r in cands}
-        n = len(key.hashes)
+        speeds = self.speeds.of(tuple(r.engine_id for r in cands), [r.load for r in cands], bs)
+        out = output_tokens(req.body)
+        # leading blocks a prompt we sent moments ago leaves (held: holds) there; none without a full block
+        sent_blocks = bool(key.hashes) and not key.chunk_tokens
+        n, weight = len(key.hashes), self.cfg.work_weight
         # equal costs (a new document on an idle fleet): ties follow the leading blocks, so one document's
         # burst stays together while different documents spread, the same way on every replica
         tie = key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
 
-        def rank(r: EngineRecord) -> tuple[bool, float, float, int]:
-            held = self.ctx.held_blocks(r, key.hashes) * bs if key.exact and not key.chunk_tokens else 0
+        def prediction(r: EngineRecord, speed: Speed, decoding: float) -> Prediction:
+            local, stored_blocks = cached.get(r.engine_id, 0), stored.get(r.engine_id, 0)
+            if sent_blocks:  # a prompt sent there moments ago: its blocks are there by our turn
+                local = max(local, self.ctx.routed_blocks(r, key.hashes))
+            blocks, medium = offloaded.get(r.engine_id, (0, ""))
+            if blocks > stored_blocks:  # the engine loads them from its own CPU / disk tier instead
+                stored_blocks, speed = blocks, offload_speed(speed, medium, bs)
+            queued, prompts = self.ctx.queued(r), self.ctx.queued_prompts(r)
+            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts)
+
+        def rank(r: EngineRecord, cost: float, decoding: float) -> tuple[bool, float, float, int]:
+            held = self.ctx.held_blocks(r, key.hashes) * bs if sent_blocks and key.exact else 0
             size = r.block_size or bs
             full = not kv_room(r.load, prompt + out, size, held, lambda: self.ctx.pending_blocks(r, size))
-            return full, predictions[r.engine_id].cost, self.ctx.load(r), rendezvous_score(tie, r.engine_id)
+            return full, cost, decoding, rendezvous_score(tie, r.engine_id)
 
-        order = sorted(cands, key=rank)
+        predictions, ranks = {}, {}
+        for r, speed in zip(cands, speeds, strict=True):
+            decoding = self.ctx.load(r)  # requests active there now
+            p = predictions[r.engine_id] = prediction(r, speed, decoding)
+            ranks[r.engine_id] = rank(r, p.cost, decoding)
+        order = sorted(cands, key=lambda r: ranks[r.engine_id])
         best = predictions[order[0].engine_id]
         reason = self._reason(best, predictions)
         if log.isEnabledFor(logging.DEBUG):  # the per-decision record: why each engine ranked where it did
-            log.debug("kv_aware %s: %s", reason, "; ".join(self._explain(r, predictions, rank) for r in order))
+            log.debug("kv_aware %s: %s", reason, "; ".join(self._explain(r, predictions, ranks) for r in order))
         return Decision(order, self.name, reason, cached, predictions)
 
-    def _explain(self, r: EngineRecord, predictions: dict[str, Prediction], rank: Callable) -> str:
-        p, (full, *_) = predictions[r.engine_id], rank(r)
+    async def _blocks(self, key: RoutingKey, cands: list[EngineRecord]) -> tuple[dict, dict, dict]:
+        """Per engine: the prompt's leading blocks it holds, can fetch from its cachestore, and has offloaded (with
+        the medium); a chunk set's blocks (_chunk_blocks). Nothing to look up without a full block."""
+        if not key.hashes:
+            return {}, {}, {}
+        if key.chunk_tokens:
+            cached, stored = await self._chunk_blocks(key, cands)
+            return cached, stored, {}
+        cached, stored = await self._cached_blocks(key, cands), await self._stored_blocks(key, cands)
+        return cached, stored, await self._offloaded_blocks(key, cands)
+
+    def _explain(self, r: EngineRecord, predictions: dict[str, Prediction], ranks: dict[str, tuple]) -> str:
+        p, (full, *_) = predictions[r.engine_id], ranks[r.engine_id]
         return (
             f"{r.engine_id} cost={p.cost:.3f} ttft={p.ttft_s:.3f} local={p.local_tokens} fetched={p.fetched_tokens} "
             f"computed={p.computed_tokens} queued={p.queued_tokens}/{self.ctx.queued_prompts(r)} "
@@ -364,4 +381,4 @@ class Decider:
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 
     async def decide(self, policy: str, req: RouteRequest, candidates: list[EngineRecord]) -> Decision:
-        return await self.by_name[policy].route(req, sorted(candidates, key=lambda r: r.engine_id))
+        return await self.by_name[policy].route(req, sorted(candidates, key=_ENGINE_ID))

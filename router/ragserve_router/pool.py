@@ -61,6 +61,8 @@ class EnginePool:
             self.health[record.engine_id] = Health(healthy=False)
 
     def all(self) -> list[EngineRecord]:
+        if not self.discovered:
+            return list(self.registered.values())
         urls = {r.url for r in self.registered.values()}
         return [*self.registered.values(), *(r for r in self.discovered.values() if r.url not in urls)]
 
@@ -72,8 +74,13 @@ class EnginePool:
 
     def candidates(self, model: str) -> list[EngineRecord]:
         """Healthy engines serving the model, not draining, whose breaker lets a request through."""
-        live = [r for r in self.healthy() if model in r.models and r.engine_id not in self.draining]
-        return [r for r in live if self.breaker(r.engine_id).allows()]
+        health, draining = self.health, self.draining
+        return [
+            r
+            for r in self.all()
+            if health[r.engine_id].healthy and model in r.models and r.engine_id not in draining
+            and self.breaker(r.engine_id).allows()
+        ]  # fmt: skip
 
     def breaker(self, engine_id: str) -> Breaker:
         breaker = self.breakers.get(engine_id)

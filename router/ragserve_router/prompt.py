@@ -14,6 +14,7 @@ import json
 import logging
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ragserve.chunks import chunk_set_key, has_chunks
 from ragserve.keys import block_hashes, root_hash
@@ -24,6 +25,7 @@ from ragserve_router.state import RouterState
 log = logging.getLogger(__name__)
 TEXT_CHUNK_BYTES = 64
 OFFLOAD_BYTES = 32 * 1024
+model_root = lru_cache(maxsize=256)(root_hash)  # a model's chain root: one SHA-256, the same for every request
 
 
 @dataclass
@@ -156,7 +158,7 @@ def token_key(
 ) -> RoutingKey | None:
     try:
         if chat and isinstance(body.get("messages"), list) and has_chunks(body["messages"]):  # docs/blend.md
-            chunks, num_tokens = chunk_set_key(tokenizer, body["messages"], root_hash(spec.model_id), salt)
+            chunks, num_tokens = chunk_set_key(tokenizer, body["messages"], model_root(spec.model_id), salt)
             if chunks:  # the chunk set, not the prefix
                 keys, lengths = zip(*chunks, strict=True)
                 return RoutingKey(list(keys), spec.block_size, num_tokens, tuple(lengths))
@@ -167,7 +169,7 @@ def token_key(
     if tokens is None:
         return None
     try:
-        hashes = block_hashes(tokens, spec.block_size, root_hash(spec.model_id), cache_salt=salt)
+        hashes = block_hashes(tokens, spec.block_size, model_root(spec.model_id), cache_salt=salt)
     except ValueError:  # token ids out of range: the engine rejects the request
         hashes = []
     return RoutingKey(hashes, spec.block_size, len(tokens))

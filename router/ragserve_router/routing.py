@@ -77,8 +77,8 @@ class Picked:
         """The engine's first streamed byte: its prefill is over; TTFT observed (and returned)."""
         self.slot.first_token()
         elapsed = time.monotonic() - self.started
-        metrics.ttft.labels(self.model).observe(elapsed)
-        metrics.engine_ttft.labels(engine_id).observe(elapsed)
+        metrics.child(metrics.ttft, self.model).observe(elapsed)
+        metrics.child(metrics.engine_ttft, engine_id).observe(elapsed)
         return elapsed
 
     def finish(self, metrics: RouterMetrics, engine_id: str, usage: dict | None = None) -> None:
@@ -86,7 +86,7 @@ class Picked:
         self.account_usage(metrics, engine_id, usage)
         self.claim.settle(usage)
         self.slot.release()
-        metrics.latency.labels(self.model).observe(time.monotonic() - self.started)
+        metrics.child(metrics.latency, self.model).observe(time.monotonic() - self.started)
 
     def account_usage(self, metrics: RouterMetrics, engine_id: str, usage: dict | None) -> None:
         """Routing accuracy: predicted cached tokens vs. what the engine reports (when it does)."""
@@ -96,10 +96,10 @@ class Picked:
         actual = details.get("cached_tokens") if isinstance(details, dict) else None
         predicted = self.decision.predicted_cached_tokens(engine_id, self.key)
         if isinstance(usage.get("prompt_tokens"), int):
-            metrics.prompt_tokens.labels(engine_id).inc(usage["prompt_tokens"])
+            metrics.child(metrics.prompt_tokens, engine_id).inc(usage["prompt_tokens"])
         if isinstance(actual, int) and predicted is not None:
-            metrics.predicted_cached.labels(engine_id).inc(predicted)
-            metrics.actual_cached.labels(engine_id).inc(actual)
+            metrics.child(metrics.predicted_cached, engine_id).inc(predicted)
+            metrics.child(metrics.actual_cached, engine_id).inc(actual)
 
 
 _PICKED_FIELDS = tuple(f.name for f in dataclasses.fields(Picked))
@@ -165,7 +165,7 @@ class Routing:
         out = 0 if pooling else output_tokens(body)
         slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes, claim.release, out)
         self.metrics.routing_latency.observe(spent + time.monotonic() - t0)
-        self.metrics.decisions.labels(decision.policy, decision.reason).inc()
+        self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
         if chosen:
             self.metrics.observe_prediction(first.engine_id, chosen)
         labels.policy = decision.policy
