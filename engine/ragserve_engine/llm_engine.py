@@ -15,7 +15,6 @@ from ragserve.engine_args import EngineConfig
 from ragserve.model_source import load_tokenizer, resolve_model
 from ragserve_engine.beam_search import beam_step
 from ragserve_engine.blend.runner import Blender
-from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import BlockPool
 from ragserve_engine.compilation.events import compile_epoch, quiet_since
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
@@ -108,20 +107,9 @@ class LLMEngine:
         self.submit(req)
         return req
 
-    def make_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        resume_token_ids: list[int] | None = None,
-        blend: BlendSpec | None = None,
-        first_token_id: int | None = None,
-    ) -> Request:
-        """Tokenize and validate without touching engine state (safe from any thread): InputProcessor."""
-        args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend, first_token_id)
-        return self.processor.make_request(*args)
+    def make_request(self, *args, **kw) -> Request:
+        """Tokenize and validate without touching engine state (safe from any thread): InputProcessor.make_request."""
+        return self.processor.make_request(*args, **kw)
 
     def submit(self, req: Request) -> None:
         if req.request_id in self.requests:
