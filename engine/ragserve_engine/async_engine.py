@@ -13,7 +13,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -80,7 +79,6 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         given = None
         if first_token_id is not None:  # the answer's first token is known: it is the first output, now
-            req.first_token_time = time.monotonic()
             given = self.engine.output_of(req)  # before the step loop has the request
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         self._submit(("add", req))

@@ -4,6 +4,7 @@ engine state: AsyncLLM runs it off the step loop."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,8 +71,9 @@ class InputProcessor:
         req.needs_fork = params.n > 1 or params.use_beam_search
         if blend is not None:
             bind_blend(req, blend)
-        if first_token_id is not None:  # output already: its text is the answer's start
+        if first_token_id is not None:  # output already, from now: its text is the answer's start
             seq.output_text = seq.detok.step(self.tokenizer.decode, seq.output_token_ids, params.skip_special_tokens)
+            req.first_token_time = time.monotonic()
         if resumed:
             req.num_resumed_tokens = len(resumed)
             req.resumed_text = self.tokenizer.decode(resumed, params.skip_special_tokens).rstrip("\ufffd")

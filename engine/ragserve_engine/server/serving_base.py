@@ -59,8 +59,8 @@ class OpenAIServing:
     async def run(self, request: Request, req: SamplingRequest, prompts: list, params, **extra) -> Response:
         """`extra`: further generate() options (a chat's blend spec)."""
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        kw = {"priority": req.priority, "cache_salt": req.cache_salt, "resume_token_ids": req.resume_token_ids}
-        kw["first_token_id"] = req.first_token_id
+        kw = {"priority": req.priority, "cache_salt": req.cache_salt, "resume_token_ids": req.resume_token_ids,
+              "first_token_id": req.first_token_id}  # fmt: skip
         kw |= extra
         gen = Generation(self.server, prompts, params, request_id, **kw)
         gen.trace_parent = tracing.extract(request.headers)
