@@ -97,13 +97,6 @@ class RouterConfig(FromArgs):
     policy: str = option(DEFAULT_POLICY, "routing policy", "routing", choices=POLICIES, spec=True)
     allow_policy_header: bool = option(False, "let clients pick via X-Ragserve-Policy", "routing", negatable=False)
     work_weight: float = option(0.5, "kv_aware: weight of the request's own prefill time", "routing", type=float)
-    knock_on_weight: float = option(
-        1.0,
-        "kv_aware: weight of the waiting the request's own prefill adds to requests arriving at the engine "
-        "before its first token (0: not counted)",
-        "routing",
-        type=float,
-    )
     store_lookup_ttl: float = option(1.0, "kv_aware: seconds to trust a cachestore lookup", "routing", type=float)
     cachestore_token_file: str | None = option(None, "the cachestore's shared token (for lookups)", "routing")
     cachestore_tls_ca: str | None = option(None, "CA bundle to verify the cachestore (enables TLS)", "routing")
@@ -265,7 +258,6 @@ class RouterConfig(FromArgs):
             (self.max_body_bytes > 0, "--max-body-bytes must be positive"),
             (self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive"),
             (self.work_weight >= 0, "--work-weight must be >= 0"),
-            (self.knock_on_weight >= 0, "--knock-on-weight must be >= 0"),
             (not self.external_engine or bool(self.tokenizer), "--external-engine needs --tokenizer"),
             (not self.external_k8s_selector or bool(self.tokenizer), "--external-k8s-selector needs --tokenizer"),
             (self.external_block_size > 0, "--external-block-size must be positive"),

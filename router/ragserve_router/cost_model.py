@@ -33,11 +33,9 @@ engine that has only timed eager steps but will decode through compiled graphs (
 calibration, DECODE_EAGER_BEFORE_GRAPHS) takes the median of the peers that timed graph steps, if any,
 rather than being ranked on a slower path than theirs.
 
-Engines are ranked by cost = TTFT + work_weight x own (own = computed / prefill_rate: the cluster capacity the
-request uses, what a cache hit saves) + decode + knock_on_weight x knock-on, where decode = output tokens x (step
-+ seq_time x (1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already
-there; and knock-on = arrivals/s x own x (TTFT - own / 2): the waiting its prefill adds to the requests that
-arrive at the engine before its first token (the engine's recent arrival rate from this router). An engine
+Engines are ranked by cost = TTFT + work_weight x computed / prefill_rate (the cluster capacity the
+request uses: what a cache hit saves) + decode, where decode = output tokens x (step + seq_time x
+(1 + decoding now)): its own decode steps and the slowdown it imposes on the sequences already there. An engine
 whose free KV blocks cannot hold the prompt and output (kv_room) ranks after every engine that can: it would
 preempt. The free count leaves out blocks in use, so the leading blocks a request this router sent there and
 that has not ended holds (pool.held_blocks) are not needed again: a hot document's next request fits beside the
@@ -202,8 +200,6 @@ def predict(
     speed: Speed,
     work_weight: float,
     queued_prompts: int = 1,
-    arrivals_per_s: float = 0.0,
-    knock_on_weight: float = 0.0,
 ) -> Prediction:
     cacheable = cacheable_blocks(num_prompt_tokens, block_size) * block_size if block_size else 0
     local = min(local_blocks * block_size, cacheable)
@@ -215,17 +211,8 @@ def predict(
     fetch_s = fetched / block_size * speed.fetch_s_per_block if fetched else 0.0
     ttft = work / speed.prefill_tokens_per_s + steps * step + fetch_s
     decode = output_tokens * (step + speed.seq_s * (1 + decoding))
-    own = computed / speed.prefill_tokens_per_s
-    cost = ttft + work_weight * own + decode + knock_on_weight * knock_on(own, ttft, arrivals_per_s)
+    cost = ttft + work_weight * computed / speed.prefill_tokens_per_s + decode
     return Prediction(local, fetched, computed, queued_tokens, ttft, cost)
-
-
-def knock_on(own_s: float, ttft_s: float, arrivals_per_s: float) -> float:
-    """Seconds of waiting a prompt's own prefill (`own_s` of compute, done at `ttft_s`) adds to the requests that
-    arrive at the engine until then: those arriving while it waits are delayed by all of it, those arriving while
-    it computes by half of it on average. A lower bound: the delay also carries over to later arrivals while the
-    engine stays busy."""
-    return arrivals_per_s * own_s * max(0.0, ttft_s - own_s / 2)
 
 
 def prefill_ahead(computed: int, queued: int, prompts: int, speed: Speed) -> tuple[int, int]:

@@ -41,7 +41,7 @@ class KVAware(RoutingPolicy):
         out = output_tokens(req.body)
         # leading blocks a prompt we sent moments ago leaves (held: holds) there; none without a full block
         sent_blocks = bool(key.hashes) and not key.chunk_tokens
-        n, weight, knock_weight = len(key.hashes), self.cfg.work_weight, self.cfg.knock_on_weight
+        n, weight = len(key.hashes), self.cfg.work_weight
         # equal costs (a new document on an idle fleet): ties follow the leading blocks, so one document's
         # burst stays together while different documents spread, the same way on every replica
         tie = key.hashes[min(self.cfg.prefix_key_blocks, n) - 1] if n else str(next(self.ctx.turns))
@@ -53,10 +53,8 @@ class KVAware(RoutingPolicy):
             blocks, medium = offloaded.get(r.engine_id, (0, ""))
             if blocks > stored_blocks:  # the engine loads them from its own CPU / disk tier instead
                 stored_blocks, speed = blocks, offload_speed(speed, medium, bs)
-            queued, prompts, arrivals = self.ctx.queued(r), self.ctx.queued_prompts(r), self.ctx.arrival_rate(r)
-            return predict(
-                prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts, arrivals, knock_weight
-            )
+            queued, prompts = self.ctx.queued(r), self.ctx.queued_prompts(r)
+            return predict(prompt, bs, local, stored_blocks, queued, decoding, out, speed, weight, prompts)
 
         def rank(r: EngineRecord, cost: float, decoding: float) -> tuple[bool, float, float, int]:
             held = self.ctx.held_blocks(r, key.hashes) * bs if sent_blocks and key.exact else 0
@@ -92,8 +90,7 @@ class KVAware(RoutingPolicy):
         return (
             f"{r.engine_id} cost={p.cost:.3f} ttft={p.ttft_s:.3f} local={p.local_tokens} fetched={p.fetched_tokens} "
             f"computed={p.computed_tokens} queued={p.queued_tokens}/{self.ctx.queued_prompts(r)} "
-            f"decoding={self.ctx.load(r):g} rate={r.load.prefill_tokens_per_s:.0f} "
-            f"arrivals={self.ctx.arrival_rate(r):.2f}/s full={full}"
+            f"decoding={self.ctx.load(r):g} rate={r.load.prefill_tokens_per_s:.0f} full={full}"
         )
 
     @staticmethod

@@ -21,7 +21,6 @@ from ragserve_router.routing_policy import (
     RouteRequest,
     RoutingPolicy,
     indexed,
-    no_arrivals,
     no_offload,
     nothing_held,
     nothing_pending,
@@ -110,12 +109,11 @@ class Decider:
         offload_tiers: Callable[[EngineRecord], list[tuple[str, str]]] = no_offload,
         held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held,
         pending_blocks: Callable[[EngineRecord, int], int] = nothing_pending,
-        arrival_rate: Callable[[EngineRecord], float] = no_arrivals,
     ) -> None:
         self.store = StoreIndex(cfg)
         ctx = Context(
             cfg, state, load, kv_usage, self.store, queued, queued_prompts, routed_blocks, exact_index, offload_tiers,
-            held_blocks, pending_blocks, arrival_rate,
+            held_blocks, pending_blocks,
         )  # fmt: skip
         self.by_name = {name: cls(ctx) for name, cls in POLICY_CLASSES.items()}
 

@@ -162,10 +162,6 @@ class EnginePool:
         """KV blocks our requests sent the engine after its last heartbeat will take: not in its free count yet."""
         return self.health[record.engine_id].blocks_sent_since(record.load.reported_at, block_tokens)
 
-    def arrival_rate(self, record: EngineRecord) -> float:
-        """Requests per second we sent the engine lately (slots.ARRIVAL_TAU_S)."""
-        return self.health[record.engine_id].arrival_rate(time.time())
-
     def spec(self, model: str) -> ModelSpec | None:
         """How the router hashes the model's prompts: as its registered engines do, else as for external ones."""
         for record in self.registered.values():

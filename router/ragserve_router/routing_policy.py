@@ -83,11 +83,6 @@ def nothing_pending(r: EngineRecord, block_tokens: int) -> int:
     return 0
 
 
-def no_arrivals(r: EngineRecord) -> float:
-    """No known rate of requests arriving at the engine (a router that does not track what it sent)."""
-    return 0.0
-
-
 @dataclass
 class Context:
     """What the policies route on, and the orderings they share."""
@@ -111,8 +106,6 @@ class Context:
     held_blocks: Callable[[EngineRecord, Sequence[bytes]], int] = nothing_held
     # KV blocks that requests this replica sent the engine after its last heartbeat take (not in its free count)
     pending_blocks: Callable[[EngineRecord, int], int] = nothing_pending
-    # requests per second this replica sent the engine lately
-    arrival_rate: Callable[[EngineRecord], float] = no_arrivals
     turns: itertools.count = field(default_factory=itertools.count)  # one rotation shared by every policy
 
     def by_load(self, cands: list[EngineRecord]) -> list[EngineRecord]:

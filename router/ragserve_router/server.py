@@ -133,7 +133,6 @@ async def serve(cfg: RouterConfig) -> int:
             pool.offload_tiers,
             pool.held_blocks,
             pool.pending_blocks,
-            pool.arrival_rate,
         ),
         proxy=Proxy(cfg, pool, metrics),
         auth=ApiKeys(keys),

@@ -8,7 +8,6 @@ routed_blocks, held_blocks, pending_blocks).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -18,8 +17,6 @@ from typing import Protocol
 from ragserve_router.breaker import Breaker
 from ragserve_router.engines import EngineRecord
 from ragserve_router.metrics import RouterMetrics
-
-ARRIVAL_TAU_S = 30.0  # time constant of an engine's arrival rate (kv_aware's knock-on term)
 
 
 @dataclass(frozen=True)
@@ -47,17 +44,6 @@ class Health:
     prompts: dict[int, Prefill] = field(default_factory=dict)  # our requests there as sent, joined in time order
     # (sent, done, tokens) of our prompts whose prefill ended there (first token, or the request left), in time order
     prefilled: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=256))
-    arrivals: float = 0.0  # our requests sent there per second, decayed with ARRIVAL_TAU_S, as of arrived_at
-    arrived_at: float = 0.0
-
-    def arrived(self, now: float) -> None:
-        """One more request sent there (its arrival rate's moving average)."""
-        self.arrivals = self.arrival_rate(now) + 1.0 / ARRIVAL_TAU_S
-        self.arrived_at = now
-
-    def arrival_rate(self, now: float) -> float:
-        """Requests per second we sent there lately (an exponential moving average over ~ARRIVAL_TAU_S)."""
-        return self.arrivals * math.exp(-max(0.0, now - self.arrived_at) / ARRIVAL_TAU_S)
 
     def left_since(self, t: float) -> int:
         count = 0
@@ -148,7 +134,6 @@ class Slot:
     def _join(self) -> None:
         health = self.pool.health[self.engine.engine_id]
         health.inflight += 1
-        health.arrived(self.sent.at)
         self.pool.breaker(self.engine.engine_id).sent()
         health.prompts[id(self)] = self.sent
         if self.prefilling:
