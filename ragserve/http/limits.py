@@ -127,31 +127,11 @@ def _prompt(prompt) -> None:
 
 
 def _fields(body: dict, chat: bool, max_model_len: int | None) -> None:
-    cap = max_model_len or MAX_TOKENS
-    for name in ("max_tokens", "max_completion_tokens"):
-        _optional(body, name, "", lambda v, p: _int(v, p, 1, cap))
-    _optional(body, "min_tokens", "", lambda v, p: _int(v, p, 0, cap))
-    _optional(body, "n", "", lambda v, p: _int(v, p, 1, MAX_N))
-    _optional(body, "best_of", "", lambda v, p: _int(v, p, 1, MAX_N))
-    _optional(body, "seed", "", lambda v, p: _int(v, p, -_INT64, _INT64 - 1))
-    _optional(body, "top_k", "", lambda v, p: _int(v, p, -1, 1 << 31))
-    _optional(body, "priority", "", lambda v, p: _int(v, p, -_INT64, _INT64 - 1))
-    for name in _NUMBERS:
-        _optional(body, name, "", _number)
-    if chat:
-        _optional(body, "logprobs", "", _bool)
-        _optional(body, "top_logprobs", "", lambda v, p: _int(v, p, 0, MAX_LOGPROBS))
-    else:
-        _optional(body, "logprobs", "", lambda v, p: _int(v, p, 0, MAX_LOGPROBS))
-    for name in ("stream", "echo", "ignore_eos", "return_token_ids", "use_beam_search", "skip_special_tokens"):
-        _optional(body, name, "", _bool)
-    _optional(body, "include_stop_str_in_output", "", _bool)
-    for name in ("model", "user", "cache_salt"):
-        _optional(body, name, "", _name)
-    _optional(body, "stop", "", _stop)
-    _optional(body, "stop_token_ids", "", lambda v, p: _token_ids(v, p, MAX_STOP_TOKEN_IDS))
-    _optional(body, "resume_token_ids", "", lambda v, p: _token_ids(v, p, cap))
-    _optional(body, "logit_bias", "", _logit_bias)
+    """The body's sampling and output fields, in the body's order; one lookup per field it has."""
+    cap, checks = max_model_len or MAX_TOKENS, _CHAT_FIELDS if chat else _COMPLETION_FIELDS
+    for name, value in body.items():
+        if value is not None and (check := checks.get(name)) is not None:
+            check(value, name, cap)
 
 
 def _optional(body: dict, name: str, parent: str, check: Callable[[object, str], None]) -> None:
@@ -204,3 +184,45 @@ def _logit_bias(value, param: str) -> None:
             raise invalid(param, f"keys must be token ids, got {key[:20]!r}")
         if isinstance(bias, bool) or not isinstance(bias, int | float) or not abs(bias) <= LOGIT_BIAS_RANGE:
             raise invalid(param, f"biases must be numbers in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]")
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[object, str, int], None]:
+    """An integer in [lo, hi]; hi None: the token cap (the model's context length, else MAX_TOKENS)."""
+
+    def check(value, param: str, cap: int) -> None:
+        _int(value, param, lo, cap if hi is None else hi)
+
+    return check
+
+
+def _capless(check: Callable[[object, str], None]) -> Callable[[object, str, int], None]:
+    return lambda value, param, cap: check(value, param)
+
+
+def _token_ids_to_cap(value, param: str, cap: int) -> None:
+    _token_ids(value, param, cap)
+
+
+_COMPLETION_FIELDS: dict[str, Callable[[object, str, int], None]] = {
+    "max_tokens": _int_in(1),
+    "max_completion_tokens": _int_in(1),
+    "min_tokens": _int_in(0),
+    "n": _int_in(1, MAX_N),
+    "best_of": _int_in(1, MAX_N),
+    "seed": _int_in(-_INT64, _INT64 - 1),
+    "top_k": _int_in(-1, 1 << 31),
+    "priority": _int_in(-_INT64, _INT64 - 1),
+    **dict.fromkeys(_NUMBERS, _capless(_number)),
+    "logprobs": _int_in(0, MAX_LOGPROBS),
+    **dict.fromkeys(
+        ("stream", "echo", "ignore_eos", "return_token_ids", "use_beam_search", "skip_special_tokens"),
+        _capless(_bool),
+    ),
+    "include_stop_str_in_output": _capless(_bool),
+    **dict.fromkeys(("model", "user", "cache_salt"), _capless(_name)),
+    "stop": _capless(_stop),
+    "stop_token_ids": _capless(lambda value, param: _token_ids(value, param, MAX_STOP_TOKEN_IDS)),
+    "resume_token_ids": _token_ids_to_cap,
+    "logit_bias": _capless(_logit_bias),
+}
+_CHAT_FIELDS = {**_COMPLETION_FIELDS, "logprobs": _capless(_bool), "top_logprobs": _int_in(0, MAX_LOGPROBS)}

@@ -179,7 +179,7 @@ class Routing:
         self, labels: Any, model: str, eligible: Callable[[EngineRecord], bool] | None = None
     ) -> list[EngineRecord]:
         """The healthy (and eligible) engines serving `model` (404 for a model nobody serves, 503 while none is)."""
-        if model not in self.pool.models() and model not in self.pool.served_models:
+        if model not in self.pool.served_models and model not in self.pool.models():  # models() adds to it
             raise ApiError(404, f"The model `{model}` does not exist.", "model_not_found", param="model")
         labels.model = model  # a served model: a bounded metric label
         candidates = [e for e in self.pool.candidates(model) if decodes(e) and (eligible is None or eligible(e))]
