@@ -21,6 +21,7 @@ Plus the index figures of bench/scale_index.py (in process).
 --real: the same per router on real `ragserve engine`s (SmolLM2-135M, one torch thread each), e.g.
     flock /tmp/cpu.lock .venv/bin/python bench/router_scale.py --real --fleets 2 --rates 2 --step-s 5 \
         --rag-requests 12 --rag-rate 0.5 --users 2 --rounds 2 --num-blocks 512
+--engine-arg adds a flag to every real engine (e.g. --engine-arg=--long-prefill-token-threshold=256).
 There a router name may end in +cachestore (e.g. ragserve-round_robin+cachestore): the engines share a
 `ragserve cachestore`. --rates "" skips the added-latency steps; --repeats N runs every router N times,
 interleaved, and the RAG quality table pools each router's requests (scale_quality.py), one row per request in
@@ -177,7 +178,15 @@ def decision_latency(router: str) -> dict:
 def run_config(name: str, fleet_size: int, args, docs, trace, chat) -> dict:
     src = args.baseline_src if name.endswith("@baseline") else None
     router, fleet, url, urls = start_router(
-        name.split("@")[0], fleet_size, args.model, args.num_blocks, args.logs, args.profile, args.real, src
+        name.split("@")[0],
+        fleet_size,
+        args.model,
+        args.num_blocks,
+        args.logs,
+        args.profile,
+        args.real,
+        src,
+        engine_args=args.engine_arg,
     )
     try:
         asyncio.run(warm_up(url, urls))
@@ -344,6 +353,12 @@ def main() -> int:
         "--baseline-src",
         default=None,
         help="a `router/` directory of another tree (git archive REV router): ROUTER@baseline runs its router",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="with --real: a flag for every engine (repeatable), e.g. --engine-arg=--long-prefill-token-threshold=256",
     )
     p.add_argument("--profile", action="store_true", help="ragserve routers under cProfile (.prof in the logs)")
     p.add_argument("--replot", default=None, help="only redraw the plots of this result JSON")

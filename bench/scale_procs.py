@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -111,10 +112,16 @@ def start_cachestore(logs: Path) -> tuple[Proc, str]:
 
 
 def start_real_fleet(
-    model: str, count: int, num_blocks: int, logs: Path, registry: str | None, cachestore: bool = False
+    model: str,
+    count: int,
+    num_blocks: int,
+    logs: Path,
+    registry: str | None,
+    cachestore: bool = False,
+    engine_args: Sequence[str] = (),
 ):
-    """`count` real `ragserve engine` processes (one torch thread each), sharing a cachestore if asked, ready:
-    (Procs, URLs)."""
+    """`count` real `ragserve engine` processes (one torch thread each, with `engine_args` added), sharing a
+    cachestore if asked, ready: (Procs, URLs)."""
     procs, urls = [], []
     store_proc, store = start_cachestore(logs) if cachestore else (None, None)
     for i in range(count):
@@ -125,6 +132,7 @@ def start_real_fleet(
         argv += ["--engine-id", f"real-{i}", "--log-level", "warning"]
         argv += ["--router", registry, "--advertise-url", urls[-1]] if registry else []
         argv += ["--cachestore", store] if store else []
+        argv += engine_args
         procs.append(spawn(f"engine-{i}", argv, logs, {"OMP_NUM_THREADS": "1"}))
     for proc, url in zip(procs, urls, strict=True):
         wait_until(lambda url=url: httpx.get(url + "/ready").status_code == 200, "real engine ready", proc, 600)
@@ -146,16 +154,18 @@ def start_router(
     real: bool = False,
     router_src: str | None = None,
     python: str | None = None,
+    engine_args: Sequence[str] = (),
 ):
     """The fleet (sims, or real engines) and the router `name` (one of ROUTERS) in front of it: (router, fleet,
     router URL, engine URLs). router_src: a ragserve router package from another tree (a `router/` directory,
     e.g. an older commit's, `git archive REV router | tar -x -C DIR`) ahead of the installed one. python: the
     interpreter that runs a ragserve router (default: this one; the fleet always runs on this one).
-    A name ending in STORE_SUFFIX (real engines only) gives the engines a shared cachestore."""
+    A name ending in STORE_SUFFIX (real engines only) gives the engines a shared cachestore; engine_args: more
+    flags for every real engine."""
     cachestore = name.endswith(STORE_SUFFIX)
     if cachestore and not real:
         raise SystemExit(f"{name}: a cachestore only with --real (sim engines do not fetch)")
-    fleet_of = partial(start_real_fleet, cachestore=cachestore) if real else start_fleet
+    fleet_of = partial(start_real_fleet, cachestore=cachestore, engine_args=engine_args) if real else start_fleet
     name = name.removesuffix(STORE_SUFFIX)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
