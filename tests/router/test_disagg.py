@@ -37,11 +37,14 @@ class PD:
     more_decode: list[Server]
 
 
-def start_pd(cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1, decoders: int | None = None) -> PD:
-    """A cachestore, a router, `engines` prefill engines and `decoders` (default: as many) decode engines (pd-prefill,
-    pd-decode, -1, ...)."""
+def start_pd(
+    cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1, decoders: int | None = None, *router_flags: str
+) -> PD:
+    """A cachestore, a router (with `router_flags` added), `engines` prefill engines and `decoders` (default: as many)
+    decode engines (pd-prefill, pd-decode, -1, ...)."""
     store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
-    router = cluster.router("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64")
+    flags = ("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64", *router_flags)
+    router = cluster.router(*flags)
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
     decoders = engines if decoders is None else decoders
     names = [""] + [f"-{i}" for i in range(1, max(engines, decoders))]

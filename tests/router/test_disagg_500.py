@@ -2,13 +2,19 @@
 the engine's step, which a real engine answers 500 with scope `request` and keeps serving. No request input makes a
 healthy engine fail so (that would be a bug), so the fault is injected into a real `ragserve engine` process, as in
 tests/reliability/test_poison.py: it fails the requests that carry FAULT_SEED. The router retries the leg on the
-other prefill engine and the decode engine answers what a `both` engine answers, token for token."""
+other prefill engine and the decode engine answers what a `both` engine answers, token for token.
+
+The router runs the session policy, so the leg goes to the faulty engine first whatever the engines measured: under
+kv_aware an engine holding the prompt and one that would fetch it from the store are a near-tie on the tiny model
+(costs ~0.03 s apart or less, within the spread of their calibrated step times), and the healthy one was ranked
+first in ~1 run in 8."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
+from ragserve_router.hashring import ring_order
 from tests.router.conftest import Cluster
 from tests.router.test_disagg import ENGINE_FLAGS, answer, legs, metric, prompt_tokens, rag, server_errors, start_pd
 
@@ -32,21 +38,23 @@ sys.exit(main())
 
 def test_prefill_engine_answering_500_loses_no_request(tmp_path, model_dir, until):
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000)
+    fleet = start_pd(cluster, tmp_path, 10_000, 1, None, "--policy", "session")
     try:
         flags = [*ENGINE_FLAGS, "--cachestore", fleet.store.address, "--role", "prefill"]
         (faulty,) = cluster.real_engines(fleet.router, 1, *flags, ids=["pd-prefill-500"], launcher=("-c", FAULTY))
         (reference,) = cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["pd-both"])
         cluster.wait_registered(faulty)
         until(lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200, timeout=300, message="ready")
-        warm = rag(11, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True)
+        ids = ["pd-prefill", "pd-prefill-500"]
+        user = next(f"u{i}" for i in range(100) if ring_order(f"session:u{i}", ids)[0] == "pd-prefill-500")
+        warm = rag(11, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True, user=user)
         body = warm | {"seed": FAULT_SEED}
         expected, _, _ = answer(reference.url, body)
         stored = lambda: metric(fleet.router.url, "ragserve_router_kv_events_total", kind="stored")  # noqa: E731
         events = stored()
         resp = httpx.post(faulty.url + "/v1/chat/completions", json=body | {"max_tokens": 1}, timeout=300)
         assert resp.status_code == 500 and resp.headers["x-ragserve-error-scope"] == "request", resp.text
-        answer(faulty.url, warm)  # the faulty engine holds the prompt now: it ranks first for the leg
+        answer(faulty.url, warm)  # the faulty engine holds the prompt now (and ranks first for the leg, by `user`)
         until(lambda: stored() > events, message="the router knows (its KV events) the faulty engine holds the prompt")
         before, computed = legs(fleet.router), prompt_tokens(fleet.prefill)
 
