@@ -37,6 +37,12 @@ class PD:
     more_decode: list[Server]
 
 
+# The fault tests' routers: the session policy ranks the prefill engines by the body's `user`, so the leg goes to the
+# same engine again. Under kv_aware the engine holding the prompt and one that would fetch it from the store are a
+# near-tie on the tiny model (~0.002-0.03 s apart, within the spread of their calibrated step times).
+SESSION = ("--policy", "session")
+
+
 def start_pd(
     cluster: Cluster, tmp, heartbeat_ms: int = 300, engines: int = 1, decoders: int | None = None, *router_flags: str
 ) -> PD:
@@ -219,12 +225,12 @@ def test_faults_lose_no_request(tmp_path, model_dir, until):
     killed mid-prefill (the leg retried on the other); the store stopped (the decode engine computes); the last
     prefill engine killed mid-prefill (none left: the decode engine computes)."""
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000, engines=2)
+    fleet = start_pd(cluster, tmp_path, 10_000, 2, None, *SESSION)
     prefills, decodes = [fleet.prefill, *fleet.more_prefill], [fleet.decode, *fleet.more_decode]
     try:
-        body = rag(9, "Which item is heaviest?", max_tokens=8, temperature=0)
+        body = rag(9, "Which item is heaviest?", max_tokens=8, temperature=0, user="fault-test")
         expected, *_ = answer(fleet.router.url, body)
-        first = max(prefills, key=prompt_tokens)  # the leg's engine: it holds the prompt, so it ranks first again
+        first = max(prefills, key=prompt_tokens)  # the leg's engine: its `user` ranks it first again (SESSION)
 
         long = rag(6, "Tell a long story.", max_tokens=400, temperature=0, ignore_eos=True, cache_salt="long")
         story, *_ = answer(fleet.router.url, long)
@@ -296,13 +302,13 @@ def test_prefill_engine_answering_5xx_loses_no_request(pd, tmp_path, model_dir, 
     with none left, the decode engine computes the prompt. Each answer the `both` engine's, token for token."""
     _, reference = pd
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path, heartbeat_ms=10_000, engines=2, decoders=1)
+    fleet = start_pd(cluster, tmp_path, 10_000, 2, 1, *SESSION)
     prefills = [fleet.prefill, *fleet.more_prefill]
     try:
-        body = rag(10, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True)
+        body = rag(10, "Which item weighs 52 grams?", max_tokens=8, temperature=0, ignore_eos=True, user="fault-test")
         expected, _, _ = answer(reference.url, body)
         answer(fleet.router.url, body | {"cache_salt": "warm"})
-        first = max(prefills, key=prompt_tokens)  # holds the prompt: ranks first for it again
+        first = max(prefills, key=prompt_tokens)  # the leg's engine: its `user` ranks it first again (SESSION)
         (other,) = [e for e in prefills if e is not first]
         before, computed = legs(fleet.router), prompt_tokens(other)
         texts, usage = leg_refused(fleet, first, body | {"cache_salt": "warm"}, until)

@@ -4,10 +4,9 @@ healthy engine fail so (that would be a bug), so the fault is injected into a re
 tests/reliability/test_poison.py: it fails the requests that carry FAULT_SEED. The router retries the leg on the
 other prefill engine and the decode engine answers what a `both` engine answers, token for token.
 
-The router runs the session policy, so the leg goes to the faulty engine first whatever the engines measured: under
-kv_aware an engine holding the prompt and one that would fetch it from the store are a near-tie on the tiny model
-(costs ~0.03 s apart or less, within the spread of their calibrated step times), and the healthy one was ranked
-first in ~1 run in 8."""
+The router runs the session policy (test_disagg.SESSION) with a `user` its ring puts on the faulty engine first, so
+the leg meets the 500 whatever the engines measured (under kv_aware the healthy engine was ranked first in ~1 run in
+8)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,17 @@ import pytest
 
 from ragserve_router.hashring import ring_order
 from tests.router.conftest import Cluster
-from tests.router.test_disagg import ENGINE_FLAGS, answer, legs, metric, prompt_tokens, rag, server_errors, start_pd
+from tests.router.test_disagg import (
+    ENGINE_FLAGS,
+    SESSION,
+    answer,
+    legs,
+    metric,
+    prompt_tokens,
+    rag,
+    server_errors,
+    start_pd,
+)
 
 pytestmark = pytest.mark.slow  # several processes, each loading a model
 FAULT_SEED = 500500  # a request with this seed fails in the faulty engine's step (greedy: the seed changes nothing)
@@ -38,7 +47,7 @@ sys.exit(main())
 
 def test_prefill_engine_answering_500_loses_no_request(tmp_path, model_dir, until):
     cluster = Cluster(tmp_path, model_dir)
-    fleet = start_pd(cluster, tmp_path, 10_000, 1, None, "--policy", "session")
+    fleet = start_pd(cluster, tmp_path, 10_000, 1, None, *SESSION)
     try:
         flags = [*ENGINE_FLAGS, "--cachestore", fleet.store.address, "--role", "prefill"]
         (faulty,) = cluster.real_engines(fleet.router, 1, *flags, ids=["pd-prefill-500"], launcher=("-c", FAULTY))
