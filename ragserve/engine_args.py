@@ -86,7 +86,12 @@ class EngineConfig(FromArgs):
         True, "append the tokens a grammar forces unsampled; the next step computes them (docs/api.md)", "scheduler"
     )
     long_prefill_token_threshold: int = option(
-        0, "most tokens one prefill takes per step (vLLM's; 0: off)", "scheduler", type=int
+        0,
+        "most tokens one prefill takes per step (vLLM's; 0: off; e.g. 256 for long RAG prompts beside short ones)",
+        "scheduler",
+        type=int,
+        spec=True,
+        schema={"minimum": 0},
     )
     preemption_mode: str = option(
         "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
