@@ -36,7 +36,6 @@ GPU_POOL = {
         "maxModelLen": 8192,
         "maxNumSeqs": 128,
         "maxNumBatchedTokens": 8192,
-        "longPrefillTokenThreshold": 512,
         "preemptionMode": "swap",
         "swapSpace": 4,
         "schedulingPolicy": "priority",

@@ -85,9 +85,14 @@ def test_engine_values_reach_engine_flags(render, scenarios):
     assert (cfg.model, cfg.served_model_name) == ("/models/llama-3-8b-instruct", "llama-3-8b")
     assert (cfg.dtype, cfg.device, cfg.block_size, cfg.kv_cache_dtype) == ("bfloat16", "cuda", 32, "fp8")
     assert (cfg.attention_backend, cfg.gpu_memory_utilization, cfg.max_model_len) == ("triton", 0.92, 8192)
-    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold) == (128, 8192, 512)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.long_prefill_token_threshold) == (128, 8192, 0)
     assert (cfg.preemption_mode, cfg.swap_space, cfg.scheduling_policy) == ("swap", 4.0, "priority")
     assert cfg.enable_prefix_caching and cfg.num_gpu_blocks is None and cfg.kv_cache_memory is None
+
+    capped = scenarios["gpu-pool"]["engines"][0]
+    capped = capped | {"engine": capped["engine"] | {"longPrefillTokenThreshold": 256}}
+    args = engine_args(render({"engines": [capped]}), "llama")
+    assert EngineConfig.from_args(parser.parse_known_args(args[1:])[0]).long_prefill_token_threshold == 256
 
     big = engine_args(render(scenarios["two-pools"]), "big")
     cfg = EngineConfig.from_args(parser.parse_known_args(big[1:])[0])
