@@ -166,7 +166,8 @@ async def test_prefill_and_decode_pools_scale_on_their_own_signals(kube, operato
             live = kube.obj("apps/v1/deployments", f"pd-engine-{pool}")
             return None if live is None else live["spec"]["replicas"]
 
-        await eventually(lambda: {r.get("podsWithMetrics") for r in records().values()} == {1}, what="both scraped")
+        scraped = lambda: {p: r.get("podsWithMetrics") for p, r in records().items()} == {"p": 1, "d": 1}  # noqa: E731
+        await eventually(scraped, what="both scraped")  # both pools: the status may name one of them first
         assert set(records()["p"]["metrics"]) == {"waiting", "queued_prefill_tokens"}
         assert set(records()["d"]["metrics"]) == {"waiting", "kv_usage"}
         slots = [
