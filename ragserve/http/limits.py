@@ -199,10 +199,6 @@ def _capless(check: Callable[[object, str], None]) -> Callable[[object, str, int
     return lambda value, param, cap: check(value, param)
 
 
-def _token_ids_to_cap(value, param: str, cap: int) -> None:
-    _token_ids(value, param, cap)
-
-
 _COMPLETION_FIELDS: dict[str, Callable[[object, str, int], None]] = {
     "max_tokens": _int_in(1),
     "max_completion_tokens": _int_in(1),
@@ -222,7 +218,7 @@ _COMPLETION_FIELDS: dict[str, Callable[[object, str, int], None]] = {
     **dict.fromkeys(("model", "user", "cache_salt"), _capless(_name)),
     "stop": _capless(_stop),
     "stop_token_ids": _capless(lambda value, param: _token_ids(value, param, MAX_STOP_TOKEN_IDS)),
-    "resume_token_ids": _token_ids_to_cap,
+    "resume_token_ids": _token_ids,  # capped by the token cap
     "logit_bias": _capless(_logit_bias),
 }
 _CHAT_FIELDS = {**_COMPLETION_FIELDS, "logprobs": _capless(_bool), "top_logprobs": _int_in(0, MAX_LOGPROBS)}

@@ -49,8 +49,9 @@ def start_pd(
     """A cachestore, a router (with `router_flags` added), `engines` prefill engines and `decoders` (default: as many)
     decode engines (pd-prefill, pd-decode, -1, ...)."""
     store = CacheStoreProcess(tmp / "cachestore.log", free_port(), "--memory", "512MiB").wait_serving()
-    flags = ("--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64", *router_flags)
-    router = cluster.router(*flags)
+    router = cluster.router(
+        "--heartbeat-interval-ms", str(heartbeat_ms), "--disagg-min-prompt-tokens", "64", *router_flags
+    )  # fmt: skip
     flags = [*ENGINE_FLAGS, "--cachestore", store.address]
     decoders = engines if decoders is None else decoders
     names = [""] + [f"-{i}" for i in range(1, max(engines, decoders))]
