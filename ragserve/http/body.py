@@ -50,11 +50,14 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # one decoder: json.loads builds one per call
+
+
 def parse_json_object(raw: bytes) -> dict:
     if json_depth(raw) > MAX_DEPTH:
         raise ApiError(400, f"request body is nested deeper than {MAX_DEPTH} levels", "invalid_json", "body")
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
