@@ -180,6 +180,42 @@ async def sequential(router: str, engines: list[str], n: int, gap_s: float) -> t
     return [x for x in routed if x], [x for x in direct if x]
 
 
+def cold_costs(model: str, calls: int = 60) -> dict[str, float]:
+    """In this process, alone: p50 microseconds of the router's routing_key for `Hi` right after the previous call,
+    after sleeping, and after spinning 40 ms (the code and its data go cold while time passes, idle or not)."""
+    from ragserve.tokenizer import PromptTokenizer
+    from ragserve_router.engines import ModelSpec
+    from ragserve_router.prompt import Tokenizers
+
+    tokenizers = Tokenizers(state=None)
+    tokenizers.add("fp", PromptTokenizer.from_dir(model))
+    spec, body = ModelSpec("m", 16, "fp"), {"model": "m", "prompt": "Hi", "max_tokens": 1}
+
+    async def p50(before) -> float:
+        took = []
+        for _ in range(calls):
+            await before()
+            t0 = time.perf_counter()
+            await tokenizers.routing_key(spec, "m", body, False, 45)
+            took.append(time.perf_counter() - t0)
+        return 1e6 * statistics.median(took)
+
+    async def spin() -> None:
+        end = time.perf_counter() + 0.04
+        while time.perf_counter() < end:
+            pass
+
+    def idle(ms: float):
+        return lambda: asyncio.sleep(ms / 1000)
+
+    async def cold() -> dict[str, float]:
+        out = {f"idle {ms:g} ms": await p50(idle(ms)) for ms in (0, 1, 10, 40)}
+        out["spinning 40 ms"] = await p50(spin)
+        return out
+
+    return asyncio.run(cold())
+
+
 def one(name: str, gap_ms: float, args, logs: Path) -> dict:
     from router_scale import warm_up
     from scale_procs import start_router
@@ -248,6 +284,12 @@ def markdown(report: dict) -> str:
             f"| {r['router']} | {r['gap_ms']:g} | {r['added_p50_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
             f"{r['wait_ms_per_req']:.2f} | " + " | ".join(cells) + " |"
         )
+    lines += [
+        "",
+        "The router's routing_key for `Hi`, in one process alone, p50 us after what came before each call:",
+        "",
+    ]
+    lines += [f"- {k}: {v:.1f} us" for k, v in report["cold_us"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +327,7 @@ def main() -> int:
         "requests": args.requests,
         "repeats": args.repeats,
         "rows": median_rows(rows),
+        "cold_us": cold_costs(args.model),
         "runs": rows,
     }
     stem = "router_phases" + (f"-{args.tag}" if args.tag else "")
