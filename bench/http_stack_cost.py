@@ -10,9 +10,13 @@ is read from /proc:
 - `bare-protocol`: an asyncio protocol on httptools writing the answer to the transport: what a
   protocol-level path could cost at best (it still parses with httptools and writes once).
 
-Servers are interleaved within each repeat; the table gives the median over --repeats.
+Servers are interleaved within each repeat; the table gives the median over --repeats. --gap-ms sleeps
+between requests: at 40 ms (25 req/s, one at a time) the server's code runs cold, as the router's does in
+bench/router_hop.py at that rate (bench/router_phases.py); the round trip is then the median request's.
 
     flock /tmp/cpu.lock .venv/bin/python bench/http_stack_cost.py --repeats 5
+    flock /tmp/cpu.lock .venv/bin/python bench/http_stack_cost.py --repeats 3 --requests 300 --gap-ms 40 \
+        --out bench/results/http_stack_cost-gap40
 """
 
 from __future__ import annotations
@@ -114,8 +118,8 @@ def bare_protocol(sock: socket.socket) -> None:
 SERVERS = {"router-stack": router_stack, "raw-asgi": raw_asgi, "bare-protocol": bare_protocol}
 
 
-def one(name: str, requests: int) -> dict:
-    """CPU us per request of server `name`, and the client's round trip."""
+def one(name: str, requests: int, gap_s: float = 0.0) -> dict:
+    """CPU us per request of server `name`, and the client's round trip (median)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -130,12 +134,16 @@ def one(name: str, requests: int) -> dict:
         client = _connect(port)
         for _ in range(300):  # warm-up
             _exchange(client)
-        cpu0, t0 = cpu_s(pid), time.perf_counter()
+        cpu0, rtts = cpu_s(pid), []
         for _ in range(requests):
+            if gap_s:
+                time.sleep(gap_s)
+            t0 = time.perf_counter()
             _exchange(client)
-        cpu, wall = cpu_s(pid) - cpu0, time.perf_counter() - t0
+            rtts.append(time.perf_counter() - t0)
+        cpu = cpu_s(pid) - cpu0
         client.close()
-        return {"cpu_us_per_req": 1e6 * cpu / requests, "rtt_us": 1e6 * wall / requests}
+        return {"cpu_us_per_req": 1e6 * cpu / requests, "rtt_us": 1e6 * statistics.median(rtts)}
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -166,15 +174,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--gap-ms", type=float, default=0.0, help="idle time before each request")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "http_stack_cost"))
     args = p.parse_args()
     runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
     names = list(SERVERS)
     for rep in range(args.repeats):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[name].append(one(name, args.requests))
+            runs[name].append(one(name, args.requests, args.gap_ms / 1000))
             print(name, rep, runs[name][-1], flush=True)
-    lines = [f"# HTTP stack cost per request (bench/http_stack_cost.py, {args.requests} sequential requests, "
+    gap = f", {args.gap_ms:g} ms idle before each" if args.gap_ms else ""
+    lines = [f"# HTTP stack cost per request (bench/http_stack_cost.py, {args.requests} sequential requests{gap}, "
              f"median of {args.repeats} interleaved repeats, {time.strftime('%Y-%m-%d', time.gmtime())})", "",
              "| server | CPU us / req | each repeat | round trip us |", "|---|---:|---|---:|"]  # fmt: skip
     for name, rs in runs.items():
