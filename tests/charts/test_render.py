@@ -264,3 +264,11 @@ def test_engine_compile_cache_volume(render):
     assert volumes["shared"] == [{"name": "compile-cache", "persistentVolumeClaim": {"claimName": "graphs"}}]
     expected = [("/cache/ragserve/inductor", "inductor"), ("/cache/ragserve/extensions", "extensions")]
     assert mounts["node"] == expected and mounts["shared"] == expected
+
+
+def test_router_role_grants_only_the_pod_calls_it_makes(manifests):
+    """router/k8s.py lists and watches pods (list_namespaced_pod and its watch); nothing more on them."""
+    roles = [m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"].endswith("-router")]
+    for role in roles:
+        pod_rules = [r for r in role["rules"] if "pods" in r["resources"]]
+        assert [sorted(r["verbs"]) for r in pod_rules] == [["list", "watch"]], role["rules"]
