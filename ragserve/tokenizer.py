@@ -18,6 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})  # chat roles a request may use
+# Prompts over this many characters (~1k tokens, ~1 ms) are tokenized on a worker thread: encode releases the GIL,
+# so the event loop serves other requests meanwhile, on another core if there is one.
+OFFLOAD_CHARS = 4096
 
 
 def _raise(message: str):

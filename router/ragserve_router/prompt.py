@@ -18,13 +18,12 @@ from functools import lru_cache
 
 from ragserve.chunks import chunk_set_key, has_chunks
 from ragserve.keys import block_hashes, root_hash
-from ragserve.tokenizer import PromptTokenizer, normalize_messages
+from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, normalize_messages
 from ragserve_router.engines import ModelSpec
 from ragserve_router.state import RouterState
 
 log = logging.getLogger(__name__)
 TEXT_CHUNK_BYTES = 64
-OFFLOAD_BYTES = 32 * 1024
 model_root = lru_cache(maxsize=256)(root_hash)  # a model's chain root: one SHA-256, the same for every request
 
 
@@ -141,13 +140,13 @@ class Tokenizers:
     ) -> RoutingKey:
         """Token block hashes when the model's tokenizer is known, else text-chunk hashes.
 
-        `size` is the request's byte size: large prompts are tokenized off the event loop.
+        `size` is the request's byte size: a body over OFFLOAD_CHARS is tokenized off the event loop.
         """
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         tokenizer = await self.get(spec.tokenizer_fingerprint) if spec else None
         if spec and tokenizer:
             args = (tokenizer, spec, body, chat, salt)
-            key = await asyncio.to_thread(token_key, *args) if size > OFFLOAD_BYTES else token_key(*args)
+            key = await asyncio.to_thread(token_key, *args) if size > OFFLOAD_CHARS else token_key(*args)
             if key is not None:
                 return key
         return RoutingKey(text_hashes(prompt_bytes(body, chat), model, salt), 0)

@@ -104,3 +104,36 @@ def test_requests_submitted_while_steps_are_held_start_together(engine):
     assert all(outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3 for outs in results)
     firsts = [outs[0].metrics.first_token_time for outs in results]
     assert firsts[0] == firsts[1]
+
+
+def test_a_long_text_prompt_is_tokenized_off_the_event_loop(engine, monkeypatch):
+    """Over OFFLOAD_CHARS a text prompt is tokenized on a worker thread (encode releases the GIL, so the loop
+    serves on), with the same result as the ids given directly; a short one stays on the loop."""
+    import threading
+
+    from ragserve.tokenizer import OFFLOAD_CHARS
+
+    threads: list[threading.Thread] = []
+    make_request = engine.engine.make_request
+
+    def recorded(*args, **kw):
+        threads.append(threading.current_thread())
+        return make_request(*args, **kw)
+
+    monkeypatch.setattr(engine.engine, "make_request", recorded)
+    long_text = "cluster " * (OFFLOAD_CHARS // 8 + 10)
+    ids = engine.engine.tokenizer.encode(long_text)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+    async def main():
+        loop_thread = threading.current_thread()
+        from_text = await collect(engine, "long-text", long_text, params)
+        from_ids = await collect(engine, "long-ids", ids, params)
+        short = await collect(engine, "short-text", "cluster " * 4, params)
+        return loop_thread, from_text, from_ids, short
+
+    loop_thread, from_text, from_ids, short = asyncio.run(main())
+    assert len(threads) == 3 and threads[0] is not loop_thread and threads[1] is threads[2] is loop_thread
+    assert from_text[-1].prompt_token_ids == ids
+    assert from_text[-1].outputs[0].token_ids == from_ids[-1].outputs[0].token_ids
+    assert short[-1].finished

@@ -109,3 +109,35 @@ def test_warmup_pins_through_the_engine_server():
     assert cached[-1] == item["num_pinned_blocks"] * 16
     assert released["num_unpinned_blocks"] == item["num_pinned_blocks"]
     assert member.engine.kv.pool.num_free_blocks == 16
+
+
+def test_sim_tokenizes_a_long_text_prompt_off_the_event_loop(monkeypatch):
+    """As the engine does: over OFFLOAD_CHARS on a worker thread, with the ids the tokenizer gives."""
+    import asyncio
+    import threading
+
+    from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer
+    from ragserve_engine.sampling_params import SamplingParams
+    from ragserve_engine.sim.engine import SimCost, SimEngine
+    from tests.helpers.tiny_models import tiny_model
+
+    tok = PromptTokenizer.from_dir(tiny_model("llama"))
+    threads: list[threading.Thread] = []
+    encode = tok.encode
+
+    def recorded(text, *args, **kw):
+        threads.append(threading.current_thread())
+        return encode(text, *args, **kw)
+
+    text = "cluster " * (OFFLOAD_CHARS // 8 + 10)
+
+    async def main():
+        sim = SimEngine(tok, LAYOUT, 256, SimCost(prefill_tokens_per_s=1e7, decode_base_s=0.0))
+        monkeypatch.setattr(tok, "encode", recorded)
+        outs = [o async for o in sim.generate(text, SamplingParams(max_tokens=1), "long")]
+        short = [o async for o in sim.generate("cluster", SamplingParams(max_tokens=1), "short")]
+        return threading.current_thread(), outs[-1], short[-1]
+
+    loop, long_out, short_out = asyncio.run(main())
+    assert threads[0] is not loop and threads[1] is loop
+    assert long_out.prompt_token_ids == encode(text) and short_out.finished

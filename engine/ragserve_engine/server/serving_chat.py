@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ragserve.http.errors import ApiError
+from ragserve.tokenizer import OFFLOAD_CHARS
 from ragserve_engine.engine_client import RequestOutput
 from ragserve_engine.server.blend_api import chunked_chat
 from ragserve_engine.server.errors import bad_request
@@ -20,8 +21,6 @@ from ragserve_engine.server.streaming import ChoiceCursor, unsent_text
 from ragserve_engine.server.structured import invalid
 from ragserve_engine.server.tool_parsers import PARSERS, ToolCall, ToolParser, specials
 from ragserve_engine.server.tools import ToolRequest, ToolStream, forced_grammar, render_messages, tool_request
-
-OFFLOAD_BYTES = 32 * 1024  # tokenize bigger prompts off the event loop
 
 
 class ChatServing(OpenAIServing):
@@ -54,7 +53,7 @@ class ChatServing(OpenAIServing):
                 raise invalid("tools", "tools do not combine with blended chunks")
             return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
-            big = sum(len(m.get("content") or "") for m in messages) > OFFLOAD_BYTES
+            big = sum(len(m.get("content") or "") for m in messages) > OFFLOAD_CHARS
             prompt = await asyncio.to_thread(self.encode, messages, tools) if big else self.encode(messages, tools)
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
