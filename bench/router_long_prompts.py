@@ -18,7 +18,6 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_procs  # noqa: E402
+from report import provenance, write  # noqa: E402
 from router_scale import added_latency, warm_up  # noqa: E402
 from scale_procs import MODEL, start_router  # noqa: E402
 
@@ -136,20 +136,14 @@ def main() -> int:
             row[k] = statistics.median(r[k] for r in rs)
         row["added_p50_each"] = [r["added_p50_ms"] for r in rs]
         rows.append(row)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     keep = ("rate", "long_rate", "prompt_chars", "seconds", "repeats", "baseline_src")
     report = {
-        "command": "python bench/router_long_prompts.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        **provenance("router_long_prompts.py"),
         "args": {k: getattr(args, k) for k in keep},
         "rows": rows,
         "runs": runs,
     }
-    stem = "router_long_prompts" + (f"-{args.tag}" if args.tag else "")
-    (Path(args.out) / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (Path(args.out) / f"{stem}.md").write_text(markdown(report))
-    print(markdown(report))
+    write(args.out, "router_long_prompts" + (f"-{args.tag}" if args.tag else ""), report, markdown(report))
     return 0
 
 

@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -298,6 +297,8 @@ def main() -> int:
         launch()
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from report import provenance, write
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--gaps-ms", type=lambda s: [float(x) for x in s.split(",")], default=[40.0, 0.0])
@@ -319,21 +320,15 @@ def main() -> int:
             for gap in args.gaps_ms:
                 rows.append(one(name, gap, args, logs))
                 print(json.dumps(rows[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
-        "command": "python bench/router_phases.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        **provenance("router_phases.py"),
         "requests": args.requests,
         "repeats": args.repeats,
         "rows": median_rows(rows),
         "cold_us": cold_costs(args.model),
         "runs": rows,
     }
-    stem = "router_phases" + (f"-{args.tag}" if args.tag else "")
-    (Path(args.out) / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (Path(args.out) / f"{stem}.md").write_text(markdown(report))
-    print(markdown(report))
+    write(args.out, "router_phases" + (f"-{args.tag}" if args.tag else ""), report, markdown(report))
     return 0
 
 

@@ -8,9 +8,7 @@ offsets), on a RAG chat prompt (a document as context, a question), interleaved,
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,9 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    from report import provenance, write
+
     from ragserve.tokenizer import PromptTokenizer
     from tests.helpers.tiny_models import tiny_model
 
@@ -52,11 +53,8 @@ def main() -> int:
     for _ in range(args.repeats):
         for name, f in ways.items():
             runs[name].append(cpu_ms(f, args.calls))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
-        "command": "python bench/tokenize_cost.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        **provenance("tokenize_cost.py"),
         "prompt_tokens": len(tok.encode(text, add_special_tokens=False)),
         "median_cpu_ms": {k: statistics.median(v) for k, v in runs.items()},
         "runs": runs,
@@ -64,19 +62,16 @@ def main() -> int:
     lines = [
         "# Tokenizing a RAG chat prompt",
         "",
-        f"Command: `{report['command']}` at {commit}, {report['date']}: {report['prompt_tokens']} tokens (SmolLM2's "
-        f"tokenizer), CPU ms per prompt, median of {args.repeats} interleaved repeats of {args.calls} calls; both ways "
-        "give the same ids.",
+        f"Command: `{report['command']}` at {report['commit']}, {report['date']}: {report['prompt_tokens']} tokens "
+        f"(SmolLM2's tokenizer), CPU ms per prompt, median of {args.repeats} interleaved repeats of {args.calls} "
+        "calls; both ways give the same ids.",
         "",
         "| way | CPU ms / prompt | each repeat |",
         "|---|---:|---|",
     ]
     for name, ms in report["median_cpu_ms"].items():
         lines.append(f"| {name} | {ms:.2f} | {', '.join(f'{x:.2f}' for x in runs[name])} |")
-    out = Path(args.out)
-    (out / "tokenize_cost.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "tokenize_cost.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(args.out, "tokenize_cost", report, "\n".join(lines) + "\n")
     return 0
 
 
