@@ -7,8 +7,9 @@ is read from /proc:
 - `router-stack`: uvicorn with JoinedHttpProtocol, CountResponses, FastRoutes, a Starlette Request read by
   read_body and a Starlette Response: what the router runs around its handler today.
 - `raw-asgi`: the same uvicorn protocol with a bare ASGI app (no middleware, no Starlette objects).
-- `bare-protocol`: an asyncio protocol on httptools writing the answer to the transport: what a
-  protocol-level path could cost at best (it still parses with httptools and writes once).
+- `bare-protocol-task`: an asyncio protocol on httptools that keeps the headers and answers from a task per
+  request: the least a protocol-level generate path (an async handler) could cost.
+- `bare-protocol`: the same writing the answer as the request completes, with no task and no headers kept.
 
 Servers are interleaved within each repeat; the table gives the median over --repeats. --gap-ms sleeps
 between requests: at 40 ms (25 req/s, one at a time) the server's code runs cold, as the router's does in
@@ -107,15 +108,43 @@ class Bare(asyncio.Protocol):
         self.transport.write(self.ANSWER)
 
 
-def bare_protocol(sock: socket.socket) -> None:
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(Bare, sock=sock)
-        await server.serve_forever()
+class BareTask(Bare):
+    """Bare, plus what any real generate path does: the headers kept, the answer written by a task per request
+    (an async handler: the router's awaits its engine)."""
 
-    asyncio.run(main())
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_message_complete(self) -> None:
+        body, headers, self.body, self.headers = b"".join(self.body), self.headers, [], []
+        asyncio.get_running_loop().create_task(self.handle(headers, body))
+
+    async def handle(self, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if body and headers:
+            self.transport.write(self.ANSWER)
 
 
-SERVERS = {"router-stack": router_stack, "raw-asgi": raw_asgi, "bare-protocol": bare_protocol}
+def bare(protocol: type[asyncio.Protocol]):
+    def serve(sock: socket.socket) -> None:
+        async def main() -> None:
+            server = await asyncio.get_running_loop().create_server(protocol, sock=sock)
+            await server.serve_forever()
+
+        asyncio.run(main())
+
+    return serve
+
+
+SERVERS = {
+    "router-stack": router_stack,
+    "raw-asgi": raw_asgi,
+    "bare-protocol-task": bare(BareTask),
+    "bare-protocol": bare(Bare),
+}
 
 
 def one(name: str, requests: int, gap_s: float = 0.0) -> dict:
