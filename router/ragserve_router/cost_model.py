@@ -40,8 +40,8 @@ whose free KV blocks cannot hold the prompt and output (kv_room) ranks after eve
 preempt. The free count leaves out blocks in use, so the leading blocks a request this router sent there and
 that has not ended holds (pool.held_blocks) are not needed again: a hot document's next request fits beside the
 ones sharing it. The free count is the heartbeat's: the requests this router sent there after it will take blocks
-too (their prompt tokens to compute, which leave out what the engine or an earlier one of them holds, plus their
-output: pool.pending_blocks), so a burst does not send more than fits. For a decode engine of a disaggregated
+too (their prompt tokens to compute or fetch, which leave out what the engine or an earlier one of them holds,
+plus their output: pool.pending_blocks), so a burst does not send more than fits. For a decode engine of a disaggregated
 request the decode term and KV room are what set it apart.
 """
 

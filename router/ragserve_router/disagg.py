@@ -90,7 +90,8 @@ async def _attempts(gw, r, engines: list[EngineRecord]) -> PrefillLeg:
     for engine in decision.order[: gw.cfg.max_attempts]:
         t0 = time.monotonic()
         predicted = decision.predictions.get(engine.engine_id)
-        slot = gw.pool.reserve(engine, predicted.computed_tokens if predicted else 0, r.key.hashes)
+        computed, fetched = (predicted.computed_tokens, predicted.fetched_tokens) if predicted else (0, 0)
+        slot = gw.pool.reserve(engine, computed, r.key.hashes, fetched_tokens=fetched)
         failure, data = "", b""
         try:
             resp = await upstream.http.post(engine.url + r.path, headers, raw)

@@ -118,11 +118,12 @@ class EnginePool:
         hashes: Sequence[bytes] = (),
         on_release: Callable[[], None] | None = None,
         output_tokens: int = 0,
+        fetched_tokens: int = 0,
     ) -> Slot:
-        """Count a request (the prompt tokens it makes the engine compute, the blocks it will leave there, the
-        tokens it may generate) against the engine now, before any await, so the next decision sees it;
-        on_release runs when it ends."""
-        return Slot(self, engine, prefill_tokens, hashes, on_release, output_tokens)
+        """Count a request (the prompt tokens it makes the engine compute and fetch, the blocks it will leave
+        there, the tokens it may generate) against the engine now, before any await, so the next decision sees
+        it; on_release runs when it ends."""
+        return Slot(self, engine, prefill_tokens, hashes, on_release, output_tokens, fetched_tokens)
 
     def prefilling(self, record: EngineRecord) -> int:
         """Prompt tokens of this replica's requests on the engine that have not produced a first token."""

@@ -163,7 +163,8 @@ class Routing:
         first = decision.order[0]
         chosen = decision.predictions.get(first.engine_id)
         out = 0 if pooling else output_tokens(body)
-        slot = self.pool.reserve(first, chosen.computed_tokens if chosen else 0, key.hashes, claim.release, out)
+        computed, fetched = (chosen.computed_tokens, chosen.fetched_tokens) if chosen else (0, 0)
+        slot = self.pool.reserve(first, computed, key.hashes, claim.release, out, fetched)
         self.metrics.routing_latency.observe(spent + time.monotonic() - t0)
         self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()
         if chosen:

@@ -27,11 +27,12 @@ class Prefill:
     tokens: int  # prompt tokens the engine must compute for it
     hashes: tuple[bytes, ...] = ()  # its prompt's block hashes: blocks the engine will hold soon
     output: int = 0  # tokens it may generate (its max_tokens): KV blocks it will take beside its prompt's
+    fetched: int = 0  # prompt tokens it loads from the cachestore: no prefill work, but blocks all the same
 
     def blocks(self, block_tokens: int) -> int:
-        """KV blocks it takes anew: its prompt tokens to compute (past what the engine or a prompt we sent before
-        it holds) and its output."""
-        return -(-(self.tokens + self.output) // block_tokens)
+        """KV blocks it takes anew: its prompt tokens to compute or fetch (past what the engine or a prompt we
+        sent before it holds) and its output."""
+        return -(-(self.tokens + self.fetched + self.output) // block_tokens)
 
 
 @dataclass
@@ -103,9 +104,10 @@ class Slot:
         hashes: Sequence[bytes] = (),
         on_release: Callable[[], None] | None = None,
         output_tokens: int = 0,
+        fetched_tokens: int = 0,
     ) -> None:
         self.pool, self.engine, self.held, self.on_release = pool, engine, True, on_release
-        self.sent = Prefill(time.time(), prefill_tokens, tuple(hashes), output_tokens)
+        self.sent = Prefill(time.time(), prefill_tokens, tuple(hashes), output_tokens, fetched_tokens)
         self.prefilling = True  # no first token yet
         pool.metrics.inflight.inc()
         self._join()

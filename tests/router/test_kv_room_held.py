@@ -46,8 +46,11 @@ def question(i: int, body: dict | None = None):
 def send(pool, decision, request):
     """Reserve the request on the engine the decision picked, as routing.py does."""
     first = decision.order[0]
-    computed = decision.predictions[first.engine_id].computed_tokens
-    return pool.reserve(first, computed, request.key.hashes, output_tokens=output_tokens(request.body))
+    p = decision.predictions[first.engine_id]
+    out = output_tokens(request.body)
+    return pool.reserve(
+        first, p.computed_tokens, request.key.hashes, output_tokens=out, fetched_tokens=p.fetched_tokens
+    )
 
 
 @pytest.mark.asyncio
@@ -89,3 +92,13 @@ async def test_a_burst_sent_after_the_heartbeat_counts_against_its_free_blocks()
     assert pool.pending_blocks(e0, 16) == 0
     back = await decider.decide("kv_aware", question(6, short), records)  # 3 of 5: subtracted once, not twice
     assert back.order[0].engine_id == "e0" and back.reason == "prefix_hit"
+
+
+def test_blocks_fetched_from_the_store_count_as_pending():
+    """A prompt the engine loads from the cachestore takes KV blocks there as a computed one does: until the next
+    heartbeat counts them, they come off its free count (they used to be left out)."""
+    pool, _, records, _ = fleet()
+    e0 = records[0]
+    e0.load = measured(total_blocks=1024, free_blocks=900, reported_at=time.time() - 1)
+    pool.reserve(e0, 21, question(0).key.hashes, output_tokens=16, fetched_tokens=1600)
+    assert pool.pending_blocks(e0, 16) == 103  # (21 computed + 1,600 fetched + 16 output) / 16, rounded up
