@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
@@ -69,3 +70,20 @@ class JoinedHttpProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         cycle.__class__ = JoinedCycle
         super()._start_asgi_task(cycle, app)
+
+
+def server_config(app: Any, log_level: str, graceful_s: float, tls: dict, **where: Any) -> uvicorn.Config:
+    """uvicorn as the router, the engine and the sims run it: on the caller's event loop, with JoinedHttpProtocol,
+    no lifespan, an access log only at debug; `tls` from ragserve.tls.uvicorn_tls; `where`: host and port (none
+    when the caller passes its own sockets)."""
+    return uvicorn.Config(
+        app,
+        loop="none",
+        http=JoinedHttpProtocol,
+        lifespan="off",
+        log_level=log_level,
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=graceful_s,
+        **where,
+        **tls,
+    )

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys
 from ragserve.http.drain import DrainingServer
-from ragserve.http.joined import JoinedHttpProtocol
+from ragserve.http.joined import server_config
 from ragserve.logs import setup_logging
 from ragserve.router_args import RouterConfig
 from ragserve.tls import uvicorn_tls
@@ -167,18 +167,8 @@ async def serve(cfg: RouterConfig) -> int:
     def on_drain() -> None:
         asyncio.ensure_future(grpc_health.enter_graceful_shutdown())  # the EPP's readiness follows gateway.draining
 
-    config = uvicorn.Config(
-        create_app(gateway),
-        host=cfg.host,
-        port=cfg.port,
-        loop="none",
-        http=JoinedHttpProtocol,  # uvicorn's httptools protocol, an answer's head and body in one write
-        log_level=cfg.log_level,
-        access_log=cfg.log_level == "debug",
-        timeout_graceful_shutdown=cfg.drain_timeout,
-        lifespan="off",
-        **uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file),
-    )
+    tls = uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file)
+    config = server_config(create_app(gateway), cfg.log_level, cfg.drain_timeout, tls, host=cfg.host, port=cfg.port)
     server = RouterServer(config, gateway, on_drain)
     log.info(
         "router %s: %s %s:%d, grpc registry %s:%d, policy %s, state %s",

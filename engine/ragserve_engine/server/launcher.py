@@ -20,7 +20,7 @@ import zmq
 from ragserve import tracing
 from ragserve.engine_args import EngineConfig, ServerConfig
 from ragserve.http.drain import DrainingServer
-from ragserve.http.joined import JoinedHttpProtocol
+from ragserve.http.joined import server_config
 from ragserve.logs import setup_logging
 from ragserve.model_source import resolve_model
 from ragserve.tls import uvicorn_tls
@@ -123,18 +123,8 @@ async def run_server(server: EngineServer, start_engine: StartEngine) -> int:
         log.error("--kv-events-config: cannot open the KV-event sockets: %s", exc)
         tracing.shutdown()
         return 1
-    config = uvicorn.Config(
-        create_app(server),
-        host=cfg.host,
-        port=cfg.port,
-        loop="none",
-        http=JoinedHttpProtocol,  # an answer's head and body in one write
-        lifespan="off",
-        log_level=cfg.log_level,
-        access_log=cfg.log_level == "debug",
-        timeout_graceful_shutdown=30,
-        **uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file),
-    )
+    tls = uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+    config = server_config(create_app(server), cfg.log_level, 30, tls, host=cfg.host, port=cfg.port)
     uv = EngineHTTPServer(config, server)
     loader = asyncio.create_task(load(server, uv, start_engine))
     try:

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from ragserve.engine_args import EngineConfig, ServerConfig
-from ragserve.http.joined import JoinedHttpProtocol
+from ragserve.http.joined import server_config
 from ragserve.keys import KVLayout
 from ragserve.model_source import ModelSource, load_tokenizer, model_fingerprint, model_metadata, resolve_model
 from ragserve.tls import uvicorn_tls
@@ -120,9 +120,7 @@ async def serve(sim: SimConfig, server_cfg: ServerConfig, engine_cfg: EngineConf
         members.append(SimMember.create(sim, cfg, engine_cfg, layout, tok))
     app = PortDispatch({m.server.config.port: m.app for m in members})
     tls = uvicorn_tls(server_cfg.tls_cert_file, server_cfg.tls_key_file, server_cfg.tls_client_ca_file)
-    uv = FleetHTTPServer(uvicorn.Config(app, loop="none", http=JoinedHttpProtocol, lifespan="off",
-                                        log_level=server_cfg.log_level, access_log=False, timeout_graceful_shutdown=5,
-                                        **tls))  # fmt: skip
+    uv = FleetHTTPServer(server_config(app, server_cfg.log_level, 5, tls))
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
