@@ -16,6 +16,7 @@ from fastapi import Request
 from ragserve import tracing
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
+from ragserve_router.disagg import decodes
 from ragserve_router.engine_client import EngineHTTP, EngineResponse
 from ragserve_router.engines import CONNECT, SERVER_ERROR, TIMEOUT, EngineRecord
 from ragserve_router.metrics import RouterMetrics
@@ -103,7 +104,7 @@ class Upstream:
     def fallbacks(self, r: Routed, tried: set[str], only_registered: bool = False) -> list[EngineRecord]:
         """Healthy engines for the model not tried yet: the decision's order first, then the least loaded."""
         rank = {e.engine_id: i for i, e in enumerate(r.decision.order)}
-        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried and e.role != "prefill"]
+        left = [e for e in self.pool.candidates(r.model) if e.engine_id not in tried and decodes(e)]
         if only_registered:
             left = [e for e in left if e.has_events]
         return sorted(left, key=lambda e: (rank.get(e.engine_id, len(rank)), self.pool.load(e)))
