@@ -23,6 +23,11 @@ ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})  # chat 
 OFFLOAD_CHARS = 4096
 
 
+def long_text(prompt: object) -> bool:
+    """A text prompt over OFFLOAD_CHARS: the engine and the sims tokenize it on a worker thread."""
+    return isinstance(prompt, str) and len(prompt) > OFFLOAD_CHARS
+
+
 def _raise(message: str):
     raise TemplateError(message)
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from ragserve.engine_args import EngineConfig
-from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer
+from ragserve.tokenizer import PromptTokenizer, long_text
 from ragserve_engine.blend.spec import BlendSpec
 from ragserve_engine.block_pool import KVEvent, KVSnapshot
 from ragserve_engine.engine_client import EngineInfo, EngineStats
@@ -70,8 +70,7 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs; leaving the loop early (or cancellation) aborts the request."""
         args = (request_id, prompt, params, priority, cache_salt, resume_token_ids, blend, first_token_id)
-        long_text = isinstance(prompt, str) and len(prompt) > OFFLOAD_CHARS
-        if params.guided is not None or long_text:  # grammar compilation, tokenization: not on the event loop
+        if params.guided is not None or long_text(prompt):  # grammar compilation, tokenization: not on the event loop
             req = await asyncio.to_thread(self.engine.make_request, *args)
         else:
             req = self.engine.make_request(*args)

@@ -89,8 +89,7 @@ async def _attempts(gw, r, engines: list[EngineRecord]) -> PrefillLeg:
     headers = prefill_headers(upstream.headers(r), r.request_id)
     for engine in decision.order[: gw.cfg.max_attempts]:
         t0 = time.monotonic()
-        predicted = decision.predictions.get(engine.engine_id)
-        computed, fetched = (predicted.computed_tokens, predicted.fetched_tokens) if predicted else (0, 0)
+        computed, fetched = decision.new_tokens(engine.engine_id)
         slot = gw.pool.reserve(engine, computed, r.key.hashes, fetched_tokens=fetched)
         failure, data = "", b""
         try:

@@ -163,7 +163,7 @@ class Routing:
         first = decision.order[0]
         chosen = decision.predictions.get(first.engine_id)
         out = 0 if pooling else output_tokens(body)
-        computed, fetched = (chosen.computed_tokens, chosen.fetched_tokens) if chosen else (0, 0)
+        computed, fetched = decision.new_tokens(first.engine_id)
         slot = self.pool.reserve(first, computed, key.hashes, claim.release, out, fetched)
         self.metrics.routing_latency.observe(spent + time.monotonic() - t0)
         self.metrics.child(self.metrics.decisions, decision.policy, decision.reason).inc()

@@ -37,6 +37,12 @@ class Decision:
     cached_blocks: dict[str, int] = field(default_factory=dict)
     predictions: dict[str, Prediction] = field(default_factory=dict)  # kv_aware's cost model, per engine
 
+    def new_tokens(self, engine_id: str) -> tuple[int, int]:
+        """Prompt tokens the engine computes and fetches for the request, as the cost model predicted ((0, 0) for an
+        engine it did not predict): what the router's slot on it counts (pool.reserve)."""
+        p = self.predictions.get(engine_id)
+        return (p.computed_tokens, p.fetched_tokens) if p else (0, 0)
+
     def predicted_cached_tokens(self, engine_id: str, key: RoutingKey) -> int | None:
         """Prompt tokens the engine should report cached: local hits and fetched blocks (never the last token)."""
         if not key.exact or key.num_prompt_tokens is None:

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout
-from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer
+from ragserve.tokenizer import PromptTokenizer, long_text
 from ragserve_engine.block_pool import KVCacheBlocks
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import (
@@ -94,7 +94,7 @@ class SimEngine:
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
         if first_token_id is not None:
             raise ValueError("the sim engine does not simulate first_token_id (disaggregated decode)")
-        if isinstance(prompt, str) and len(prompt) > OFFLOAD_CHARS:  # tokenized off the event loop, as the engine
+        if long_text(prompt):  # tokenized off the event loop, as the engine does
             prompt = await asyncio.to_thread(self.tok.encode, prompt)
         req = self._request(prompt, params, request_id, cache_salt, resume_token_ids, blend)
         self.waiting.append(req)
