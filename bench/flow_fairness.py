@@ -49,6 +49,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import rotated  # noqa: E402
+
 from router import Procs, pct, wait_until  # noqa: E402
 from tests.helpers.net import free_port  # noqa: E402
 
@@ -331,8 +333,7 @@ def main() -> None:
         }
         runs: dict[str, dict[str, list]] = {"priority": {m: [] for m in urls}, "fairness": {m: [] for m in urls}}
         for rep in range(args.repeats):
-            modes = list(urls)
-            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+            for mode in rotated(list(urls), rep):
                 print(f"repeat {rep} {mode}", flush=True)
                 if "a" in args.scenarios:
                     runs["priority"][mode].append(asyncio.run(priority(urls[mode], args.probes)))

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httptools
 import uvloop
+from report import rotated
 from scale_procs import cpu_s
 
 BODY = json.dumps(
@@ -207,9 +208,8 @@ def main() -> int:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "http_stack_cost"))
     args = p.parse_args()
     runs: dict[str, list[dict]] = {name: [] for name in SERVERS}
-    names = list(SERVERS)
     for rep in range(args.repeats):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+        for name in rotated(list(SERVERS), rep):
             runs[name].append(one(name, args.requests, args.gap_ms / 1000))
             print(name, rep, runs[name][-1], flush=True)
     gap = f", {args.gap_ms:g} ms idle before each" if args.gap_ms else ""

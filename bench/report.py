@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -22,3 +23,14 @@ def write(out: str | Path, stem: str, report: dict, markdown: str) -> None:
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"{stem}.md").write_text(markdown)
     print(markdown)
+
+
+def rotated(names: list, rep: int) -> list:
+    """The order of repeat `rep` when configurations are interleaved: a different one first each time."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+def medians(runs: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """The median over repeats of each of `keys`."""
+    return {k: statistics.median(r[k] for r in runs) for k in keys}

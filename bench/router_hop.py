@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import medians, rotated  # noqa: E402
 from router_scale import added_latency, warm_up  # noqa: E402
 from scale_procs import start_router  # noqa: E402
 
@@ -83,8 +83,7 @@ def median_rows(runs: dict[str, list[list[dict]]], rates: list[float]) -> list[d
         for i, rate in enumerate(rates):
             steps = [r[i] for r in repeats]
             row = {"router": name, "rate": rate, "repeats": len(steps), "errors": sum(s["errors"] for s in steps)}
-            for k in ("added_p50_ms", "added_p99_ms", "router_p50_ms", "direct_p50_ms", "cpu_ms_per_req"):
-                row[k] = statistics.median(s[k] for s in steps)
+            row |= medians(steps, ("added_p50_ms", "added_p99_ms", "router_p50_ms", "direct_p50_ms", "cpu_ms_per_req"))
             row["added_p50_each"] = [round(s["added_p50_ms"], 2) for s in steps]
             rows.append(row)
     return rows
@@ -142,7 +141,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="ragserve-router-hop-"))
     runs: dict[str, list[list[dict]]] = {n: [] for n in names}
     for rep in range(args.repeats):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # a different router first each time
+        for name in rotated(names, rep):
             runs[name].append(one(name, args, logs))
             print(name, rep, [round(s["added_p50_ms"], 2) for s in runs[name][-1]], flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -27,7 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_procs  # noqa: E402
-from report import provenance, write  # noqa: E402
+from report import medians, provenance, rotated, write  # noqa: E402
 from router_scale import added_latency, warm_up  # noqa: E402
 from scale_procs import MODEL, start_router  # noqa: E402
 
@@ -126,14 +126,13 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="ragserve-long-prompts-"))
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.repeats):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+        for name in rotated(names, rep):
             runs[name].append(one(name, args, logs))
             print(name, rep, json.dumps(runs[name][-1]), flush=True)
     rows = []
     for name, rs in runs.items():
         row = {"router": name, "errors": sum(r["errors"] for r in rs)}
-        for k in ("added_p50_ms", "added_p99_ms", "long_p50_ms", "router_cpu_s"):
-            row[k] = statistics.median(r[k] for r in rs)
+        row |= medians(rs, ("added_p50_ms", "added_p99_ms", "long_p50_ms", "router_cpu_s"))
         row["added_p50_each"] = [r["added_p50_ms"] for r in rs]
         rows.append(row)
     keep = ("rate", "long_rate", "prompt_chars", "seconds", "repeats", "baseline_src")

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import medians, provenance, rotated, write
+
 MARKS = {  # a mark's name: module, qualified name of the function whose start it stamps
     "handler": ("ragserve_router.fast_routes", "assign_request_id"),
     "read_body": ("ragserve_router.app", "read_body"),
@@ -253,8 +255,7 @@ def median_rows(rows: list[dict]) -> list[dict]:
     out = []
     for (name, gap), rs in keyed.items():
         m = {"router": name, "gap_ms": gap, "repeats": len(rs)}
-        for k in ("added_p50_ms", "cpu_ms_per_req", "wait_ms_per_req"):
-            m[k] = statistics.median(r[k] for r in rs)
+        m |= medians(rs, ("added_p50_ms", "cpu_ms_per_req", "wait_ms_per_req"))
         if all("phases_us" in r for r in rs):
             m["phases_us"] = {k: statistics.median(r["phases_us"][k] for r in rs) for k in rs[0]["phases_us"]}
         out.append(m)
@@ -297,8 +298,6 @@ def main() -> int:
         launch()
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from report import provenance, write
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--gaps-ms", type=lambda s: [float(x) for x in s.split(",")], default=[40.0, 0.0])
@@ -315,8 +314,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="ragserve-router-phases-"))
     rows = []
     for rep in range(args.repeats):
-        names = args.routers[rep % len(args.routers) :] + args.routers[: rep % len(args.routers)]
-        for name in names:
+        for name in rotated(args.routers, rep):
             for gap in args.gaps_ms:
                 rows.append(one(name, gap, args, logs))
                 print(json.dumps(rows[-1]), flush=True)
