@@ -1,11 +1,14 @@
 """What the router's HTTP stack costs per request, to bound a protocol-level generate path (issue 34).
 
-Three servers answer the same POST (the router's answer headers, a completion body) on one keep-alive
+Five servers answer the same POST (the router's answer headers, a completion body) on one keep-alive
 connection, one request at a time; each server is a forked process and its user + system CPU per request
 is read from /proc:
 
-- `router-stack`: uvicorn with JoinedHttpProtocol, CountResponses, FastRoutes, a Starlette Request read by
-  read_body and a Starlette Response: what the router runs around its handler today.
+- `router-stack`: what the router runs around its handler: ragserve.http.direct's protocol (the generate routes
+  answered past uvicorn's ASGI cycle), fast_routes.front, read_body and a Starlette Response, counted.
+- `asgi-stack`: the router's stack before the direct routes (up to 136bccf): uvicorn with JoinedHttpProtocol,
+  CountResponses, a plain ASGI app building a Starlette Request (what FastRoutes did), read_body, a Starlette
+  Response.
 - `raw-asgi`: the same uvicorn protocol with a bare ASGI app (no middleware, no Starlette objects).
 - `bare-protocol-task`: an asyncio protocol on httptools that keeps the headers and answers from a task per
   request: the least a protocol-level generate path (an async handler) could cost.
@@ -56,17 +59,38 @@ def router_stack(sock: socket.socket) -> None:
     from starlette.responses import Response
 
     from ragserve.http.body import read_body
-    from ragserve.http.joined import JoinedHttpProtocol
-    from ragserve.http.outcomes import CountResponses
-    from ragserve_router.fast_routes import FastRoutes
+    from ragserve.http.direct import Direct, direct_protocol
+    from ragserve_router.fast_routes import front
 
     async def completions(request):
         raw = await read_body(request, 1 << 20)
         request.state.tenant = request.headers.get("authorization") and "-"
         return Response(BODY if raw else b"", status_code=200, headers=HEADERS)
 
-    app = CountResponses(FastRoutes(None, {"/v1/completions": completions}, lambda r: None), count=lambda o: None)
-    _serve_uvicorn(app, JoinedHttpProtocol, sock)
+    async def other(scope, receive, send) -> None:
+        raise AssertionError("only /v1/completions is asked for")
+
+    direct = Direct({"/v1/completions": front(completions, lambda r: None)}, count=lambda o: None)
+    _serve_uvicorn(other, direct_protocol(direct), sock)
+
+
+def asgi_stack(sock: socket.socket) -> None:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from ragserve.http.body import read_body
+    from ragserve.http.joined import JoinedHttpProtocol
+    from ragserve.http.outcomes import CountResponses
+    from ragserve_router.fast_routes import assign_request_id
+
+    async def app(scope, receive, send) -> None:
+        request = Request(scope, receive)
+        assign_request_id(request)
+        raw = await read_body(request, 1 << 20)
+        request.state.tenant = request.headers.get("authorization") and "-"
+        await Response(BODY if raw else b"", status_code=200, headers=HEADERS)(scope, receive, send)
+
+    _serve_uvicorn(CountResponses(app, count=lambda o: None), JoinedHttpProtocol, sock)
 
 
 def raw_asgi(sock: socket.socket) -> None:
@@ -142,6 +166,7 @@ def bare(protocol: type[asyncio.Protocol]):
 
 SERVERS = {
     "router-stack": router_stack,
+    "asgi-stack": asgi_stack,
     "raw-asgi": raw_asgi,
     "bare-protocol-task": bare(BareTask),
     "bare-protocol": bare(Bare),

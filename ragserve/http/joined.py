@@ -72,14 +72,16 @@ class JoinedHttpProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
 
-def server_config(app: Any, log_level: str, graceful_s: float, tls: dict, **where: Any) -> uvicorn.Config:
-    """uvicorn as the router, the engine and the sims run it: on the caller's event loop, with JoinedHttpProtocol,
-    no lifespan, an access log only at debug; `tls` from ragserve.tls.uvicorn_tls; `where`: host and port (none
-    when the caller passes its own sockets)."""
+def server_config(
+    app: Any, log_level: str, graceful_s: float, tls: dict, http: type = JoinedHttpProtocol, **where: Any
+) -> uvicorn.Config:
+    """uvicorn as the router, the engine and the sims run it: on the caller's event loop, with JoinedHttpProtocol
+    (or the router's ragserve.http.direct protocol), no lifespan, an access log only at debug; `tls` from
+    ragserve.tls.uvicorn_tls; `where`: host and port (none when the caller passes its own sockets)."""
     return uvicorn.Config(
         app,
         loop="none",
-        http=JoinedHttpProtocol,
+        http=http,
         lifespan="off",
         log_level=log_level,
         access_log=log_level == "debug",

@@ -31,7 +31,9 @@ class Outcome:
 
 
 @dataclass
-class _Response:
+class ResponseSeen:
+    """What a server wrote of one answer, and whether its client left first: the answer's Outcome."""
+
     status: int | None = None
     stream: bool = False
     done: bool = False  # [DONE] written
@@ -42,17 +44,23 @@ class _Response:
 
     def sent(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            self.status = message["status"]
-            headers = dict(message.get("headers") or [])
-            self.stream = headers.get(b"content-type", b"").startswith(b"text/event-stream")
-        elif message["type"] == "http.response.body" and not self.gone:  # after a disconnect nothing is written
-            body = bytes(message.get("body", b""))
-            if self.stream:
-                self.done = self.done or DONE in self.tail + body
-                self.tail = (self.tail + body)[-len(DONE) :]
-            elif len(self.error_body) < _MAX_ERROR_BODY and (self.status or 0) >= 400:
-                self.error_body += body[: _MAX_ERROR_BODY - len(self.error_body)]
-            self.complete = not message.get("more_body", False)
+            self.started(message["status"], message.get("headers") or [])
+        elif message["type"] == "http.response.body":
+            self.wrote(bytes(message.get("body", b"")), message.get("more_body", False))
+
+    def started(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.stream = dict(headers).get(b"content-type", b"").startswith(b"text/event-stream")
+
+    def wrote(self, body: bytes, more: bool) -> None:
+        if self.gone:  # after a disconnect nothing is written
+            return
+        if self.stream:
+            self.done = self.done or DONE in self.tail + body
+            self.tail = (self.tail + body)[-len(DONE) :]
+        elif len(self.error_body) < _MAX_ERROR_BODY and (self.status or 0) >= 400:
+            self.error_body += body[: _MAX_ERROR_BODY - len(self.error_body)]
+        self.complete = not more
 
     def outcome(self, broken: int) -> tuple[int, str]:
         if self.status is None:  # the app raised before answering: the server sends a 500
@@ -89,7 +97,7 @@ class CountResponses:
         if scope["type"] != "http" or scope["path"] in self.skip:
             await self.app(scope, receive, send)
             return
-        seen = _Response()
+        seen = ResponseSeen()
         state = scope.setdefault("state", {})  # request.state writes here
 
         async def receive_() -> Message:

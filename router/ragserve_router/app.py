@@ -1,5 +1,5 @@
-"""The OpenAI-compatible gateway (FastAPI, the generate endpoints as plain ASGI: fast_routes.py): auth, limits,
-routing, proxying, health and metrics."""
+"""The OpenAI-compatible gateway (FastAPI; the generate endpoints answered by the HTTP protocol itself:
+fast_routes.py): auth, limits, routing, proxying, health and metrics."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from starlette.types import ASGIApp
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.body import read_body
+from ragserve.http.direct import Direct, Handler
+from ragserve.http.direct_request import DirectRequest
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
 from ragserve_router.admin import install_admin
 from ragserve_router.auth import LimitedKey, RateLimiter
 from ragserve_router.disagg import prefill_engines, run_prefill
-from ragserve_router.fast_routes import FastRoutes
+from ragserve_router.fast_routes import front
 from ragserve_router.priority import tenant_of
 from ragserve_router.proxy import CLIENT_CLOSED, ClientGone, Proxy, race_disconnect
 from ragserve_router.resume import ResumePlan, unresumable
@@ -46,24 +48,24 @@ class Gateway(Routing):
             raise
 
 
-def create_app(gw: Gateway) -> ASGIApp:
-    """The generate endpoints as plain ASGI (fast_routes.py) in front of the FastAPI app for the rest; every answer
-    counted once, by final status."""
+def create_app(gw: Gateway) -> tuple[ASGIApp, Direct]:
+    """The FastAPI app, and the generate endpoints as direct routes (fast_routes.py, served by the protocol of
+    ragserve.http.direct); every answer counted once, by final status."""
     app = FastAPI(title="ragserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
     install_error_handlers(app, "router", log)
 
-    def rate_limit(request: Request, key: LimitedKey | None) -> None:
+    def rate_limit(request: Request | DirectRequest, key: LimitedKey | None) -> None:
         client = request.client.host if request.client else "-"
         gw.admit(client, key)
         request.state.tenant = tenant_of(request.headers, gw.cfg.tenant_header, key.name if key else None, client)
 
-    def admit(request: Request) -> None:
+    def admit(request: DirectRequest) -> None:
         rate_limit(request, gw.auth.check(request.headers.get("authorization")))
 
     auth = require_api_key(gw.auth, rate_limit)
 
-    async def route(request: Request, path: str, chat: bool, pooling: bool = False) -> Response:
+    async def route(request: DirectRequest, path: str, chat: bool, pooling: bool = False) -> Response:
         started = time.monotonic()
         raw = await read_body(request, gw.cfg.max_body_bytes)
         try:  # a client that leaves while its request waits in the router queue gives its place up
@@ -84,18 +86,12 @@ def create_app(gw: Gateway) -> ASGIApp:
             plan = replace(routed.plan, first_token_id=leg.first_token_id)
             return await gw.proxy.forward(replace(routed, prefill_s=leg.seconds, plan=plan))
 
-    async def chat_completions(request: Request) -> Response:
-        return await route(request, "/v1/chat/completions", chat=True)
+    def generate(path: str, chat: bool = False, pooling: bool = False) -> Handler:
+        return front(lambda request: route(request, path, chat, pooling), admit)
 
-    async def completions(request: Request) -> Response:
-        return await route(request, "/v1/completions", chat=False)
-
-    async def pool(request: Request) -> Response:
-        """Embeddings, rerank and score: to the least-loaded engine serving the model (an embedding engine)."""
-        return await route(request, request.url.path, chat=False, pooling=True)
-
-    routes = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
-    routes |= {path: pool for path in POOLING_PATHS}
+    routes = {"/v1/chat/completions": generate("/v1/chat/completions", chat=True)}
+    routes["/v1/completions"] = generate("/v1/completions")
+    routes |= {path: generate(path, pooling=True) for path in POOLING_PATHS}  # embeddings, rerank and score
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> Response:
@@ -121,11 +117,11 @@ def create_app(gw: Gateway) -> ASGIApp:
 
     if gw.cfg.admin_api_key_file:
         install_admin(app, gw.pool, gw.cfg.admin_api_key_file)
-    return CountResponses(FastRoutes(app, routes, admit), count=gw.metrics.count)
+    return CountResponses(app, count=gw.metrics.count), Direct(routes, gw.metrics.count)
 
 
 async def _route(
-    gw: Gateway, request: Request, path: str, raw: bytes, chat: bool, started: float, pooling: bool = False
+    gw: Gateway, request: DirectRequest, path: str, raw: bytes, chat: bool, started: float, pooling: bool = False
 ) -> Routed:
     """Decide where the request goes (routing.Routing.pick) and how it may resume."""
     tenant = getattr(request.state, "tenant", "-")

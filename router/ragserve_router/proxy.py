@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import httpx
-from fastapi import Request, Response
-from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
 
+from ragserve.http.direct_request import DirectRequest
 from ragserve.http.errors import ERROR_SCOPE_HEADER, ApiError
 from ragserve.router_args import RouterConfig
 from ragserve_router.engine_client import EngineResponse
@@ -35,28 +35,24 @@ class _Broken(Exception):
         self.engine = engine
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def race_disconnect(request: Request, work: Awaitable, orphan: Callable[[Any], None] | None = None):
+async def race_disconnect(request: DirectRequest, work: Awaitable, orphan: Callable[[Any], None] | None = None):
     """Await work unless the client goes away first (then cancel it and raise ClientGone). `orphan` gets the
     result of work that finished all the same (a cancel it swallowed), so what it holds can be let go.
 
-    The work runs in the caller's task; one watcher task cancels that task if the client leaves while the work is
-    on (no task for the work and no asyncio.wait: fewer loop turns per request)."""
+    The work runs in the caller's task, which the request's disconnect callback cancels (no watcher task)."""
+    if request.disconnected:
+        if isinstance(work, Coroutine):
+            work.close()
+        raise ClientGone
     task = asyncio.current_task()
-    racing, gone = True, False
+    gone = False
 
-    def on_gone(watcher: asyncio.Future) -> None:
+    def on_gone() -> None:
         nonlocal gone
-        if racing and not watcher.cancelled() and watcher.exception() is None:
-            gone = True
-            task.cancel()
+        gone = True
+        task.cancel()
 
-    watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(on_gone)
+    request.on_gone = on_gone
     result, failed = None, False
     try:
         result = await work
@@ -65,8 +61,7 @@ async def race_disconnect(request: Request, work: Awaitable, orphan: Callable[[A
             raise
         failed = True  # cancelled, or failing as it was
     finally:
-        racing = False
-        watcher.cancel()
+        request.on_gone = None
     if gone:
         task.uncancel()
         if orphan is not None and not failed:  # the work swallowed the cancel and finished

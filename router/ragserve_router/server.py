@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 
 from ragserve import tracing
 from ragserve.http.auth import ApiKeys
+from ragserve.http.direct import direct_protocol
 from ragserve.http.drain import DrainingServer
 from ragserve.http.joined import server_config
 from ragserve.logs import setup_logging
@@ -168,7 +169,9 @@ async def serve(cfg: RouterConfig) -> int:
         asyncio.ensure_future(grpc_health.enter_graceful_shutdown())  # the EPP's readiness follows gateway.draining
 
     tls = uvicorn_tls(cfg.tls_cert_file, cfg.tls_key_file)
-    config = server_config(create_app(gateway), cfg.log_level, cfg.drain_timeout, tls, host=cfg.host, port=cfg.port)
+    app, direct = create_app(gateway)
+    http = direct_protocol(direct)
+    config = server_config(app, cfg.log_level, cfg.drain_timeout, tls, http, host=cfg.host, port=cfg.port)
     server = RouterServer(config, gateway, on_drain)
     log.info(
         "router %s: %s %s:%d, grpc registry %s:%d, policy %s, state %s",

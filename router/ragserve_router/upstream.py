@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass
 
 import httpx
-from fastapi import Request
 
 from ragserve import tracing
+from ragserve.http.direct_request import DirectRequest
 from ragserve.http.errors import ERROR_SCOPE_HEADER, REQUEST_SCOPE, ApiError
 from ragserve.router_args import RouterConfig
 from ragserve_router.disagg import decodes
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class Routed(Picked):
     """One HTTP request on its way: the decision and the slot it holds (which moves with it), and how it resumes."""
 
-    request: Request
+    request: DirectRequest
     request_id: str
     path: str
     body: bytes
