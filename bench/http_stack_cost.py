@@ -1,6 +1,6 @@
 """What the router's HTTP stack costs per request, to bound a protocol-level generate path (issue 34).
 
-Five servers answer the same POST (the router's answer headers, a completion body) on one keep-alive
+Six servers answer the same POST (the router's answer headers, a completion body) on one keep-alive
 connection, one request at a time; each server is a forked process and its user + system CPU per request
 is read from /proc:
 
@@ -10,6 +10,9 @@ is read from /proc:
   CountResponses, a plain ASGI app building a Starlette Request (what FastRoutes did), read_body, a Starlette
   Response.
 - `raw-asgi`: the same uvicorn protocol with a bare ASGI app (no middleware, no Starlette objects).
+- `uvicorn-protocol-task`: uvicorn's httptools protocol (its parsing, header handling, keep-alive timer) answering
+  from a task per request, with no cycle, request or response objects: what the direct routes' own objects and
+  writing cost on top of it.
 - `bare-protocol-task`: an asyncio protocol on httptools that keeps the headers and answers from a task per
   request: the least a protocol-level generate path (an async handler) could cost.
 - `bare-protocol`: the same writing the answer as the request completes, with no task and no headers kept.
@@ -153,6 +156,29 @@ class BareTask(Bare):
             self.transport.write(self.ANSWER)
 
 
+def uvicorn_protocol_task(sock: socket.socket) -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Answering(HttpToolsProtocol):
+        def on_headers_complete(self) -> None:
+            self.cycle = None  # no cycle: on_body and on_message_complete are ours
+
+        def on_body(self, body: bytes) -> None:
+            pass
+
+        def on_message_complete(self) -> None:
+            asyncio.get_running_loop().create_task(self.handle())
+
+        async def handle(self) -> None:
+            self.transport.write(Bare.ANSWER)
+            self.on_response_complete()
+
+    async def app(scope, receive, send) -> None:
+        raise AssertionError("no ASGI app runs")
+
+    _serve_uvicorn(app, Answering, sock)
+
+
 def bare(protocol: type[asyncio.Protocol]):
     def serve(sock: socket.socket) -> None:
         async def main() -> None:
@@ -168,6 +194,7 @@ SERVERS = {
     "router-stack": router_stack,
     "asgi-stack": asgi_stack,
     "raw-asgi": raw_asgi,
+    "uvicorn-protocol-task": uvicorn_protocol_task,
     "bare-protocol-task": bare(BareTask),
     "bare-protocol": bare(Bare),
 }
