@@ -55,7 +55,7 @@ def launch() -> None:
 
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from ragserve.http.joined import JoinedCycle
+    from ragserve.http.direct import DirectExchange
     from ragserve_router.engine_wire import Conn
 
     now = time.perf_counter_ns
@@ -131,17 +131,16 @@ def launch() -> None:
         return data_received
 
     def answered(f):
-        async def gathered(self, message, parts, flush=False):
-            if flush:
-                got["post"].append(now() - t["answer"])
-            return await f(self, message, parts, flush)
+        async def write(self, response):
+            await f(self, response)  # a non-streamed answer is written before this returns
+            got["post"].append(now() - t["answer"])
 
-        return gathered
+        return write
 
     HttpToolsProtocol.on_message_begin = begin(HttpToolsProtocol.on_message_begin)
     Conn.send = sent(Conn.send)
     Conn.data_received = received(Conn.data_received)
-    JoinedCycle._gathered = answered(JoinedCycle._gathered)
+    DirectExchange._write = answered(DirectExchange._write)
     for name, (module, qual) in MARKS.items():
         patch(module, qual, marked(name))
     for name, (module, qual) in SPANS.items():
