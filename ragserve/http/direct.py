@@ -63,16 +63,26 @@ class DirectExchange:
                 on_gone()
 
     async def run(self, handler: Handler, direct: Direct) -> None:
-        response: Response | None = None
         try:
-            response = await self._answer(handler)
+            await self._serve(handler)
+        except BaseException as exc:
+            if not self.response_complete:  # nothing or part of an answer written: the client sees the connection end
+                self.transport.close()
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("answering %s failed", self.request.path)
+        finally:
+            status, reason = self.seen.outcome(direct.broken)
+            direct.count(Outcome(status, reason, self.request.state_dict))
+
+    async def _serve(self, handler: Handler) -> None:
+        response = await self._answer(handler)
+        try:
             if not self._disconnected:
                 await self._write(response)
         finally:
-            if response is not None and response.background is not None:
+            if response.background is not None:
                 await response.background()
-            status, reason = self.seen.outcome(direct.broken)
-            direct.count(Outcome(status, reason, self.request.state_dict))
 
     async def _answer(self, handler: Handler) -> Response:
         request = self.request

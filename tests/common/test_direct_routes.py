@@ -24,11 +24,13 @@ EVENTS: list[str] = []
 COUNTED: list[tuple[int, str]] = []
 
 
-async def events(gate: asyncio.Event | None = None):
+async def events(gate: asyncio.Event | None = None, fail: bool = False):
     try:
         yield b"data: 1\n\n"
         if gate is not None:
             await gate.wait()  # only a cancel ends it
+        if fail:
+            raise RuntimeError("the stream breaks on purpose")
         yield "data: [DONE]\n\n"
     finally:
         EVENTS.append("generator closed")
@@ -62,6 +64,8 @@ async def direct_handler(request):
     if path == "/hold":  # a stream that waits after its first event
         return StreamingResponse(events(asyncio.Event()), media_type="text/event-stream",
                                  background=BackgroundTask(EVENTS.append, "background"))  # fmt: skip
+    if path == "/breaks":  # a stream whose body fails after its first event
+        return StreamingResponse(events(fail=True), media_type="text/event-stream")
     return responses(path, body)
 
 
@@ -86,7 +90,7 @@ def serve(protocol) -> tuple[uvicorn.Server, threading.Thread, int]:
     return server, thread, sock.getsockname()[1]
 
 
-ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold")
+ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold", "/breaks")
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +195,10 @@ def test_a_whole_stream_is_counted_by_its_status(ports):
     assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     until(lambda: COUNTED, "the answer counted")
     assert COUNTED == [(200, "")] and EVENTS == ["generator closed", "background"]
+
+
+def test_a_stream_that_fails_mid_body_ends_the_connection_and_counts_broken(ports):
+    got = exchange(ports[0], post("/breaks") + post("/json"), until_close=True)
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"data: 1\n\n\r\n")  # cut: no last chunk
+    until(lambda: COUNTED, "the answer counted")
+    assert COUNTED == [(502, "stream_broken")] and EVENTS == ["generator closed"]
