@@ -9,7 +9,7 @@ writes their medians at exit:
 - pre: the request's first byte parsed (uvicorn's on_message_begin) to its bytes written to the engine;
   with the marks on the way (time since that first byte when the step starts);
 - pick: routing.Routing.pick (parse, check, tokenize, admit, decide, reserve);
-- post: the engine's answer's first bytes read to the answer written to the client.
+- post: the engine's answer's first bytes read to the start of the answer's write to the client.
 
 Per router process (every thread, /proc/PID/task/*/schedstat): CPU ms per request and ms per request spent
 runnable but waiting for a core (the 2 cores are shared with the sims and this load generator). py-spy counts
@@ -131,16 +131,16 @@ def launch() -> None:
         return data_received
 
     def answered(f):
-        async def write(self, response):
-            await f(self, response)  # a non-streamed answer is written before this returns
+        def head(self, response, chunked):  # just before the answer is written, as JoinedCycle's flush was
             got["post"].append(now() - t["answer"])
+            return f(self, response, chunked)
 
-        return write
+        return head
 
     HttpToolsProtocol.on_message_begin = begin(HttpToolsProtocol.on_message_begin)
     Conn.send = sent(Conn.send)
     Conn.data_received = received(Conn.data_received)
-    DirectExchange._write = answered(DirectExchange._write)
+    DirectExchange._head = answered(DirectExchange._head)
     for name, (module, qual) in MARKS.items():
         patch(module, qual, marked(name))
     for name, (module, qual) in SPANS.items():

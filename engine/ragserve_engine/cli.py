@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,7 @@ def start_engine(config: EngineConfig) -> EngineClient:
     return AsyncLLM(config)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # it returns only when the engine never started (a bad flag)
     from ragserve.engine_args import EngineConfig, ServerConfig
 
     engine_config = EngineConfig.from_args(args)  # bad flags exit 2 here, before torch loads (~1.5 s)
@@ -48,4 +50,14 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).info("exiting with a decode graph compile in flight (it is abandoned)")
         logging.shutdown()
         os._exit(code)
-    return code
+    _exit_without_teardown(code)
+
+
+def _exit_without_teardown(code: int) -> None:
+    """Drained and stopped: run the exit handlers (logs and traces flushed, worker pools stopped) and end the process
+    without the interpreter's teardown, which frees torch, the model and the KV cache one object at a time."""
+    threading._shutdown()  # what interpreter exit does first: pools' queued work finished, their threads joined
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
