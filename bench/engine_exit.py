@@ -50,7 +50,7 @@ def one_exit(model: Path, src: str | None) -> float:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the engine did not come up (exit {proc.poll()})")
             time.sleep(0.1)
-        body = {"model": str(model), "prompt": "hello", "max_tokens": 2}
+        body = {"model": model.name, "prompt": "hello", "max_tokens": 2}
         httpx.post(url + "/v1/completions", json=body, timeout=60).raise_for_status()
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
