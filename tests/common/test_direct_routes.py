@@ -53,8 +53,10 @@ async def direct_handler(request):
         raise RuntimeError("broken on purpose")
     if path == "/refused":
         raise ApiError(429, "slow down", "rate_limit_exceeded", None, {"Retry-After": "3"})
-    body = await read_body(request, 64)
+    body = await read_body(request, 1 << 20 if path == "/big" else 64)
     request.state.model = "m"
+    if path == "/big":
+        return JSONResponse({"ok": True, "got": len(body)})
     if path == "/wait":  # until the client leaves
         left = asyncio.Event()
         request.on_gone = left.set
@@ -90,7 +92,7 @@ def serve(protocol) -> tuple[uvicorn.Server, threading.Thread, int]:
     return server, thread, sock.getsockname()[1]
 
 
-ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold", "/breaks")
+ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold", "/breaks", "/big")
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +204,16 @@ def test_a_stream_that_fails_mid_body_ends_the_connection_and_counts_broken(port
     assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"data: 1\n\n\r\n")  # cut: no last chunk
     until(lambda: COUNTED, "the answer counted")
     assert COUNTED == [(502, "stream_broken")] and EVENTS == ["generator closed"]
+
+
+def test_a_chunked_body_and_one_past_the_read_buffer_are_read_whole(ports):
+    head = b"POST /json HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = head + b'5\r\n{"a":\r\n3\r\n 1}\r\n0\r\n\r\n'
+    assert exchange(ports[0], chunked).endswith(b'{"ok":true,"got":8}')
+    big = b"x" * 300_000  # past uvicorn's 64 KiB: reading pauses until the handler reads on
+    with socket.create_connection(("127.0.0.1", ports[0]), timeout=30) as s:
+        s.sendall(post("/big", big) + post("/json"))
+        got = b""
+        while not _complete(got, 2):
+            got += s.recv(65536)
+    assert b'{"ok":true,"got":300000}' in got and got.endswith(b'{"ok":true,"got":2}')
