@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import pytest
-import uvicorn
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ragserve.http.body import read_body
 from ragserve.http.direct import Direct, direct_protocol
 from ragserve.http.errors import ApiError
-from tests.common.test_joined_writes import _complete, exchange
+from tests.common.test_joined_writes import _complete, exchange, serve
 
 EVENTS: list[str] = []
 COUNTED: list[tuple[int, str]] = []
@@ -79,26 +77,13 @@ async def asgi_app(scope, receive, send) -> None:  # the same answers through st
     await responses(scope["path"], body)(scope, receive, send)
 
 
-def serve(protocol) -> tuple[uvicorn.Server, threading.Thread, int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(asgi_app, http=protocol, lifespan="off", log_level="critical", date_header=False,
-                            server_header=False, loop="asyncio")  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, thread, sock.getsockname()[1]
-
-
 ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold", "/breaks", "/big")
 
 
 @pytest.fixture(scope="module")
 def servers():
     direct = Direct(dict.fromkeys(ROUTES, direct_handler), lambda o: COUNTED.append((o.status, o.reason)))
-    servers = [serve(direct_protocol(direct)), serve("httptools")]
+    servers = [serve(direct_protocol(direct), asgi_app), serve("httptools", asgi_app)]
     yield servers
     for server, thread, _ in servers:
         server.should_exit = True

@@ -60,10 +60,11 @@ async def app(scope, receive, send) -> None:
         raise RuntimeError("broken on purpose")
 
 
-def serve(protocol: type) -> tuple[uvicorn.Server, threading.Thread, int]:
+def serve(protocol, application=app) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """uvicorn on a thread with this protocol (a class or uvicorn's name for one), on a free loopback port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=protocol, lifespan="off", log_level="critical", date_header=False,
+    config = uvicorn.Config(application, http=protocol, lifespan="off", log_level="critical", date_header=False,
                             server_header=False, loop="asyncio")  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
