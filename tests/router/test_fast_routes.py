@@ -1,6 +1,6 @@
-"""The generate endpoints' plain-ASGI path (fast_routes.py), on a real router and engine: the checks FastAPI's
-dependencies made still run, in the same order (the request id first: a 401 or 429 carries it), and every refusal
-is an OpenAI error body; other methods get 405, other paths the FastAPI app's answers."""
+"""The generate endpoints' direct path (fast_routes.py on ragserve.http.direct), on a real router and engine: the
+checks FastAPI's dependencies made still run, in the same order (the request id first: a 401 or 429 carries it), and
+every refusal is an OpenAI error body; other methods get 405, other paths the FastAPI app's answers."""
 
 from __future__ import annotations
 
