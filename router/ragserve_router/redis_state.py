@@ -28,6 +28,14 @@ from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, l
 
 log = logging.getLogger(__name__)
 REJOIN_GRACE_S = 15.0  # an engine's registration backoff tops out at 10 s
+# a heartbeat's write, only while the engine is registered: one that read the record as a Deregister dropped it
+# must not bring it back (it would then be dropped again for missed heartbeats)
+UPDATE_REGISTERED = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+return 1
+"""
 
 
 @dataclass
@@ -52,6 +60,7 @@ class RedisState(RouterState):
         self.approx_max = approx_max
         self.owned: dict[str, Owned] = {}
         self.resync: set[str] = set()  # published again after Redis lost them: must register again
+        self._update_registered = self.redis.register_script(UPDATE_REGISTERED)
 
     def _k(self, *parts: str) -> str:
         return self.p + ":".join(parts)
@@ -87,10 +96,9 @@ class RedisState(RouterState):
                 return False
             record = EngineRecord.from_json(raw)
             record.load = load
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self._k("engines"), engine_id, record.to_json())
-                pipe.set(self._k("alive", engine_id), b"1", px=int(ttl_s * 1000))
-                await pipe.execute()
+            keys = [self._k("engines"), self._k("alive", engine_id)]
+            if not await self._update_registered(keys=keys, args=[engine_id, record.to_json(), int(ttl_s * 1000)]):
+                return False  # dropped (deregistered) since the read: not brought back
         except (RedisError, OSError):
             if owned is None:
                 raise

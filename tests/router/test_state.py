@@ -178,3 +178,27 @@ def test_a_record_stored_before_the_cachestore_moved_to_the_identity_reads():
     old["load"]["cachestore"] = old.pop("cachestore") or "store:1"
     record = EngineRecord.from_json(json.dumps(old))
     assert record.cachestore == "store:1" and record.load == Load()
+
+
+@pytest.mark.asyncio
+async def test_a_heartbeat_that_reads_the_record_as_it_is_dropped_does_not_bring_it_back(redis_url):
+    """Redis: the engine's Deregister drops it between its last Heartbeat's read of the record and that heartbeat's
+    write (two RPCs of one engine in flight at once on its replica)."""
+    state = RedisState(redis_url, f"test-{uuid.uuid4().hex[:8]}:")
+    try:
+        await state.register(record("a"), BLOB, ttl_s=0.2)
+        read = state.redis.hget
+
+        async def read_then_drop(*args):
+            raw = await read(*args)
+            assert await state.drop("a")
+            return raw
+
+        state.redis.hget = read_then_drop
+        assert not await state.heartbeat("a", Load(num_running=1), ttl_s=0.2)  # unknown now
+        state.redis.hget = read
+        await asyncio.sleep(0.4)
+        assert not await state.is_registered("a") and await state.engines() == []
+        assert await state.expired() == []  # nothing left to drop for missed heartbeats
+    finally:
+        await state.close()
