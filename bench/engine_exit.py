@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from report import provenance, rotated, write  # noqa: E402
 
+from ragserve.stack.spec import free_port  # noqa: E402
 from tests.helpers.tiny_models import tiny_model  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_exit(model: Path, src: str | None) -> float:

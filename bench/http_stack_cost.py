@@ -70,11 +70,8 @@ def router_stack(sock: socket.socket) -> None:
         request.state.tenant = request.headers.get("authorization") and "-"
         return Response(BODY if raw else b"", status_code=200, headers=HEADERS)
 
-    async def other(scope, receive, send) -> None:
-        raise AssertionError("only /v1/completions is asked for")
-
-    direct = Direct({"/v1/completions": front(completions, lambda r: None)}, count=lambda o: None)
-    _serve_uvicorn(other, direct_protocol(direct), sock)
+    direct = Direct({"/v1/completions": front(completions, lambda r: None)}, "router", lambda o: None)
+    _serve_uvicorn(no_app, direct_protocol(direct), sock)
 
 
 def asgi_stack(sock: socket.socket) -> None:
@@ -109,6 +106,11 @@ def raw_asgi(sock: socket.socket) -> None:
         await send({"type": "http.response.body", "body": BODY})
 
     _serve_uvicorn(app, JoinedHttpProtocol, sock)
+
+
+async def no_app(scope, receive, send) -> None:
+    """The ASGI app of a server whose protocol answers /v1/completions itself: the bench asks for nothing else."""
+    raise AssertionError(f"{scope['path']}: only /v1/completions is asked for")
 
 
 def _serve_uvicorn(app, protocol, sock: socket.socket) -> None:
@@ -173,10 +175,7 @@ def uvicorn_protocol_task(sock: socket.socket) -> None:
             self.transport.write(Bare.ANSWER)
             self.on_response_complete()
 
-    async def app(scope, receive, send) -> None:
-        raise AssertionError("no ASGI app runs")
-
-    _serve_uvicorn(app, Answering, sock)
+    _serve_uvicorn(no_app, Answering, sock)
 
 
 def bare(protocol: type[asyncio.Protocol]):
