@@ -14,14 +14,14 @@ import asyncio
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httptools
 from starlette.responses import Response, StreamingResponse
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from ragserve.http.direct_request import DirectRequest
-from ragserve.http.errors import ApiError, error_response
+from ragserve.http.errors import ApiError, internal_error
 from ragserve.http.joined import JoinedHttpProtocol
 from ragserve.http.outcomes import Outcome, ResponseSeen
 
@@ -31,10 +31,12 @@ Handler = Callable[[DirectRequest], Awaitable[Response]]
 
 @dataclass
 class Direct:
-    """The direct routes (path -> handler, any method: the handler answers 405 itself) and what counts answers."""
+    """The direct routes (path -> handler, any method: the handler answers 405 itself), whose they are (an unexpected
+    error's answer names it) and what counts answers."""
 
     routes: dict[str, Handler]
-    count: Callable[[Outcome], None] = field(default=lambda outcome: None)
+    component: str
+    count: Callable[[Outcome], None]
     broken: int = 502  # the status a stream cut by the server counts as
 
 
@@ -64,7 +66,7 @@ class DirectExchange:
 
     async def run(self, handler: Handler, direct: Direct) -> None:
         try:
-            await self._serve(handler)
+            await self._serve(handler, direct.component)
         except BaseException as exc:
             if not self.response_complete:  # nothing or part of an answer written: the client sees the connection end
                 self.transport.close()
@@ -75,8 +77,8 @@ class DirectExchange:
             status, reason = self.seen.outcome(direct.broken)
             direct.count(Outcome(status, reason, self.request.state_dict))
 
-    async def _serve(self, handler: Handler) -> None:
-        response = await self._answer(handler)
+    async def _serve(self, handler: Handler, component: str) -> None:
+        response = await self._answer(handler, component)
         try:
             if not self._disconnected:
                 await self._write(response)
@@ -84,7 +86,7 @@ class DirectExchange:
             if response.background is not None:
                 await response.background()
 
-    async def _answer(self, handler: Handler) -> Response:
+    async def _answer(self, handler: Handler, component: str) -> Response:
         request = self.request
         try:
             return await handler(request)
@@ -94,7 +96,7 @@ class DirectExchange:
             if self._disconnected:  # e.g. the body's read cut short: nobody to answer
                 return Response(status_code=499)
             log.exception("internal error on %s", request.path)
-            return error_response(500, "internal server error", "internal_error")
+            return internal_error(component)
 
     def _head(self, response: Response, chunked: bool) -> bytes:
         headers = response.raw_headers

@@ -59,6 +59,11 @@ class ApiError(Exception):
         return error_response(self.status, self.message, self.code, self.param, headers)
 
 
+def internal_error(component: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The answer to an unexpected exception in a handler (the exception itself goes to the component's log)."""
+    return error_response(500, f"internal {component} error", "internal_error", None, headers)
+
+
 def default_scope(status: int) -> str:
     return REQUEST_SCOPE if status < 500 else ENGINE_SCOPE
 
@@ -115,5 +120,4 @@ def install_error_handlers(app: FastAPI, component: str, log: logging.Logger, sc
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s", request.url.path)
-        headers = {ERROR_SCOPE_HEADER: REQUEST_SCOPE} if scoped else None
-        return error_response(500, f"internal {component} error", "internal_error", None, headers)
+        return internal_error(component, {ERROR_SCOPE_HEADER: REQUEST_SCOPE} if scoped else None)

@@ -117,7 +117,7 @@ def create_app(gw: Gateway) -> tuple[ASGIApp, Direct]:
 
     if gw.cfg.admin_api_key_file:
         install_admin(app, gw.pool, gw.cfg.admin_api_key_file)
-    return CountResponses(app, count=gw.metrics.count), Direct(routes, gw.metrics.count)
+    return CountResponses(app, count=gw.metrics.count), Direct(routes, "router", gw.metrics.count)
 
 
 async def _route(

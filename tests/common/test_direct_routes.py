@@ -82,7 +82,7 @@ ROUTES = ("/json", "/stream", "/close", "/fail", "/refused", "/wait", "/hold", "
 
 @pytest.fixture(scope="module")
 def servers():
-    direct = Direct(dict.fromkeys(ROUTES, direct_handler), lambda o: COUNTED.append((o.status, o.reason)))
+    direct = Direct(dict.fromkeys(ROUTES, direct_handler), "test", lambda o: COUNTED.append((o.status, o.reason)))
     servers = [serve(direct_protocol(direct), asgi_app), serve("httptools", asgi_app)]
     yield servers
     for server, thread, _ in servers:
@@ -140,7 +140,7 @@ def test_direct_and_asgi_paths_share_a_keep_alive_connection(ports):
 def test_errors_are_openai_bodies_and_every_answer_is_counted(ports):
     got = exchange(ports[0], post("/refused") + post("/fail") + post("/json", b"x" * 100) + post("/json"), answers=4)
     assert b"HTTP/1.1 429" in got and b"retry-after: 3" in got and b'"code":"rate_limit_exceeded"' in got
-    assert b"HTTP/1.1 500" in got and b'"code":"internal_error"' in got
+    assert b"HTTP/1.1 500" in got and b'"code":"internal_error"' in got and b"internal test error" in got
     assert b"HTTP/1.1 413" in got and b'"code":"body_too_large"' in got
     until(lambda: len(COUNTED) == 4, "4 answers counted")
     assert COUNTED == [(429, "rate_limit_exceeded"), (500, "internal_error"), (413, "body_too_large"), (200, "")]
