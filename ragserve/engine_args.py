@@ -93,6 +93,15 @@ class EngineConfig(FromArgs):
         spec=True,
         schema={"minimum": 0},
     )
+    max_long_partial_prefills: int = option(
+        1,
+        "with --long-prefill-token-threshold: most prompts longer than it prefilled at once (vLLM's); the others"
+        " wait their turn and shorter prompts may pass them; 0: no limit",
+        "scheduler",
+        type=int,
+        spec=True,
+        schema={"minimum": 0},
+    )
     preemption_mode: str = option(
         "recompute", "when KV blocks run out", "scheduler", choices=PREEMPTION_MODES, spec=True
     )
@@ -132,6 +141,7 @@ class EngineConfig(FromArgs):
                 f"kv_transfer_cpus names CPUs this machine lacks (it has {os.cpu_count()}): {self.kv_transfer_cpus}",
             ),
             (self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold must be >= 0"),
+            (self.max_long_partial_prefills >= 0, "max_long_partial_prefills must be >= 0"),
             (0 <= self.blend_recompute_fraction <= 1, "blend_recompute_fraction must be in [0, 1]"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]"),
             (self.num_gpu_blocks is None or self.num_gpu_blocks > 1, "num_gpu_blocks must be > 1"),

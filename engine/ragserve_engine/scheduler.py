@@ -10,6 +10,8 @@ Under --scheduling-policy priority a waiting request of higher priority than a r
 the lowest-priority running requests are preempted for its seat and KV blocks (as vLLM's priority policy does),
 and when it outranks every running request its first chunk runs in a step of its own priority only, so it is
 not slowed by a full batch of lower-priority work (those requests skip that one step).
+With --long-prefill-token-threshold a prefill takes at most that many tokens a step, and at most
+--max-long-partial-prefills prompts longer than it are prefilled at once.
 """
 
 from __future__ import annotations
@@ -154,6 +156,23 @@ class Scheduler:
             return remaining
         return cap
 
+    def _long_prefill(self, req: Request, remaining: int) -> bool:
+        """More prompt tokens left than --long-prefill-token-threshold: a long prefill, in chunks of the cap."""
+        return self._long_prefill_cap(req, remaining) < remaining
+
+    def _long_prefill_slot(self, req: Request) -> bool:
+        """--max-long-partial-prefills (vLLM's): a long prompt starts only while fewer long prefills are running
+        (of its priority or higher, under --scheduling-policy priority), so a queue of cold prompts gets its first
+        tokens one after another instead of all of them late; shorter prompts pass a long one that waits."""
+        limit, by_priority = self.config.max_long_partial_prefills, self.config.scheduling_policy == "priority"
+        if not limit:
+            return True
+        running = 0
+        for r in self.running:
+            left = r.live_seqs[0].num_tokens - r.live_seqs[0].num_computed_tokens if r.live_seqs else 0
+            running += self._long_prefill(r, left) and (not by_priority or r.priority <= req.priority)
+        return running < limit
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         self.running.sort(key=self._key)
         queue, kept = list(self.running), []
@@ -250,6 +269,9 @@ class Scheduler:
                 continue
             tail = self.remote.tail(req, len(hits[0]))
             remaining, chunk = self._first_chunk(req, hits, budget, tail)
+            if self._long_prefill(req, remaining) and not self._long_prefill_slot(req):
+                deferred.append(self.waiting.pop(0))  # a long prefill's turn: shorter prompts behind may go
+                continue
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
                 break
             if req.blend is not None and chunk < remaining:  # a blended prefill runs whole (blend/)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aragserve/v1/registry.proto\x12\x0bragserve.v1\"\xdb\x02\n\x0e\x45ngineIdentity\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x19\n\x11served_model_name\x18\x03 \x01(\t\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x12\n\nkey_scheme\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x1a\n\x12layout_fingerprint\x18\x07 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\x12\x37\n\x06labels\x18\n \x03(\x0b\x32\'.ragserve.v1.EngineIdentity.LabelsEntry\x12\x12\n\ncachestore\x18\x0b \x01(\t\x12\x0c\n\x04role\x18\x0c \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\x0fRegisterRequest\x12-\n\x08identity\x18\x01 \x01(\x0b\x32\x1b.ragserve.v1.EngineIdentity\x12\x16\n\x0etokenizer_json\x18\x02 \x01(\x0c\x12\x15\n\rchat_template\x18\x03 \x01(\t\x12\x1b\n\x13special_tokens_json\x18\x04 \x01(\t\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x1a\n\x12probe_block_hashes\x18\x07 \x03(\x0c\"]\n\x10RegisterResponse\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x17\n\x0fresume_from_seq\x18\x02 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\r\"\xcf\x03\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\x06 \x01(\x02\x12\x15\n\rdecode_step_s\x18\x07 \x01(\x02\x12\x1d\n\x15queued_prefill_tokens\x18\x08 \x01(\r\x12\x19\n\x11step_token_budget\x18\t \x01(\r\x12\x19\n\x11\x66\x65tch_s_per_block\x18\n \x01(\x02\x12\x1e\n\x16\x63omputed_prompt_tokens\x18\x0c \x01(\x04\x12\x1d\n\x15\x66\x65tched_prompt_tokens\x18\r \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_seq_s\x18\x0e \x01(\x02\x12$\n\x1clong_prefill_token_threshold\x18\x0f \x01(\r\x12,\n\x0b\x64\x65\x63ode_path\x18\x10 \x01(\x0e\x32\x17.ragserve.v1.DecodePath\x12\x1b\n\x13\x64\x65\x63ode_seq_measured\x18\x11 \x01(\x08J\x04\x08\x0b\x10\x0cR\ncachestore\"^\n\x10HeartbeatRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x1f\n\x04load\x18\x02 \x01(\x0b\x32\x11.ragserve.v1.Load\x12\x16\n\x0elast_event_seq\x18\x03 \x01(\x04\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"9\n\x0c\x42locksStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\x12\n\x10\x41llBlocksCleared\"\xad\x01\n\x07KVEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x06stored\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.BlocksStoredH\x00\x12-\n\x07removed\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.BlocksRemovedH\x00\x12\x30\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1d.ragserve.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"G\n\x0cKVEventBatch\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.ragserve.v1.KVEvent\"\x1f\n\nKVEventAck\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"6\n\x11\x44\x65registerRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12\x44\x65registerResponse*g\n\nDecodePath\x12\x15\n\x11\x44\x45\x43ODE_UNMEASURED\x10\x00\x12\x10\n\x0c\x44\x45\x43ODE_EAGER\x10\x01\x12\x1e\n\x1a\x44\x45\x43ODE_EAGER_BEFORE_GRAPHS\x10\x02\x12\x10\n\x0c\x44\x45\x43ODE_GRAPH\x10\x03\x32\xb8\x02\n\x08Registry\x12G\n\x08Register\x12\x1c.ragserve.v1.RegisterRequest\x1a\x1d.ragserve.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.ragserve.v1.HeartbeatRequest\x1a\x1e.ragserve.v1.HeartbeatResponse\x12H\n\x0eStreamKVEvents\x12\x19.ragserve.v1.KVEventBatch\x1a\x17.ragserve.v1.KVEventAck(\x01\x30\x01\x12M\n\nDeregister\x12\x1e.ragserve.v1.DeregisterRequest\x1a\x1f.ragserve.v1.DeregisterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aragserve/v1/registry.proto\x12\x0bragserve.v1\"\xdb\x02\n\x0e\x45ngineIdentity\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x19\n\x11served_model_name\x18\x03 \x01(\t\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x12\n\nkey_scheme\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x1a\n\x12layout_fingerprint\x18\x07 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\x12\x37\n\x06labels\x18\n \x03(\x0b\x32\'.ragserve.v1.EngineIdentity.LabelsEntry\x12\x12\n\ncachestore\x18\x0b \x01(\t\x12\x0c\n\x04role\x18\x0c \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\x0fRegisterRequest\x12-\n\x08identity\x18\x01 \x01(\x0b\x32\x1b.ragserve.v1.EngineIdentity\x12\x16\n\x0etokenizer_json\x18\x02 \x01(\x0c\x12\x15\n\rchat_template\x18\x03 \x01(\t\x12\x1b\n\x13special_tokens_json\x18\x04 \x01(\t\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x1a\n\x12probe_block_hashes\x18\x07 \x03(\x0c\"]\n\x10RegisterResponse\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x17\n\x0fresume_from_seq\x18\x02 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\r\"\xf2\x03\n\x04Load\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\x06 \x01(\x02\x12\x15\n\rdecode_step_s\x18\x07 \x01(\x02\x12\x1d\n\x15queued_prefill_tokens\x18\x08 \x01(\r\x12\x19\n\x11step_token_budget\x18\t \x01(\r\x12\x19\n\x11\x66\x65tch_s_per_block\x18\n \x01(\x02\x12\x1e\n\x16\x63omputed_prompt_tokens\x18\x0c \x01(\x04\x12\x1d\n\x15\x66\x65tched_prompt_tokens\x18\r \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_seq_s\x18\x0e \x01(\x02\x12$\n\x1clong_prefill_token_threshold\x18\x0f \x01(\r\x12,\n\x0b\x64\x65\x63ode_path\x18\x10 \x01(\x0e\x32\x17.ragserve.v1.DecodePath\x12\x1b\n\x13\x64\x65\x63ode_seq_measured\x18\x11 \x01(\x08\x12!\n\x19max_long_partial_prefills\x18\x12 \x01(\rJ\x04\x08\x0b\x10\x0cR\ncachestore\"^\n\x10HeartbeatRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x1f\n\x04load\x18\x02 \x01(\x0b\x32\x11.ragserve.v1.Load\x12\x16\n\x0elast_event_seq\x18\x03 \x01(\x04\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"9\n\x0c\x42locksStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\x12\n\x10\x41llBlocksCleared\"\xad\x01\n\x07KVEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x06stored\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.BlocksStoredH\x00\x12-\n\x07removed\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.BlocksRemovedH\x00\x12\x30\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1d.ragserve.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"G\n\x0cKVEventBatch\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12$\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x14.ragserve.v1.KVEvent\"\x1f\n\nKVEventAck\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"6\n\x11\x44\x65registerRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12\x44\x65registerResponse*g\n\nDecodePath\x12\x15\n\x11\x44\x45\x43ODE_UNMEASURED\x10\x00\x12\x10\n\x0c\x44\x45\x43ODE_EAGER\x10\x01\x12\x1e\n\x1a\x44\x45\x43ODE_EAGER_BEFORE_GRAPHS\x10\x02\x12\x10\n\x0c\x44\x45\x43ODE_GRAPH\x10\x03\x32\xb8\x02\n\x08Registry\x12G\n\x08Register\x12\x1c.ragserve.v1.RegisterRequest\x1a\x1d.ragserve.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.ragserve.v1.HeartbeatRequest\x1a\x1e.ragserve.v1.HeartbeatResponse\x12H\n\x0eStreamKVEvents\x12\x19.ragserve.v1.KVEventBatch\x1a\x17.ragserve.v1.KVEventAck(\x01\x30\x01\x12M\n\nDeregister\x12\x1e.ragserve.v1.DeregisterRequest\x1a\x1f.ragserve.v1.DeregisterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENGINEIDENTITY_LABELSENTRY']._loaded_options = None
   _globals['_ENGINEIDENTITY_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_DECODEPATH']._serialized_start=1778
-  _globals['_DECODEPATH']._serialized_end=1881
+  _globals['_DECODEPATH']._serialized_start=1813
+  _globals['_DECODEPATH']._serialized_end=1916
   _globals['_ENGINEIDENTITY']._serialized_start=44
   _globals['_ENGINEIDENTITY']._serialized_end=391
   _globals['_ENGINEIDENTITY_LABELSENTRY']._serialized_start=346
@@ -44,27 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE']._serialized_start=607
   _globals['_REGISTERRESPONSE']._serialized_end=700
   _globals['_LOAD']._serialized_start=703
-  _globals['_LOAD']._serialized_end=1166
-  _globals['_HEARTBEATREQUEST']._serialized_start=1168
-  _globals['_HEARTBEATREQUEST']._serialized_end=1262
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1264
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1298
-  _globals['_BLOCKSSTORED']._serialized_start=1300
-  _globals['_BLOCKSSTORED']._serialized_end=1357
-  _globals['_BLOCKSREMOVED']._serialized_start=1359
-  _globals['_BLOCKSREMOVED']._serialized_end=1396
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=1398
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=1416
-  _globals['_KVEVENT']._serialized_start=1419
-  _globals['_KVEVENT']._serialized_end=1592
-  _globals['_KVEVENTBATCH']._serialized_start=1594
-  _globals['_KVEVENTBATCH']._serialized_end=1665
-  _globals['_KVEVENTACK']._serialized_start=1667
-  _globals['_KVEVENTACK']._serialized_end=1698
-  _globals['_DEREGISTERREQUEST']._serialized_start=1700
-  _globals['_DEREGISTERREQUEST']._serialized_end=1754
-  _globals['_DEREGISTERRESPONSE']._serialized_start=1756
-  _globals['_DEREGISTERRESPONSE']._serialized_end=1776
-  _globals['_REGISTRY']._serialized_start=1884
-  _globals['_REGISTRY']._serialized_end=2196
+  _globals['_LOAD']._serialized_end=1201
+  _globals['_HEARTBEATREQUEST']._serialized_start=1203
+  _globals['_HEARTBEATREQUEST']._serialized_end=1297
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1299
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1333
+  _globals['_BLOCKSSTORED']._serialized_start=1335
+  _globals['_BLOCKSSTORED']._serialized_end=1392
+  _globals['_BLOCKSREMOVED']._serialized_start=1394
+  _globals['_BLOCKSREMOVED']._serialized_end=1431
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=1433
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=1451
+  _globals['_KVEVENT']._serialized_start=1454
+  _globals['_KVEVENT']._serialized_end=1627
+  _globals['_KVEVENTBATCH']._serialized_start=1629
+  _globals['_KVEVENTBATCH']._serialized_end=1700
+  _globals['_KVEVENTACK']._serialized_start=1702
+  _globals['_KVEVENTACK']._serialized_end=1733
+  _globals['_DEREGISTERREQUEST']._serialized_start=1735
+  _globals['_DEREGISTERREQUEST']._serialized_end=1789
+  _globals['_DEREGISTERRESPONSE']._serialized_start=1791
+  _globals['_DEREGISTERRESPONSE']._serialized_end=1811
+  _globals['_REGISTRY']._serialized_start=1919
+  _globals['_REGISTRY']._serialized_end=2231
 # @@protoc_insertion_point(module_scope)

@@ -82,7 +82,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., resume_from_seq: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold", "decode_path", "decode_seq_measured")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "free_blocks", "total_blocks", "prefill_tokens_per_s", "decode_step_s", "queued_prefill_tokens", "step_token_budget", "fetch_s_per_block", "computed_prompt_tokens", "fetched_prompt_tokens", "decode_seq_s", "long_prefill_token_threshold", "decode_path", "decode_seq_measured", "max_long_partial_prefills")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Load(_message.Message):
     LONG_PREFILL_TOKEN_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     DECODE_PATH_FIELD_NUMBER: _ClassVar[int]
     DECODE_SEQ_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    MAX_LONG_PARTIAL_PREFILLS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
@@ -115,7 +116,8 @@ class Load(_message.Message):
     long_prefill_token_threshold: int
     decode_path: DecodePath
     decode_seq_measured: bool
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ..., decode_path: _Optional[_Union[DecodePath, str]] = ..., decode_seq_measured: _Optional[bool] = ...) -> None: ...
+    max_long_partial_prefills: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_s: _Optional[float] = ..., queued_prefill_tokens: _Optional[int] = ..., step_token_budget: _Optional[int] = ..., fetch_s_per_block: _Optional[float] = ..., computed_prompt_tokens: _Optional[int] = ..., fetched_prompt_tokens: _Optional[int] = ..., decode_seq_s: _Optional[float] = ..., long_prefill_token_threshold: _Optional[int] = ..., decode_path: _Optional[_Union[DecodePath, str]] = ..., decode_seq_measured: _Optional[bool] = ..., max_long_partial_prefills: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("engine_id", "load", "last_event_seq")

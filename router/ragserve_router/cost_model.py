@@ -19,7 +19,9 @@ With no per-step prefill cap the queue is computed first: ahead = queued, steps 
 computed) / step budget). With the engine's --long-prefill-token-threshold cap C every prefill takes at
 most C tokens a step, so the prompt shares steps with the queued ones instead of waiting for all of
 them: steps = ceil(computed / C), and in each the others compute up to min(prompts x C, budget - C)
-tokens: ahead = min(queued, steps x that).
+tokens: ahead = min(queued, steps x that). With --max-long-partial-prefills L as well, a prompt of at most
+C tokens to compute shares its step with min(prompts, L) of them; a longer one waits for its turn behind
+L or more queued prompts: ahead = queued, steps = ceil(queued / (L x C)) + ceil(computed / C).
 
 prefill_rate, step_time (at the engine's decode batch when it reported), seq_time (what each
 further decoding sequence adds to a step) and fetch_time (per block) are measured by each engine
@@ -78,6 +80,7 @@ class Speed:
     fetch_s_per_block: float
     step_token_budget: int
     prefill_cap: int = 0  # --long-prefill-token-threshold (0: none)
+    long_prefills: int = 0  # --max-long-partial-prefills with the cap (0: any number)
 
     def step_at(self, decoding: float) -> float:
         return self.step_s + self.seq_s * max(0.0, decoding - self.batch)
@@ -154,7 +157,9 @@ def calibrate(load: Load, fleet: FleetFigures | Sequence[Load], block_size: int)
         seq = DEFAULT_SEQ_S * step / DEFAULT_STEP_S
     fetch = load.fetch_s_per_block or fleet.fetch_s_per_block or DEFAULT_FETCH_FRACTION * max(block_size, 1) / rate
     budget = load.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET
-    return Speed(rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold)
+    return Speed(
+        rate, step, seq, batch, fetch, budget, load.long_prefill_token_threshold, load.max_long_partial_prefills
+    )
 
 
 class FleetSpeeds:
@@ -217,11 +222,14 @@ def predict(
 
 def prefill_ahead(computed: int, queued: int, prompts: int, speed: Speed) -> tuple[int, int]:
     """(queued tokens computed before this prompt's first token, steps until then)."""
-    budget, cap = speed.step_token_budget, speed.prefill_cap
+    budget, cap, limit = speed.step_token_budget, speed.prefill_cap, speed.long_prefills
     if not cap or cap >= budget:
         return queued, max(1, math.ceil((queued + computed) / budget))
     steps = max(1, math.ceil(computed / cap))
-    per_step = min(max(1, prompts) * cap, budget - min(cap, computed))
+    if limit and computed > cap and prompts >= limit:  # a long prompt waits for a long prefill's turn
+        return queued, math.ceil(queued / (limit * cap)) + steps
+    sharing = min(max(1, prompts), limit or prompts or 1)
+    per_step = min(sharing * cap, budget - min(cap, computed))
     return min(queued, steps * per_step), steps
 
 

@@ -26,6 +26,7 @@ class Load:
     queued_prefill_tokens: int = 0
     step_token_budget: int = 0
     long_prefill_token_threshold: int = 0  # most tokens one prefill takes per step (0: no cap)
+    max_long_partial_prefills: int = 0  # with the cap: most prompts longer than it prefilled at once (0: any)
     fetch_s_per_block: float = 0.0
     computed_prompt_tokens: int = 0
     fetched_prompt_tokens: int = 0

@@ -2,7 +2,8 @@
 gateway.inferencePool renders, byte for byte, what main's chart rendered. golden/renders.json holds the
 sha256 of each scenario's whole `helm template` output (NOTES.txt included, the random registry token
 masked), made from main's chart at 7c9c65e and re-made when engines got `--long-prefill-token-threshold` (0 by
-default, the only line that moved) and when the router's Role lost `get` on pods (it only lists and watches them);
+default, the only line that moved), when the router's Role lost `get` on pods (it only lists and watches them) and
+when engines got `--max-long-partial-prefills 1` (the only lines that moved);
 the same holds with the feature's knobs set but `enabled: false`.
 
 A change meant to alter these renders updates the digests: `python -m tests.charts.test_default_render_unchanged`

@@ -172,10 +172,11 @@ def test_first_heartbeat_carries_start_up_measurements_and_no_calibration_trace(
     its per-sequence slope included, from the first heartbeat on, the per-step prefill cap, and nothing of the
     synthetic requests in its KV index, nor in the engine's counters or request metrics."""
     router = stack.router()
-    proc = stack.engine("eng-cal", "--long-prefill-token-threshold", "64")
+    proc = stack.engine("eng-cal", "--long-prefill-token-threshold", "64", "--max-long-partial-prefills", "2")
     until(lambda: stack.record("eng-cal").load.reported_at > 0, what="the first heartbeat")
     load = stack.record("eng-cal").load
     assert load.prefill_tokens_per_s > 0 and load.long_prefill_token_threshold == 64
+    assert load.max_long_partial_prefills == 2
     assert (load.computed_prompt_tokens, load.queued_prefill_tokens, load.free_blocks) == (0, 0, 256)
     # calibration decoded at batch 3 and 1: the slope was fitted, and the router ranks the engine on it
     assert load.decode_step_s > 0 and load.decode_seq_measured, load

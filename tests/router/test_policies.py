@@ -116,6 +116,19 @@ def test_under_a_per_step_prefill_cap_a_prompt_shares_steps_with_the_queue():
     assert p.ttft_s == pytest.approx((2000 + 21) / 1000 + 0.05)
 
 
+def test_with_a_long_prefill_limit_a_long_prompt_waits_its_turn_and_a_short_one_shares_one_step():
+    speed = calibrate(measured(long_prefill_token_threshold=256, max_long_partial_prefills=1), [], 16)
+    # 21 tokens to compute behind eight queued prompts: one step beside one long prefill's 256, not the budget
+    p = predict(661, 16, 40, 0, 2000, 0, 0, speed, work_weight=0.0, queued_prompts=8)
+    assert p.ttft_s == pytest.approx((256 + 21) / 1000 + 0.05)
+    # a cold 661-token prompt waits for the queue's long prefills, 256 tokens a step, then takes 3 of its own
+    p = predict(661, 16, 0, 0, 2000, 0, 0, speed, work_weight=0.0, queued_prompts=2)
+    assert p.ttft_s == pytest.approx((2000 + 661) / 1000 + (8 + 3) * 0.05)
+    # nothing queued: its own capped steps only
+    p = predict(661, 16, 0, 0, 0, 0, 0, speed, work_weight=0.0, queued_prompts=0)
+    assert p.ttft_s == pytest.approx(661 / 1000 + 3 * 0.05)
+
+
 def test_unmeasured_engines_borrow_the_fleets_median_speed():
     fleet = [measured(prefill_tokens_per_s=500.0), measured(prefill_tokens_per_s=700.0), Load()]
     speed = calibrate(Load(), fleet, 16)

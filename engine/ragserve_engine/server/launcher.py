@@ -87,7 +87,9 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
 
         ec = server.engine_config
         cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
-        server.registration = RegistrationClient(server.config, llm, server.model_name, KVEventLog(), cap)
+        server.registration = RegistrationClient(
+            server.config, llm, server.model_name, KVEventLog(), cap, ec.max_long_partial_prefills
+        )
         server.registration.start()
 
 

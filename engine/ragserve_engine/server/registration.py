@@ -52,9 +52,11 @@ class RegistrationClient:
         model_name: str,
         events: KVEventLog,
         long_prefill_token_threshold: int = 0,
+        max_long_partial_prefills: int = 0,
     ) -> None:
         self.cfg = cfg
         self.long_prefill_token_threshold = long_prefill_token_threshold  # where it applies (0: no cap)
+        self.max_long_partial_prefills = max_long_partial_prefills
         self.llm = llm
         self.model_name = model_name
         self.events = events
@@ -188,6 +190,7 @@ class RegistrationClient:
             decode_seq_measured=stats.decode_seq_measured,
             decode_path=registry_pb2.DecodePath.Value("DECODE_" + stats.decode_path.upper()),
             long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_long_partial_prefills=self.max_long_partial_prefills,
             queued_prefill_tokens=stats.queued_prefill_tokens,
             step_token_budget=stats.step_token_budget,
             fetch_s_per_block=stats.fetch_s_per_block,

@@ -33,6 +33,7 @@ renders the same (tests/charts/test_engine_command.py); the engine flags are rag
 {{- include "ragserve.arg" (list "--max-num-seqs" $e.maxNumSeqs) }}
 {{- include "ragserve.arg" (list "--max-num-batched-tokens" $e.maxNumBatchedTokens) }}
 {{- include "ragserve.arg" (list "--long-prefill-token-threshold" $e.longPrefillTokenThreshold) }}
+{{- include "ragserve.arg" (list "--max-long-partial-prefills" $e.maxLongPartialPrefills) }}
 {{- include "ragserve.arg" (list "--preemption-mode" $e.preemptionMode) }}
 {{- include "ragserve.arg" (list "--swap-space" $e.swapSpace) }}
 {{- include "ragserve.arg" (list "--scheduling-policy" $e.schedulingPolicy) }}
