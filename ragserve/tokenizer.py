@@ -28,6 +28,11 @@ def long_text(prompt: object) -> bool:
     return isinstance(prompt, str) and len(prompt) > OFFLOAD_CHARS
 
 
+def long_messages(messages: list[dict]) -> bool:
+    """Chat messages whose text contents add up to over OFFLOAD_CHARS: rendered and tokenized on a worker thread."""
+    return sum(len(m.get("content") or "") for m in messages) > OFFLOAD_CHARS
+
+
 def _raise(message: str):
     raise TemplateError(message)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 
@@ -12,6 +14,7 @@ from ragserve import __version__
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
+from ragserve.tokenizer import long_messages, long_text
 from ragserve_engine.server.engine_server import READY, EngineServer
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.pooling_routes import add_pooling_routes
@@ -62,9 +65,12 @@ def create_app(server: EngineServer) -> FastAPI:
             if req.messages is not None:
                 messages = [m.render_dict() for m in req.messages]
                 tools = tool_request(req.tools, None)  # rendered as a chat request's are
-                tokens = server.chat.encode(messages, tools, req.add_generation_prompt)
+                encode = functools.partial(server.chat.encode, messages, tools, req.add_generation_prompt)
+                big = long_messages(messages)
             else:
-                tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+                encode = functools.partial(tok.encode, req.prompt, add_special_tokens=req.add_special_tokens)
+                big = long_text(req.prompt)
+            tokens = await asyncio.to_thread(encode) if big else encode()  # a long text not on the event loop
         except ValueError as exc:
             raise bad_request(exc, "messages") from None
         return JSONResponse({"count": len(tokens), "max_model_len": server.llm.info.max_model_len, "tokens": tokens})

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ragserve.http.errors import ApiError
-from ragserve.tokenizer import OFFLOAD_CHARS
+from ragserve.tokenizer import long_messages
 from ragserve_engine.engine_client import RequestOutput
 from ragserve_engine.server.blend_api import chunked_chat
 from ragserve_engine.server.errors import bad_request
@@ -53,8 +53,8 @@ class ChatServing(OpenAIServing):
                 raise invalid("tools", "tools do not combine with blended chunks")
             return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
-            big = sum(len(m.get("content") or "") for m in messages) > OFFLOAD_CHARS
-            prompt = await asyncio.to_thread(self.encode, messages, tools) if big else self.encode(messages, tools)
+            encode = functools.partial(self.encode, messages, tools)
+            prompt = await asyncio.to_thread(encode) if long_messages(messages) else encode()
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
         return await self.run(request, req, [prompt], params)
