@@ -2,9 +2,10 @@
 
 Continuous batching as the real scheduler does it: FCFS admission while max_num_seqs and the KV pool allow, a
 token budget per step spent on one token per decoding sequence first, then on (chunked) prefills past their
-prefix-cache hits. A step lasts decode_base_s + decode_seq_s x decoding sequences + prefill tokens /
-prefill_tokens_per_s (the line the real engine fits and reports, ragserve_engine.load_stats). Every generated
-token is the same token, so no text is real; usage, cached tokens and KV events are.
+prefix-cache hits, under the engine's per-step prefill cap and long-prompt turns. A step lasts decode_base_s +
+decode_seq_s x decoding sequences + prefill tokens / prefill_tokens_per_s (the line the real engine fits and
+reports, ragserve_engine.load_stats). Every generated token is the same token, so no text is real; usage, cached
+tokens and KV events are.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class SimEngine:
     max_model_len: int = 4096
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0  # as the engine's: most tokens one prefill takes a step (0: none)
+    max_long_partial_prefills: int = 0  # with the cap: most prompts longer than it prefilled at once (0: any)
 
     def __post_init__(self) -> None:
         self.kv = SimKV(self.layout, self.num_blocks)
@@ -190,15 +193,8 @@ class SimEngine:
             if not self.running:  # the head of the queue waits for blocks no running request will free
                 await asyncio.sleep(self.cost.decode_base_s)
                 continue
-            budget = self.max_num_batched_tokens
             decoding = [r for r in self.running if r.num_computed >= r.seq.num_prompt_tokens]
-            budget -= len(decoding)
-            chunks: list[tuple[SimRequest, int]] = []
-            for r in self.running:
-                if r.num_computed < r.seq.num_prompt_tokens and budget > 0:
-                    take = min(budget, r.seq.num_prompt_tokens - r.num_computed)
-                    chunks.append((r, take))
-                    budget -= take
+            chunks = self._chunks(self.max_num_batched_tokens - len(decoding))
             now = time.monotonic()
             for r, _ in chunks:
                 r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
@@ -217,6 +213,24 @@ class SimEngine:
                     if r.num_computed == r.seq.num_prompt_tokens:
                         self._emit(r)
             self._publish()
+
+    def _chunks(self, budget: int) -> list[tuple[SimRequest, int]]:
+        """This step's prefill chunks, in admission order: each at most the cap, and prompts with more than the cap
+        left only while fewer than max_long_partial_prefills of them are taking a chunk (the others wait their
+        turn, shorter ones pass them), as the engine's scheduler does."""
+        cap, limit = self.long_prefill_token_threshold, self.max_long_partial_prefills
+        chunks, longs = [], 0
+        for r in self.running:
+            left = r.seq.num_prompt_tokens - r.num_computed
+            if left <= 0 or budget <= 0:
+                continue
+            if cap and left > cap:
+                if limit and longs >= limit:
+                    continue
+                longs, left = longs + 1, cap
+            chunks.append((r, min(budget, left)))
+            budget -= chunks[-1][1]
+        return chunks
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:

@@ -53,8 +53,9 @@ class SimMember:
     @classmethod
     def create(cls, sim: SimConfig, cfg: ServerConfig, ec: EngineConfig, layout: KVLayout, tok: PromptTokenizer):
         cost = SimCost(sim.prefill_tokens_per_s, sim.decode_base_s, sim.decode_seq_s)
+        cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
         engine = SimEngine(tok, layout, ec.num_gpu_blocks, cost, ec.max_model_len, ec.max_num_seqs,
-                           ec.max_num_batched_tokens)  # fmt: skip
+                           ec.max_num_batched_tokens, cap, ec.max_long_partial_prefills)  # fmt: skip
         server = EngineServer(cfg, ec, ec.served_model_name or ec.model)
         return cls(server, engine, create_app(server))
 
@@ -62,8 +63,11 @@ class SimMember:
         """Loaded at once: serve, and register with the router (if any)."""
         self.server.attach(self.engine)
         if self.server.config.router:
-            self.server.registration = RegistrationClient(self.server.config, self.engine, self.server.model_name,
-                                                          KVEventLog())  # fmt: skip
+            engine = self.engine
+            self.server.registration = RegistrationClient(
+                self.server.config, engine, self.server.model_name, KVEventLog(),
+                engine.long_prefill_token_threshold, engine.max_long_partial_prefills,
+            )  # fmt: skip
             self.server.registration.start()
 
     async def stop(self, reason: str) -> None:
