@@ -57,13 +57,16 @@ def start(model: str, cache: Path, threads: int, src: str | None, max_num_seqs: 
     return proc, f"http://127.0.0.1:{port}"
 
 
-def wait_ready(proc: subprocess.Popen, url: str) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float | None = None) -> None:
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     while proc.poll() is None:
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
+        if deadline is not None and time.monotonic() > deadline:
+            raise RuntimeError(f"engine not ready after {timeout_s:.0f} s")
         time.sleep(0.1)
     raise RuntimeError(f"engine exited with {proc.returncode}")
 

@@ -24,6 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from cold_start import wait_ready  # noqa: E402
 from report import provenance, rotated, write  # noqa: E402
 
 from ragserve.stack.spec import free_port  # noqa: E402
@@ -39,11 +40,7 @@ def one_exit(model: Path, src: str | None) -> float:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the engine did not come up (exit {proc.poll()})")
-            time.sleep(0.1)
+        wait_ready(proc, url, timeout_s=300)
         body = {"model": model.name, "prompt": "hello", "max_tokens": 2}
         httpx.post(url + "/v1/completions", json=body, timeout=60).raise_for_status()
         t0 = time.monotonic()
@@ -56,13 +53,6 @@ def one_exit(model: Path, src: str | None) -> float:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def main() -> int:

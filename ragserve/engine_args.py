@@ -123,6 +123,11 @@ class EngineConfig(FromArgs):
         "both", "prefill: compute prompts and store their KV; decode: fetch it and decode", "cluster", choices=ROLES
     )
 
+    @property
+    def prefill_cap(self) -> int:
+        """--long-prefill-token-threshold where it applies (chunked prefill on), else 0: no per-step cap."""
+        return self.long_prefill_token_threshold if self.enable_chunked_prefill else 0
+
     def __post_init__(self) -> None:
         self.check_choices()
         if self.kv_transfer_cpus is not None:

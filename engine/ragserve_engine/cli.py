@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ragserve_engine.compilation.events import COMPILE_THREAD
 
@@ -36,7 +36,7 @@ def start_engine(config: EngineConfig) -> EngineClient:
     return AsyncLLM(config)
 
 
-def run(args: argparse.Namespace) -> int:  # it returns only when the engine never started (a bad flag)
+def run(args: argparse.Namespace) -> NoReturn:
     from ragserve.engine_args import EngineConfig, ServerConfig
 
     engine_config = EngineConfig.from_args(args)  # bad flags exit 2 here, before torch loads (~1.5 s)
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:  # it returns only when the engine nev
     _exit_without_teardown(code)
 
 
-def _exit_without_teardown(code: int) -> None:
+def _exit_without_teardown(code: int) -> NoReturn:
     """Drained and stopped: run the exit handlers (logs and traces flushed, worker pools stopped) and end the process
     without the interpreter's teardown, which frees torch, the model and the KV cache one object at a time."""
     threading._shutdown()  # what interpreter exit does first: pools' queued work finished, their threads joined

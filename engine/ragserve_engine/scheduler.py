@@ -138,9 +138,14 @@ class Scheduler:
         pairs = zip(req.live_seqs, hits, strict=True)
         return sum(self.kv_manager.num_blocks_needed(s, tokens, len(h)) for s, h in pairs)
 
-    def _chunk(self, req: Request, budget: int) -> int:
+    @staticmethod
+    def _tokens_left(req: Request) -> int:
+        """Tokens its sequences (in lockstep) have still to compute: 0 with none live."""
         seqs = req.live_seqs
-        remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens
+        return seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        seqs, remaining = req.live_seqs, self._tokens_left(req)
         if (cap := self._long_prefill_cap(req, remaining)) < remaining:
             return min(cap, budget // len(seqs))
         if remaining * len(seqs) <= budget:
@@ -151,8 +156,8 @@ class Scheduler:
         """--long-prefill-token-threshold (vLLM's): one prefill takes at most that many tokens a step, so a cold
         prompt never holds a whole step's budget and a prompt arriving during it gets its first token a step
         or two later, not after the cold prefill."""
-        cap = self.config.long_prefill_token_threshold
-        if not cap or not self.config.enable_chunked_prefill or req.blend is not None:
+        cap = self.config.prefill_cap
+        if not cap or req.blend is not None:
             return remaining
         return cap
 
@@ -169,8 +174,7 @@ class Scheduler:
             return True
         running = 0
         for r in self.running:
-            left = r.live_seqs[0].num_tokens - r.live_seqs[0].num_computed_tokens if r.live_seqs else 0
-            running += self._long_prefill(r, left) and (not by_priority or r.priority <= req.priority)
+            running += self._long_prefill(r, self._tokens_left(r)) and (not by_priority or r.priority <= req.priority)
         return running < limit
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -330,8 +334,7 @@ class Scheduler:
         past blocks a prefill ahead of them computes (counted once)."""
         total, bs = 0, self.kv_manager.block_size
         for req in self.running:
-            seqs = req.live_seqs
-            remaining = seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
+            remaining = self._tokens_left(req)
             total += remaining if remaining > 1 else 0
         computing = self._blocks_in_prefill()
         for req in [*self.waiting, *self.remote]:

@@ -228,7 +228,7 @@ def prefill_ahead(computed: int, queued: int, prompts: int, speed: Speed) -> tup
     steps = max(1, math.ceil(computed / cap))
     if limit and computed > cap and prompts >= limit:  # a long prompt waits for a long prefill's turn
         return queued, math.ceil(queued / (limit * cap)) + steps
-    sharing = min(max(1, prompts), limit or prompts or 1)
+    sharing = min(max(1, prompts), limit) if limit else max(1, prompts)
     per_step = min(sharing * cap, budget - min(cap, computed))
     return min(queued, steps * per_step), steps
 

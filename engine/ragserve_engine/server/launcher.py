@@ -86,9 +86,8 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         from ragserve_engine.server.registration import RegistrationClient
 
         ec = server.engine_config
-        cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
         server.registration = RegistrationClient(
-            server.config, llm, server.model_name, KVEventLog(), cap, ec.max_long_partial_prefills
+            server.config, llm, server.model_name, KVEventLog(), ec.prefill_cap, ec.max_long_partial_prefills
         )
         server.registration.start()
 

@@ -53,9 +53,8 @@ class SimMember:
     @classmethod
     def create(cls, sim: SimConfig, cfg: ServerConfig, ec: EngineConfig, layout: KVLayout, tok: PromptTokenizer):
         cost = SimCost(sim.prefill_tokens_per_s, sim.decode_base_s, sim.decode_seq_s)
-        cap = ec.long_prefill_token_threshold if ec.enable_chunked_prefill else 0
         engine = SimEngine(tok, layout, ec.num_gpu_blocks, cost, ec.max_model_len, ec.max_num_seqs,
-                           ec.max_num_batched_tokens, cap, ec.max_long_partial_prefills)  # fmt: skip
+                           ec.max_num_batched_tokens, ec.prefill_cap, ec.max_long_partial_prefills)  # fmt: skip
         server = EngineServer(cfg, ec, ec.served_model_name or ec.model)
         return cls(server, engine, create_app(server))
 
