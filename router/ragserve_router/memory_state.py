@@ -88,6 +88,10 @@ class MemoryState(RouterState):
     async def record_route(self, hashes: Sequence[bytes], engine_id: str) -> None:
         self.approx.record(hashes, engine_id)
 
+    def record_route_now(self, hashes: Sequence[bytes], engine_id: str) -> bool:
+        self.approx.record(hashes, engine_id)
+        return True
+
     async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
         return self.approx.match(ttl_by_engine, hashes)
 

@@ -224,7 +224,7 @@ class Routing:
 
     def remember(self, key: RoutingKey, engine_id: str) -> None:
         """Routing history (the approximate index): the prompt's blocks are going to this engine."""
-        if key.hashes:
+        if key.hashes and not self.state.record_route_now(key.hashes, engine_id):
             self.background(self._record(key.hashes, engine_id))
 
     async def _record(self, hashes: list[bytes], engine_id: str) -> None:

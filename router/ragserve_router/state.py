@@ -99,6 +99,10 @@ class RouterState(ABC):
     async def record_route(self, hashes: Sequence[bytes], engine_id: str) -> None:
         """Remember that these blocks were just sent to engine_id (the approximate index)."""
 
+    def record_route_now(self, hashes: Sequence[bytes], engine_id: str) -> bool:
+        """record_route done at once where the index is in process (True); False: await record_route instead."""
+        return False
+
     @abstractmethod
     async def match_approx(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
         """Per engine, how many leading hashes were routed to it within its TTL."""

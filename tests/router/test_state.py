@@ -126,6 +126,14 @@ async def test_approximate_index_ttl_per_engine(state):
 
 
 @pytest.mark.asyncio
+async def test_the_in_process_index_records_a_route_at_once_redis_leaves_it_to_record_route(state):
+    # Routing.remember records in process without a task per request; Redis's write goes to a background task
+    done = state.record_route_now([h(0), h(1)], "e")
+    got = await state.match_approx({"e": 600}, [h(0), h(1)])
+    assert (done, got) == ((True, {"e": 2}) if isinstance(state, MemoryState) else (False, {"e": 0}))
+
+
+@pytest.mark.asyncio
 async def test_an_eviction_event_overrides_an_earlier_route_there(state):
     """Routes to an engine count as its blocks for a while (it is about to compute them); once the engine
     reports evicting them, routing there again must not predict a hit, however recently it was routed."""
