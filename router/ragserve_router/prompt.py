@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from ragserve.chunks import chunk_set_key, has_chunks
 from ragserve.keys import block_hashes, root_hash
+from ragserve.token_cache import Uncached
 from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, normalize_messages
 from ragserve_router.engines import ModelSpec
 from ragserve_router.state import RouterState
@@ -40,16 +41,19 @@ class RoutingKey:
         return self.block_tokens > 0 and not self.chunk_tokens
 
 
-def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool) -> list[int] | None:
-    """Token ids exactly as the engine prefills them, or None if the prompt is not routable this way."""
+def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool, budget: int | None = None) -> list[int] | None:
+    """Token ids exactly as the engine prefills them, or None if the prompt is not routable this way. Uncached:
+    over `budget` characters of it are not in the tokenizer's cache (token_cache.py)."""
     if chat:
         messages, tools = body.get("messages"), tool_variables(body, tokenizer.chat_template or "")
-        return tokenizer.encode_chat(messages, **tools) if isinstance(messages, list) and tools is not None else None
+        if not isinstance(messages, list) or tools is None:
+            return None
+        return tokenizer.encode_chat(messages, budget=budget, **tools)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
         prompt = prompt[0]  # a batch of prompts: route on the first
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt, budget=budget)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     return None
@@ -140,28 +144,34 @@ class Tokenizers:
     ) -> RoutingKey:
         """Token block hashes when the model's tokenizer is known, else text-chunk hashes.
 
-        `size` is the request's byte size: a body over OFFLOAD_CHARS is tokenized off the event loop.
+        `size` is the request's byte size: a body over OFFLOAD_CHARS is tokenized off the event loop, unless all
+        but OFFLOAD_CHARS of it is in the tokenizer's cache (a RAG context seen before).
         """
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         tokenizer = await self.get(spec.tokenizer_fingerprint) if spec else None
         if spec and tokenizer:
             args = (tokenizer, spec, body, chat, salt)
-            key = await asyncio.to_thread(token_key, *args) if size > OFFLOAD_CHARS else token_key(*args)
+            try:
+                key = token_key(*args, budget=OFFLOAD_CHARS if size > OFFLOAD_CHARS else None)
+            except Uncached:
+                key = await asyncio.to_thread(token_key, *args)
             if key is not None:
                 return key
         return RoutingKey(text_hashes(prompt_bytes(body, chat), model, salt), 0)
 
 
 def token_key(
-    tokenizer: PromptTokenizer, spec: ModelSpec, body: dict, chat: bool, salt: str | None
+    tokenizer: PromptTokenizer, spec: ModelSpec, body: dict, chat: bool, salt: str | None, budget: int | None = None
 ) -> RoutingKey | None:
     try:
         if chat and isinstance(body.get("messages"), list) and has_chunks(body["messages"]):  # docs/blend.md
+            if budget is not None:
+                raise Uncached
             chunks, num_tokens = chunk_set_key(tokenizer, body["messages"], model_root(spec.model_id), salt)
             if chunks:  # the chunk set, not the prefix
                 keys, lengths = zip(*chunks, strict=True)
                 return RoutingKey(list(keys), spec.block_size, num_tokens, tuple(lengths))
-        tokens = prompt_tokens(tokenizer, body, chat)
+        tokens = prompt_tokens(tokenizer, body, chat, budget)
     except (ValueError, TypeError, AttributeError) as exc:  # the engine will answer the client about it
         log.debug("cannot tokenize request for routing: %s", exc)
         return None
