@@ -29,7 +29,8 @@ from ragserve_engine.outputs import CompletionOutput, RequestMetrics, RequestOut
 from ragserve_engine.sample_step import SampleStep
 from ragserve_engine.sampler import Sampler, top_logprobs
 from ragserve_engine.sampling_params import SamplingParams
-from ragserve_engine.scheduler import Scheduler, SchedulerOutput
+from ragserve_engine.scheduler import Scheduler
+from ragserve_engine.scheduler_output import SchedulerOutput
 from ragserve_engine.sequence import Request, Sequence
 from ragserve_engine.stop import StopCriteria
 from ragserve_engine.structured.grammar import GrammarCompiler

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+from ragserve_engine.scheduler_output import ScheduledSeq, SchedulerOutput
 
 DECAY = 0.9  # weight of the past per observed step
 MIN_X_VARIANCE = 0.25  # batch-size variance (std 0.5) the recent decode steps need before a slope is fitted

@@ -21,7 +21,7 @@ from ragserve_engine.layers.packed_linear import can_pack, pack_weights
 from ragserve_engine.layers.quant_linear import quantize_weights
 from ragserve_engine.models.llama import LlamaForCausalLM
 from ragserve_engine.models.loader import load_model
-from ragserve_engine.scheduler import SchedulerOutput
+from ragserve_engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 1 << 30

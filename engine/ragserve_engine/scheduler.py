@@ -10,49 +10,23 @@ Under --scheduling-policy priority a waiting request of higher priority than a r
 the lowest-priority running requests are preempted for its seat and KV blocks (as vLLM's priority policy does),
 and when it outranks every running request its first chunk runs in a step of its own priority only, so it is
 not slowed by a full batch of lower-priority work (those requests skip that one step).
-With --long-prefill-token-threshold a prefill takes at most that many tokens a step, and at most
---max-long-partial-prefills prompts longer than it are prefilled at once.
+How many tokens each request computes, and which waiting prompts wait their turn: prefill_policy.py.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ragserve.engine_args import EngineConfig
-from ragserve.keys import cacheable_blocks
 from ragserve_engine.kv_cache_manager import KVCacheManager
+from ragserve_engine.prefill_policy import PrefillPolicy
 from ragserve_engine.remote_fetches import RemoteFetches
-from ragserve_engine.sequence import Request, Sequence, Status
+from ragserve_engine.scheduler_output import ScheduledSeq, SchedulerOutput
+from ragserve_engine.sequence import Request, Status
 
 if TYPE_CHECKING:
     from ragserve_engine.kv_connector import CacheStoreConnector
-
-
-@dataclass
-class ScheduledSeq:
-    request: Request
-    seq: Sequence
-    num_new_tokens: int
-    sample: bool = False  # the chunk reaches the end of the sequence: sample its last logits
-
-    def __post_init__(self) -> None:
-        self.sample = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
-    num_preempted: int = 0
-    newly_cached: list = field(default_factory=list)  # (block, hash) registered after this step
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
 
 
 class Scheduler:
@@ -65,6 +39,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.remote = RemoteFetches(config, kv_manager, connector)  # WAITING_FOR_REMOTE_KVS
+        self.prefill = PrefillPolicy(config, kv_manager)
         self.num_preemptions = 0
 
     def _key(self, req: Request):
@@ -110,7 +85,8 @@ class Scheduler:
         head = self.waiting[0]
         if head.priority >= max(r.priority for r in self.running):
             return False
-        while self.num_running_seqs + len(head.live_seqs) > self.config.max_num_seqs or not self._kv_for(head, budget):
+        seats = self.config.max_num_seqs - len(head.live_seqs)  # the most running sequences that leave it a seat
+        while self.num_running_seqs > seats or not self.prefill.kv_for_first_chunk(head, budget):
             victim = max(self.running, key=self._key)
             if victim.priority <= head.priority:
                 break
@@ -123,66 +99,12 @@ class Scheduler:
         self._schedule_waiting(out, budget, up_to=head.priority)
         return bool(out.scheduled)
 
-    def _kv_for(self, req: Request, budget: int) -> bool:
-        """Free KV blocks for the waiting request's first chunk (past its local prefix hit)."""
-        hits = self._prefix_hits(req)
-        _, chunk = self._first_chunk(req, hits, budget)
-        return self.kv_manager.can_allocate(self._blocks_needed(req, hits, max(1, chunk)), [b for h in hits for b in h])
-
-    def _first_chunk(self, req: Request, hits: list[list], budget: int, tail: int = 0) -> tuple[int, int]:
-        """A waiting request's prompt tokens left past its hits (and a fetched tail), and its first chunk of them."""
-        remaining = req.live_seqs[0].num_tokens - len(hits[0]) * self.kv_manager.block_size - tail
-        return remaining, min(remaining, budget // len(req.live_seqs), self._long_prefill_cap(req, remaining))
-
-    def _blocks_needed(self, req: Request, hits: list[list], tokens: int) -> int:
-        pairs = zip(req.live_seqs, hits, strict=True)
-        return sum(self.kv_manager.num_blocks_needed(s, tokens, len(h)) for s, h in pairs)
-
-    @staticmethod
-    def _tokens_left(req: Request) -> int:
-        """Tokens its sequences (in lockstep) have still to compute: 0 with none live."""
-        seqs = req.live_seqs
-        return seqs[0].num_tokens - seqs[0].num_computed_tokens if seqs else 0
-
-    def _chunk(self, req: Request, budget: int) -> int:
-        seqs, remaining = req.live_seqs, self._tokens_left(req)
-        if (cap := self._long_prefill_cap(req, remaining)) < remaining:
-            return min(cap, budget // len(seqs))
-        if remaining * len(seqs) <= budget:
-            return remaining
-        return budget // len(seqs) if self.config.enable_chunked_prefill else 0
-
-    def _long_prefill_cap(self, req: Request, remaining: int) -> int:
-        """--long-prefill-token-threshold (vLLM's): one prefill takes at most that many tokens a step, so a cold
-        prompt never holds a whole step's budget and a prompt arriving during it gets its first token a step
-        or two later, not after the cold prefill."""
-        cap = self.config.prefill_cap
-        if not cap or req.blend is not None:
-            return remaining
-        return cap
-
-    def _long_prefill(self, req: Request, remaining: int) -> bool:
-        """More prompt tokens left than --long-prefill-token-threshold: a long prefill, in chunks of the cap."""
-        return self._long_prefill_cap(req, remaining) < remaining
-
-    def _long_prefill_slot(self, req: Request) -> bool:
-        """--max-long-partial-prefills (vLLM's): a long prompt starts only while fewer long prefills are running
-        (of its priority or higher, under --scheduling-policy priority), so a queue of cold prompts gets its first
-        tokens one after another instead of all of them late; shorter prompts pass a long one that waits."""
-        limit, by_priority = self.config.max_long_partial_prefills, self.config.scheduling_policy == "priority"
-        if not limit:
-            return True
-        running = 0
-        for r in self.running:
-            running += self._long_prefill(r, self._tokens_left(r)) and (not by_priority or r.priority <= req.priority)
-        return running < limit
-
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         self.running.sort(key=self._key)
         queue, kept = list(self.running), []
         while queue and budget > 0:
             req = queue.pop(0)
-            chunk = self._chunk(req, budget)
+            chunk = self.prefill.chunk(req, budget)
             if chunk == 0:
                 queue.insert(0, req)
                 break
@@ -239,7 +161,7 @@ class Scheduler:
             seqs = req.live_seqs
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
-            chunk = self._chunk(req, budget)
+            chunk = self.prefill.chunk(req, budget)
             if chunk == 0 or not self.kv_manager.can_swap_in(seqs, chunk):
                 break
             self.swapped.pop(0)
@@ -251,7 +173,7 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, up_to: int | None = None) -> None:
-        computing = self._blocks_in_prefill()
+        computing = self.prefill.blocks_in_prefill(self.running)
         deferred: list[Request] = []
         while self.waiting and budget > 0:
             req = self.waiting[0]
@@ -260,20 +182,20 @@ class Scheduler:
                 break
             if self.num_running_seqs + len(seqs) > self.config.max_num_seqs:
                 break
-            hits = self._prefix_hits(req)
+            hits = self.prefill.prefix_hits(req)
             fetched = self.remote.start(req, len(hits[0]), bool(self.running))
             if fetched is None:  # now waiting for remote KVs
                 self.waiting.remove(req)
                 req.status = Status.WAITING_FOR_REMOTE_KVS
                 continue
             if fetched:
-                hits = self._prefix_hits(req)
-            if self._next_block_in_prefill(req, len(hits[0]), computing):
+                hits = self.prefill.prefix_hits(req)
+            if self.prefill.next_block_in_prefill(req, len(hits[0]), computing):
                 deferred.append(self.waiting.pop(0))  # a running prefill is computing its next blocks: reuse them
                 continue
             tail = self.remote.tail(req, len(hits[0]))
-            remaining, chunk = self._first_chunk(req, hits, budget, tail)
-            if self._long_prefill(req, remaining) and not self._long_prefill_slot(req):
+            remaining, chunk = self.prefill.first_chunk(req, hits, budget, tail)
+            if self.prefill.long_prefill(req, remaining) and not self.prefill.long_prefill_slot(req, self.running):
                 deferred.append(self.waiting.pop(0))  # a long prefill's turn: shorter prompts behind may go
                 continue
             if chunk < remaining and not self.config.enable_chunked_prefill or chunk <= 0:
@@ -282,7 +204,7 @@ class Scheduler:
                 if remaining <= self.config.max_num_batched_tokens:
                     break
                 req.blend = None  # too long for one step: an exact chunked prefill instead
-            needed = self._blocks_needed(req, hits, chunk + tail)
+            needed = self.prefill.blocks_needed(req, hits, chunk + tail)
             if not self.kv_manager.can_allocate(needed, [b for h in hits for b in h]):
                 break
             self.waiting.pop(0)
@@ -296,32 +218,8 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
             budget -= self._emit(out, req, chunk)
-            computing.update(self._uncomputed_blocks(req))
+            computing.update(self.prefill.uncomputed_blocks(req))
         self.waiting[:0] = deferred  # they keep their place in line
-
-    def _shares_prefix(self, req: Request) -> bool:
-        """Its prompt blocks are cached for (and hit by) others: prefix caching, one sequence, not blended."""
-        single = len(req.live_seqs) == 1 and req.blend is None and req.params.prompt_logprobs is None
-        return self.config.enable_prefix_caching and single
-
-    def _uncomputed_blocks(self, req: Request) -> list[bytes]:
-        seq, bs = req.live_seqs[0] if self._shares_prefix(req) else None, self.kv_manager.block_size
-        if seq is None or seq.num_computed_tokens >= seq.num_prompt_tokens:
-            return []
-        return seq.block_hashes[seq.num_computed_tokens // bs : seq.num_prompt_tokens // bs]
-
-    def _blocks_in_prefill(self) -> set[bytes]:
-        """Prompt blocks running requests are still prefilling: cached for everyone once computed."""
-        return {h for req in self.running for h in self._uncomputed_blocks(req)}
-
-    def _next_block_in_prefill(self, req: Request, num_hits: int, computing: set[bytes]) -> bool:
-        """SGLang's in-batch prefix sharing: a waiting prompt whose next uncached block a running prefill is
-        computing waits for it instead of computing the same tokens next to it."""
-        if not computing or not self._shares_prefix(req):
-            return False
-        seq = req.live_seqs[0]
-        cacheable = cacheable_blocks(seq.num_tokens, self.kv_manager.block_size)
-        return num_hits < cacheable and seq.block_hashes[num_hits] in computing
 
     def _poll_remote(self) -> None:
         for req in self.remote.poll(bool(self.running)):
@@ -330,33 +228,8 @@ class Scheduler:
         self.waiting.sort(key=self._key)
 
     def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute: partial prefills, and waiting requests past their local prefix hit and
-        past blocks a prefill ahead of them computes (counted once)."""
-        total, bs = 0, self.kv_manager.block_size
-        for req in self.running:
-            remaining = self._tokens_left(req)
-            total += remaining if remaining > 1 else 0
-        computing = self._blocks_in_prefill()
-        for req in [*self.waiting, *self.remote]:
-            seqs = req.live_seqs
-            if not seqs:
-                continue
-            hashes, hit = seqs[0].block_hashes, len(self._prefix_hits(req)[0])
-            cacheable = cacheable_blocks(seqs[0].num_tokens, bs)
-            while self._shares_prefix(req) and hit < cacheable and hashes[hit] in computing:
-                hit += 1
-            if self._shares_prefix(req):
-                computing.update(hashes[hit : seqs[0].num_prompt_tokens // bs])
-            total += seqs[0].num_tokens - max(hit * bs, seqs[0].num_computed_tokens)
-        return total
-
-    def _prefix_hits(self, req: Request) -> list[list]:
-        seqs = req.live_seqs
-        if req.params.prompt_logprobs is not None or req.blend is not None:  # no logits / blended whole
-            return [[] for _ in seqs]
-        hits = [self.kv_manager.get_computed_blocks(s, req.cache_salt) for s in seqs]
-        common = min(len(h) for h in hits)
-        return [h[:common] for h in hits]
+        """Prompt tokens still to compute, for the load the engine reports (PrefillPolicy.queued_prefill_tokens)."""
+        return self.prefill.queued_prefill_tokens(self.running, [*self.waiting, *self.remote])
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """The step computed the scheduled tokens: advance and publish full blocks."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragserve_engine.load_stats import LoadTracker
-from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+from ragserve_engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from ragserve_engine.sequence import Sequence
 
 

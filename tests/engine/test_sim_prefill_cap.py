@@ -1,4 +1,4 @@
-"""The sim engine's steps follow the engine's per-step prefill cap and long-prompt turns (scheduler.py): what
+"""The sim engine's steps follow the engine's per-step prefill cap and long-prompt turns (prefill_policy.py): what
 `--long-prefill-token-threshold` and `--max-long-partial-prefills` do to first tokens, on a SimEngine in process."""
 
 from __future__ import annotations

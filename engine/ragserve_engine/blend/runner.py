@@ -24,7 +24,7 @@ from ragserve_engine.blend.spec import BlendSpec, BlendUsage, Selection
 from ragserve_engine.blend.store import ChunkStore
 from ragserve_engine.block_pool import KVEvent
 from ragserve_engine.model_runner import ModelOutput, ModelRunner
-from ragserve_engine.scheduler import ScheduledSeq, SchedulerOutput
+from ragserve_engine.scheduler_output import ScheduledSeq, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
