@@ -54,6 +54,7 @@ class KVCacheManager:
         self.stats = CacheStats()
         self.swap = SwapPool(num_swap_blocks)
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the next step
+        self.on_hits: Callable[[list[KVCacheBlock]], None] | None = None  # told the prefix hits each admission takes
 
     @property
     def block_size(self) -> int:
@@ -164,6 +165,8 @@ class KVCacheManager:
             self.pool.touch(list(hits))
             seq.blocks += hits
             seq.num_computed_tokens += len(hits) * self.block_size
+            if self.on_hits is not None:
+                self.on_hits(hits)
         new = []
         if self._needs_cow(seq):
             new.append(self._copy_on_write(seq))

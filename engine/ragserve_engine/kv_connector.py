@@ -12,7 +12,8 @@ recomputing the blocks would take at the engine's measured prefill speed (waitin
 cannot pay; waiting that long costs at most twice the better choice). The fetch and offload threads run at a
 lower CPU priority than the step thread (BACKGROUND_NICE). Offload (kv_offload.py): after
 each step, newly cached blocks are gathered (one copy) and handed to a background thread through a
-bounded queue, which serializes and sends them (dropped under backpressure). A block's bytes (gather,
+bounded queue, which serializes and sends them (dropped under backpressure); so are the local prefix
+hits of an admitted request that the store refused before. A block's bytes (gather,
 scatter, size) are the KV cache's own (attention/kv_cache.py); this module decides what moves and when.
 """
 
@@ -98,6 +99,7 @@ class CacheStoreConnector:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.stats = ConnectorStats()
         self.offloader = Offloader(client, kv_cache, self.stats, queue_blocks, transfer_cpus)
+        kv_manager.on_hits = self.offloader.offload_refused  # a refused block a prompt hits locally goes out again
         self.offload, self.flush, self.save_mark = (
             self.offloader.offload,
             self.offloader.flush,

@@ -2,8 +2,10 @@
 
 After each step the newly cached blocks are gathered (one copy) and handed to a background thread through a bounded
 queue, which serializes and puts them (dropped under backpressure). Blocks stored or fetched recently are not sent
-again; blocks whose last put the store did not take (down, backing off, queue full) are, when computed again. A
-prefill engine (kv_tail.py) waits on a save mark: the queue's end when its prompt completed.
+again; blocks whose last put the store did not take (down, backing off, queue full) are, when computed again or hit
+in the local prefix cache by an admitted request (KVCacheManager.on_hits). A block is in the queue at most once: one
+queued and not yet sent is not queued again. A prefill engine (kv_tail.py) waits on a save mark: the queue's end when
+its prompt completed.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Offloader:
         self.client, self.kv_cache, self.stats, self.cpus = client, kv_cache, stats, cpus
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # stored or fetched recently: skip offload
         self._refused: OrderedDict[bytes, None] = OrderedDict()  # blocks whose last put the store did not take
+        self._pending: set[bytes] = set()  # queued, not yet sent (added by the step thread, removed by the offload one)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_blocks)
         self._queued = 0  # blocks ever queued for offload (step thread)
         self._sent = 0  # of them, put to the store or given up on, in queue order (offload thread)
@@ -100,9 +103,9 @@ class Offloader:
         self._thread.start()
 
     def offload(self, blocks: list[tuple[KVCacheBlock, bytes]], scheduled: list = ()) -> None:
-        """Queue newly cached (block, hash) pairs: one gather copy here, serialized and sent by the thread.
-        The put is traced under the first traced request of the step (`scheduled`)."""
-        todo = [(b, h) for b, h in blocks if h not in self._seen or h in self._refused]
+        """Queue cached (block, hash) pairs (newly cached, or hits the store refused): one gather copy here, serialized
+        and sent by the thread. The put is traced under the first traced request of the step (`scheduled`)."""
+        todo = self._to_queue(blocks)
         if not todo:
             return
         room = max(self._queue.maxsize - self._queue.qsize(), 0)
@@ -116,13 +119,28 @@ class Offloader:
         gathered = self.kv_cache.gather([b.block_id for b, _ in todo])
         span = next((tracing.live[r] for r in (s.request.request_id for s in scheduled) if r in tracing.live), None)
         for i, (_, h) in enumerate(todo):
+            self._pending.add(h)  # before the put: the thread may send it at once
             try:
                 self._queue.put_nowait((h, gathered, i, span))
                 self._queued += 1
                 self.remember(h)
             except queue.Full:
+                self._pending.discard(h)
                 self.stats.dropped += 1
                 touch(self._refused, h)
+
+    def _to_queue(self, blocks: list[tuple[KVCacheBlock, bytes]]) -> list[tuple[KVCacheBlock, bytes]]:
+        """The (block, hash) pairs to queue, each hash once: not stored or fetched recently, or refused the last
+        time, and not in the queue already."""
+        todo = {h: b for b, h in blocks if h not in self._pending and (h not in self._seen or h in self._refused)}
+        return [(b, h) for h, b in todo.items()]
+
+    def offload_refused(self, hits: list[KVCacheBlock]) -> None:
+        """An admitted request's local prefix hits (KVCacheManager.on_hits): those whose last put the store did not
+        take go out again, as nothing computes them again while they stay cached. Resident and referenced by the
+        request now, so their gather is safe."""
+        if self._refused:  # nearly always empty
+            self.offload([(b, b.block_hash) for b in hits if b.block_hash in self._refused])
 
     def _offload_loop(self) -> None:
         from ragserve_cachestore.client import KVBlock
@@ -156,6 +174,7 @@ class Offloader:
                     touch(self._refused, b.key)
                 else:
                     self._refused.pop(b.key, None)
+                self._pending.discard(b.key)  # after _refused: a refused block may be queued again from here on
             with self._sent_cv:
                 self._sent += len(blocks)
                 self._sent_cv.notify_all()
