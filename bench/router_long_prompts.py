@@ -5,7 +5,8 @@ kv_aware tokenizes every prompt it routes. Each repeat starts every router afres
 (prefilling 2M tokens/s: no queue builds in them) and, for --seconds, sends long completions (a different
 ~--prompt-chars text each, 1 token) to the router at --long-rate while bench/router_scale.py's added-latency
 step runs short requests at --rate (alternating router / direct; added = router p50 - direct p50, and p99).
-Routers are interleaved; the table gives medians over --repeats.
+Routers are interleaved; the table gives medians over --repeats. With --contexts N the long prompts are RAG chats
+instead: a system message holding one of N ~--prompt-chars contexts (in turn), a short question of its own each.
 
     git archive 2c7e61c ragserve router | tar -x -C /tmp/base   # the tree before the change
     flock /tmp/cpu.lock .venv/bin/python bench/router_long_prompts.py --baseline-src /tmp/base:/tmp/base/router
@@ -44,23 +45,36 @@ def long_prompts(n: int, chars: int, seed: int = 0) -> list[str]:
     return [f"Request {k}. " + text[(i := rng.randrange(len(text) - chars)) : i + chars] for k in range(n)]
 
 
-async def long_load(router: str, prompts: list[str], rate: float) -> list[float]:
-    """The long prompts, open loop at `rate`: their latencies through the router (failures left out)."""
+def long_requests(n: int, chars: int, contexts: int) -> list[tuple[str, dict]]:
+    """(path, body) of n long requests: different completions, or RAG chats over `contexts` contexts in turn."""
+    if not contexts:
+        return [("/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 1}) for p in long_prompts(n, chars)]
+    docs = long_prompts(contexts, chars)
+    return [
+        ("/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "system", "content": f"Answer from this context.\n\n{docs[k % contexts]}"},
+            {"role": "user", "content": f"Question {k}: what does the context say?"},
+        ]})
+        for k in range(n)
+    ]  # fmt: skip
+
+
+async def long_load(router: str, requests: list[tuple[str, dict]], rate: float) -> list[float]:
+    """The long requests, open loop at `rate`: their latencies through the router (failures left out)."""
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=500)) as http:
 
-        async def one(k: int, prompt: str) -> float | None:
+        async def one(k: int, request: tuple[str, dict]) -> float | None:
             await asyncio.sleep(k / rate)
             t0 = time.perf_counter()
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
-            resp = await http.post(router + "/v1/completions", json=body)
+            resp = await http.post(router + request[0], json=request[1])
             return time.perf_counter() - t0 if resp.status_code == 200 else None
 
-        done = await asyncio.gather(*(one(k, p) for k, p in enumerate(prompts)))
+        done = await asyncio.gather(*(one(k, r) for k, r in enumerate(requests)))
     return [x for x in done if x is not None]
 
 
 async def step(router: str, engines: list[str], args) -> dict:
-    prompts = long_prompts(int(args.long_rate * args.seconds), args.prompt_chars)
+    prompts = long_requests(int(args.long_rate * args.seconds), args.prompt_chars, args.contexts)
     longs, short = await asyncio.gather(
         long_load(router, prompts, args.long_rate), added_latency(router, engines, args.rate, args.seconds)
     )
@@ -90,7 +104,9 @@ def markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}` at {report['commit']}, {report['date']}. 2 sims; short requests at "
         f"{a['rate']:g}/s (router and direct, alternating) while ~{a['prompt_chars']}-character prompts go to the "
-        f"router at {a['long_rate']:g}/s, {a['seconds']:g} s; median of {a['repeats']} interleaved repeats.",
+        f"router at {a['long_rate']:g}/s, {a['seconds']:g} s"
+        + (f" (RAG chats over {a['contexts']} contexts in turn)" if a.get("contexts") else " (each different)")
+        + f"; median of {a['repeats']} interleaved repeats.",
         "",
         "| router | short: added p50 ms | added p99 ms | long prompts: p50 ms through the router | router CPU s "
         "| added p50 each repeat | errors |",
@@ -110,6 +126,7 @@ def main() -> int:
     p.add_argument("--long-rate", type=float, default=10.0)
     p.add_argument("--prompt-chars", type=int, default=12000)
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--contexts", type=int, default=0, help="long prompts as RAG chats over N contexts (0: all new)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routers", type=lambda s: s.split(","), default=["ragserve-kv_aware", "smg-cache_aware"])
     p.add_argument("--baseline-src", default=None, help="PYTHONPATH entries of another tree, run as " + BASELINE)
@@ -135,7 +152,7 @@ def main() -> int:
         row |= medians(rs, ("added_p50_ms", "added_p99_ms", "long_p50_ms", "router_cpu_s"))
         row["added_p50_each"] = [r["added_p50_ms"] for r in rs]
         rows.append(row)
-    keep = ("rate", "long_rate", "prompt_chars", "seconds", "repeats", "baseline_src")
+    keep = ("rate", "long_rate", "prompt_chars", "seconds", "repeats", "baseline_src", "contexts")
     report = {
         **provenance("router_long_prompts.py"),
         "args": {k: getattr(args, k) for k in keep},
