@@ -69,11 +69,18 @@ def block_hashes(
     prev = root if start == 0 else parent
     if prev is None:
         raise ValueError("parent hash is required when start > 0")
-    salt = cache_salt.encode() if cache_salt else b""
+    if len(prev) != HASH_BYTES:
+        raise ValueError(f"parent hash must be {HASH_BYTES} bytes, got {len(prev)}")
+    end = len(token_ids) // block_size
+    if start >= end:
+        return []
+    packed = _pack_tokens(token_ids[start * block_size : end * block_size])  # hash_block's framing, packed once
+    size, framing = 4 * block_size, struct.pack("<I", 4 * block_size)
+    extras = (_lp(cache_salt.encode() if cache_salt else b""), _lp(b""))
     out: list[bytes] = []
-    for i in range(start, len(token_ids) // block_size):
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        prev = hash_block(prev, block, salt if i == 0 else b"")
+    for i in range(start, end):
+        at = (i - start) * size
+        prev = hashlib.sha256(prev + framing + packed[at : at + size] + extras[i > 0]).digest()
         out.append(prev)
     return out
 
