@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -18,11 +19,12 @@ import httpx
 from ragserve.http.errors import REQUEST_SCOPE, ApiError, error_body
 from ragserve_router.engine_client import EngineResponse
 from ragserve_router.engines import CONNECT, SERVER_ERROR, EngineRecord
-from ragserve_router.stream_usage import sse
+from ragserve_router.stream_usage import END, sse
 from ragserve_router.upstream import Routed, Upstream
 
 log = logging.getLogger(__name__)
 DONE_EVENT = b"data: [DONE]\n\n"
+_TOKEN_IDS = re.compile(rb', "token_ids": \[([0-9, ]*)\]')  # a choice's ids, as json.dumps writes them
 DONE, CUT, ENGINE_ERROR, REQUEST_ERROR = "done", "cut", "engine_error", "request_error"
 
 
@@ -89,6 +91,8 @@ class Relay:
         if data == b"[DONE]":
             self.outcome = DONE
             return DONE_EVENT
+        if (out := self._plain(data)) is not None:
+            return out
         try:
             obj = json.loads(data)
         except ValueError:
@@ -106,6 +110,27 @@ class Relay:
         if changed is None:
             return None
         return sse(obj) if changed else event + b"\n\n"
+
+    def _plain(self, data: bytes) -> bytes | None:
+        """A middle chunk of one choice as a ragserve engine writes it (json.dumps' separators), handled on its bytes:
+        its token ids taken, what the client did not ask for (`token_ids`, `"usage": null`) cut out. The bytes
+        _chunk's json.dumps would give; None for any other chunk (the first, the last, one with usage, a resumed
+        segment's, an error), which _chunk handles."""
+        if not self.first or self.migrations or data.count(b'"finish_reason": null') != 1 or b'"error"' in data:
+            return None
+        usage = data.count(b'"usage"')
+        if usage and (usage > 1 or b', "usage": null}' not in data):
+            return None
+        found = _TOKEN_IDS.findall(data)
+        if len(found) > 1 or (not found and self.plan.active):  # _choice decides whether it can still resume
+            return None
+        if found and self.plan.active:
+            self.tokens += [int(t) for t in found[0].split(b", ") if t]
+        if found and not self.plan.client_wants_ids:
+            data = _TOKEN_IDS.sub(b"", data)
+        if usage and self.plan.hides_usage:
+            data = data.replace(b', "usage": null}', b"}")
+        return b"data: " + data + END
 
     def _chunk(self, obj: dict) -> bool | None:
         """Collect token ids and usage, hide what the client did not ask for, join resumed segments; None: drop it."""
