@@ -6,12 +6,15 @@ this class, built from the same tokenizer.json and chat template.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -23,6 +26,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})  # chat 
 # Prompts over this many characters (~1k tokens, ~1 ms) are tokenized on a worker thread: encode releases the GIL,
 # so the event loop serves other requests meanwhile, on another core if there is one.
 OFFLOAD_CHARS = 4096
+T = TypeVar("T")
 
 
 def long_text(prompt: object) -> bool:
@@ -33,6 +37,17 @@ def long_text(prompt: object) -> bool:
 def long_messages(messages: list[dict]) -> bool:
     """Chat messages whose text contents add up to over OFFLOAD_CHARS: rendered and tokenized on a worker thread."""
     return sum(len(m.get("content") or "") for m in messages) > OFFLOAD_CHARS
+
+
+async def encode_beside_loop(encode: Callable[..., T], long: bool) -> T:
+    """encode() on the event loop, unless `long` and over OFFLOAD_CHARS of it is not in the token cache: then on a
+    worker thread (encode releases the GIL, so the loop serves others meanwhile). `encode` takes `budget=`."""
+    if not long:
+        return encode()
+    try:
+        return encode(budget=OFFLOAD_CHARS)
+    except Uncached:
+        return await asyncio.to_thread(encode)
 
 
 def _raise(message: str):

@@ -14,12 +14,12 @@ import json
 import logging
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from ragserve.chunks import chunk_set_key, has_chunks
 from ragserve.keys import block_hashes, root_hash
 from ragserve.token_cache import Uncached
-from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, normalize_messages
+from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, encode_beside_loop, normalize_messages
 from ragserve_router.engines import ModelSpec
 from ragserve_router.state import RouterState
 
@@ -150,11 +150,7 @@ class Tokenizers:
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         tokenizer = await self.get(spec.tokenizer_fingerprint) if spec else None
         if spec and tokenizer:
-            args = (tokenizer, spec, body, chat, salt)
-            try:
-                key = token_key(*args, budget=OFFLOAD_CHARS if size > OFFLOAD_CHARS else None)
-            except Uncached:
-                key = await asyncio.to_thread(token_key, *args)
+            key = await encode_beside_loop(partial(token_key, tokenizer, spec, body, chat, salt), size > OFFLOAD_CHARS)
             if key is not None:
                 return key
         return RoutingKey(text_hashes(prompt_bytes(body, chat), model, salt), 0)

