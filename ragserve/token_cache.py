@@ -44,6 +44,11 @@ class TokenCache:
         self._entries.clear()
         self._chars = self.hits = self.misses = 0
 
+    @property
+    def chars(self) -> int:
+        """Characters of text whose ids are kept."""
+        return self._chars
+
     def encode(self, text: str, budget: int | None = None) -> list[int]:
         """The ids of `text`; Uncached when over `budget` characters of it would have to be tokenized."""
         if self.split is None or len(text) < MIN_CHARS:

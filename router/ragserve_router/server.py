@@ -115,6 +115,7 @@ async def serve(cfg: RouterConfig) -> int:
     metrics = RouterMetrics()
     pool = EnginePool(cfg, state, metrics, external)
     tokenizers = Tokenizers(state)
+    metrics.watch_token_caches(lambda: [t.cache for t in list(tokenizers.cache.values())])
     if external:
         tokenizers.add(external.spec.tokenizer_fingerprint, external.tokenizer)
     gateway = Gateway(

@@ -181,3 +181,23 @@ def test_counters_equal_the_clients_tally(stack):
         assert within_one_bucket(histogram_quantile(q, e2e), min(client.e2e), max(client.e2e), LATENCY_BUCKETS)
         assert within_one_bucket(histogram_quantile(q, ttft), min(client.ttft), max(client.ttft), LATENCY_BUCKETS)
         assert within_one_bucket(histogram_quantile(q, engine_ttft), 0, max(client.e2e), LATENCY_BUCKETS)
+
+
+def test_the_token_cache_counts_a_context_tokenized_once_and_found_again(stack):
+    """Two chats over one long context (its own system message): the router tokenizes it once and finds it the
+    second time (ragserve.token_cache)."""
+    router, _, client = stack
+
+    def figures() -> tuple[float, float, float]:
+        page = scrape(router.url)
+        pieces = {s.labels["result"]: s.value for s in page[ROUTER + "token_cache_pieces_total"]}
+        return pieces["hit"], pieces["miss"], page[ROUTER + "token_cache_chars"][0].value
+
+    context = "Context: the router keys each prompt's blocks exactly as the engine does. " * 30
+    hit, miss, chars = figures()
+    for question in ("What does the router key?", "And how?"):
+        messages = [{"role": "system", "content": context}, {"role": "user", "content": question}]
+        body = {"model": "tiny", "messages": messages, "max_tokens": 2}
+        assert client.send("POST", "/v1/chat/completions", json=body).status_code == 200
+    after = figures()
+    assert after[:2] == (hit + 1, miss + 1) and after[2] >= chars + len(context)
