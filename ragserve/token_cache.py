@@ -39,7 +39,7 @@ class TokenCache:
         self._entries: OrderedDict[str, array] = OrderedDict()
         self._chars = self.hits = self.misses = 0  # long pieces found, and tokenized
         self._lock = threading.Lock()
-        if self.split and any(self.encode(p) != self._whole(p) for p in _probes(self.ids)):
+        if self.split and self.encode(probe := _probe(self.ids)) != self._whole(probe):
             self.ids, self.split = {}, None
         self._entries.clear()
         self._chars = self.hits = self.misses = 0
@@ -124,6 +124,7 @@ def _cut_tokens(tokenizer: Tokenizer, tokenizer_json: str) -> dict[str, int]:
     return cut
 
 
-def _probes(tokens: dict[str, int]) -> list[str]:
-    filler = "word " * (MIN_CHARS // 5 + 1)  # long enough to take the cut path
-    return [filler + _PROBE.format(t=t) + filler for t in tokens]
+def _probe(tokens: dict[str, int]) -> str:
+    """One text with every cut token in it (a tokenizer may have hundreds), long enough to take the cut path."""
+    filler = "word " * (MIN_CHARS // 5 + 1)
+    return filler + "".join(_PROBE.format(t=t) for t in tokens) + filler

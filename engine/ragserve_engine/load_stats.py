@@ -22,6 +22,7 @@ from ragserve_engine.scheduler_output import ScheduledSeq, SchedulerOutput
 
 DECAY = 0.9  # weight of the past per observed step
 MIN_X_VARIANCE = 0.25  # batch-size variance (std 0.5) the recent decode steps need before a slope is fitted
+MIN_BASE_SHARE = 0.1  # of the mean decode step: the least the line gives at any batch
 MIN_PREFILL_SAMPLE = 16  # tokens; smaller prefill chunks say more about overhead than throughput
 # decode_path values (the heartbeat's DecodePath, proto/ragserve/v1/registry.proto, lower-cased)
 UNMEASURED, EAGER, EAGER_BEFORE_GRAPHS, GRAPH = "unmeasured", "eager", "eager_before_graphs", "graph"
@@ -58,10 +59,12 @@ class _Ewma:
         return self.fit
 
     def at(self, x: float) -> float:
+        """The line at batch x; never under MIN_BASE_SHARE of the mean step, as a step's fixed cost (its weights
+        read once) is not: a noisy fit (a step slowed by another process) may cross zero near batch 0."""
         if self.w == 0:
             return 0.0
-        slope = self.slope()
-        return max(0.0, (self.y - slope * self.x) / self.w + slope * x)
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        return max(MIN_BASE_SHARE * mean_y, mean_y + self.slope() * (x - mean_x))
 
 
 @dataclass

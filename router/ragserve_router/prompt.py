@@ -135,7 +135,7 @@ class Tokenizers:
                 if blob is None:
                     return None
                 tok = PromptTokenizer(blob.tokenizer_json, blob.chat_template, blob.special_tokens)
-                await asyncio.to_thread(lambda: tok.tokenizer)  # parse tokenizer.json once, off the loop
+                await asyncio.to_thread(lambda: tok.cache)  # parse tokenizer.json, check the cut: once, off the loop
                 self.cache[fingerprint] = tok
         return self.cache[fingerprint]
 

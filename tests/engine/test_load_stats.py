@@ -99,3 +99,15 @@ def test_graph_steps_are_fitted_apart_and_the_path_is_reported():
         load.observe(step(0, 1), 0.004, queued_prefill_tokens=0, graph=True)
     assert load.decode_seq_measured and load.decode_seq_s == 0.0  # measured flat
     assert load.decode_step_s(4) == pytest.approx(0.004)
+
+
+def test_a_noisy_window_leaves_the_decode_line_a_fixed_cost() -> None:
+    """Calibration decodes at batch 3, then 1; batch-3 steps slowed by another process fitted a slope whose line
+    went through zero at batch 0, and the engine reported a 0 s decode step (a CI failure at 4a438ec)."""
+    load = LoadTracker(step_token_budget=2048)
+    for _ in range(8):
+        load.observe(step(0, 3), 0.120, queued_prefill_tokens=0)  # 30 ms a step at batch 1, 120 ms at 3: slowed
+    for _ in range(8):
+        load.observe(step(0, 1), 0.030, queued_prefill_tokens=0)
+    assert load.decode_seq_measured and load.decode_step_s(0) >= 0.1 * 0.048  # a tenth of the mean step at least
+    assert load.decode_step_s(1) == pytest.approx(0.030, rel=0.5)
