@@ -45,10 +45,18 @@ def root_hash(model_id: str, namespace: str = "") -> bytes:
 
 def hash_block(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
     """Hash of one full block chained onto its parent's hash."""
+    return _chain(_checked_parent(parent), _lp(_pack_tokens(token_ids)), _lp(extra))
+
+
+def _checked_parent(parent: bytes) -> bytes:
     if len(parent) != HASH_BYTES:
         raise ValueError(f"parent hash must be {HASH_BYTES} bytes, got {len(parent)}")
-    data = parent + _lp(_pack_tokens(token_ids)) + _lp(extra)
-    return hashlib.sha256(data).digest()
+    return parent
+
+
+def _chain(parent: bytes, framed_tokens: bytes, framed_extra: bytes) -> bytes:
+    """h_i from its parent, lp(u32le(tokens of block i)) and lp(extra_i)."""
+    return hashlib.sha256(parent + framed_tokens + framed_extra).digest()
 
 
 def block_hashes(
@@ -69,18 +77,17 @@ def block_hashes(
     prev = root if start == 0 else parent
     if prev is None:
         raise ValueError("parent hash is required when start > 0")
-    if len(prev) != HASH_BYTES:
-        raise ValueError(f"parent hash must be {HASH_BYTES} bytes, got {len(prev)}")
+    _checked_parent(prev)
     end = len(token_ids) // block_size
     if start >= end:
         return []
-    packed = _pack_tokens(token_ids[start * block_size : end * block_size])  # hash_block's framing, packed once
-    size, framing = 4 * block_size, struct.pack("<I", 4 * block_size)
+    packed = _pack_tokens(token_ids[start * block_size : end * block_size])  # every block's tokens, packed once
+    size, framing = 4 * block_size, struct.pack("<I", 4 * block_size)  # lp()'s prefix: every block has this size
     extras = (_lp(cache_salt.encode() if cache_salt else b""), _lp(b""))
     out: list[bytes] = []
     for i in range(start, end):
         at = (i - start) * size
-        prev = hashlib.sha256(prev + framing + packed[at : at + size] + extras[i > 0]).digest()
+        prev = _chain(prev, framing + packed[at : at + size], extras[i > 0])
         out.append(prev)
     return out
 

@@ -34,6 +34,12 @@ def store(tmp_path):
     procs[0].stop()
 
 
+def restart(store: list[CacheStoreProcess], tmp_path, client, *args: str) -> None:
+    """The killed store back on its port, and answering the engine's client (its backoff over)."""
+    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted", *args)
+    until(lambda: client.stats()[store[0].address] is not None, timeout=60, what="the restarted cachestore answers")
+
+
 def test_stored_bytes_count_only_what_the_store_accepted(store, tmp_path):
     address = store[0].address
     llm = engine(address)
@@ -61,8 +67,7 @@ def test_stored_bytes_count_only_what_the_store_accepted(store, tmp_path):
     store[0].stop(signal.SIGKILL)
     before = (offloaded, nbytes, seconds)
     assert stored_after(4000) == before  # refused: the store is down
-    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
-    until(reachable, timeout=60, what="the restarted cachestore answers")
+    restart(store, tmp_path, client)
     offloaded, nbytes, _ = stored_after(5000)
     assert (offloaded, nbytes) == (before[0] + BLOCKS, before[1] + BLOCKS * block_bytes)
     kv = llm.engine.kv_manager
@@ -80,19 +85,12 @@ def test_blocks_a_down_store_did_not_take_go_out_when_computed_again(store, tmp_
     store[0].stop(signal.SIGKILL)
     llm.generate([prompt(6000)], GREEDY)
     connector.flush()  # refused
-    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
-    until(lambda: client.stats()[address] is not None, timeout=60, what="the restarted cachestore answers")
+    restart(store, tmp_path, client)
     assert client.lookup(hashes) == 0
     assert llm.engine.pool.reset_prefix_cache()
     llm.generate([prompt(6000)], GREEDY)
     connector.flush()
     assert client.lookup(hashes) == BLOCKS
-
-
-def restart(store: list[CacheStoreProcess], tmp_path, client, *args: str) -> None:
-    """The killed store back on its port, and answering the engine's client (its backoff over)."""
-    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted", *args)
-    until(lambda: client.stats()[store[0].address] is not None, timeout=60, what="the restarted cachestore answers")
 
 
 def test_blocks_a_down_store_did_not_take_go_out_when_a_prompt_hits_them_locally(store, tmp_path):
@@ -166,8 +164,7 @@ def test_a_prompt_counts_as_stored_only_when_the_store_took_every_block_of_it(st
     store[0].stop(signal.SIGKILL)
     answer(prompt(8000))
     assert stored["stored"] == 1  # refused: not in the store
-    store[0] = serve(tmp_path, store[0].port, "cachestore-restarted")
-    until(lambda: client.stats()[address] is not None, timeout=60, what="the restarted cachestore answers")
+    restart(store, tmp_path, client)
     answer(prompt(8000)[:-2] + [13, 14, 15])  # its 20 full blocks: local hits the store refused, put again
     assert stored["stored"] == 2 and client.lookup(kv.hash_blocks(prompt(8000), None)) == BLOCKS
     assert llm.engine.pool.reset_prefix_cache()

@@ -118,7 +118,7 @@ class SimEngine:
             raise ValueError("the sim engine does not simulate resume_token_ids, blend or logprobs")
         if params.guided is not None:
             raise ValueError(f"the sim engine does not enforce grammars ({params.guided.param})")
-        ids = self.tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = list(prompt)  # token ids: generate tokenized a text prompt
         n, vocab = len(ids), self.tok.vocab_size
         if not ids or any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt must be a non-empty list of token ids in [0, {vocab})")
