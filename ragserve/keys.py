@@ -82,11 +82,18 @@ def block_hashes(
     if start >= end:
         return []
     packed = _pack_tokens(token_ids[start * block_size : end * block_size])  # every block's tokens, packed once
+    salt = cache_salt.encode() if cache_salt and start == 0 else b""
+    return hash_packed(prev, packed, block_size, salt)
+
+
+def hash_packed(parent: bytes, packed: bytes, block_size: int, first_extra: bytes = b"") -> list[bytes]:
+    """The chain from `parent` over `packed` (the u32le tokens of whole blocks); `first_extra`: the first block's
+    extra (the salt, when it is block 0)."""
     size, framing = 4 * block_size, struct.pack("<I", 4 * block_size)  # lp()'s prefix: every block has this size
-    extras = (_lp(cache_salt.encode() if cache_salt else b""), _lp(b""))
+    extras = (_lp(first_extra), _lp(b""))
     out: list[bytes] = []
-    for i in range(start, end):
-        at = (i - start) * size
+    prev = parent
+    for i, at in enumerate(range(0, len(packed), size)):
         prev = _chain(prev, framing + packed[at : at + size], extras[i > 0])
         out.append(prev)
     return out

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout, block_hashes, cacheable_blocks, root_hash
+from ragserve.prefix_hashes import prefix_block_hashes
 from ragserve_engine.block_pool import BlockPool, KVCacheBlock, KVCacheBlocks
 from ragserve_engine.sequence import Sequence
 
@@ -63,13 +64,15 @@ class KVCacheManager:
     # ---- prefix cache -------------------------------------------------------------------------
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
         """Chained hashes of the full blocks of token_ids (the cache keys they would have)."""
-        return block_hashes(token_ids, self.block_size, self.root, cache_salt)
+        return prefix_block_hashes(token_ids, self.block_size, self.root, cache_salt)
 
     def update_hashes(self, seq: Sequence, cache_salt: str | None) -> list[bytes]:
         """Extend seq.block_hashes over its full blocks."""
         start = len(seq.block_hashes)
-        if (seq.num_tokens // self.block_size) > start:
-            parent = seq.block_hashes[-1] if start else None
+        if not start:  # a prompt: its prefix's hashes may be kept (prefix_hashes.py)
+            seq.block_hashes += self.hash_blocks(seq.token_ids, cache_salt)
+        elif (seq.num_tokens // self.block_size) > start:
+            parent = seq.block_hashes[-1]
             seq.block_hashes += block_hashes(seq.token_ids, self.block_size, self.root, cache_salt, start, parent)
         return seq.block_hashes
 

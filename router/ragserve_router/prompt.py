@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from ragserve.chunks import chunk_set_key, has_chunks
-from ragserve.keys import block_hashes, root_hash
+from ragserve.keys import root_hash
+from ragserve.prefix_hashes import prefix_block_hashes
 from ragserve.token_cache import Uncached
 from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, encode_beside_loop, normalize_messages
 from ragserve_router.engines import ModelSpec
@@ -174,7 +175,7 @@ def token_key(
     if tokens is None:
         return None
     try:
-        hashes = block_hashes(tokens, spec.block_size, model_root(spec.model_id), cache_salt=salt)
+        hashes = prefix_block_hashes(tokens, spec.block_size, model_root(spec.model_id), salt)
     except ValueError:  # token ids out of range: the engine rejects the request
         hashes = []
     return RoutingKey(hashes, spec.block_size, len(tokens))

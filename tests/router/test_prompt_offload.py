@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from ragserve.keys import block_hashes
 from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer
 from ragserve_router import prompt
 from ragserve_router.engines import ModelSpec
@@ -56,4 +57,4 @@ def test_long_prompts_tokenize_off_the_loop_with_the_same_key(tokenizers: Tokeni
     rendered = tok.render_chat([*messages, {"role": "user", "content": "And the next one?"}])
     whole = tok.tokenizer.encode(rendered, add_special_tokens=False).ids
     assert cached.num_prompt_tokens == len(whole) and cached.hashes[: len(chat.hashes) - 1] == chat.hashes[:-1]
-    assert cached.hashes == prompt.block_hashes(whole, 16, prompt.model_root("m"))
+    assert cached.hashes == block_hashes(whole, 16, prompt.model_root("m"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ragserve.keys import KVLayout, block_hashes, cacheable_blocks, root_hash
+from ragserve.prefix_hashes import prefix_block_hashes
 from ragserve_engine.block_pool import BlockPool, KVCacheBlock, KVCacheBlocks
 
 
@@ -32,7 +33,7 @@ class SimKV:
         self.hits = 0
 
     def hash_blocks(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
-        return block_hashes(token_ids, self.block_size, self.root, cache_salt)
+        return prefix_block_hashes(token_ids, self.block_size, self.root, cache_salt)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
