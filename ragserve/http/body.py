@@ -12,8 +12,9 @@ import re
 from ragserve.http.errors import ApiError
 from ragserve.http.limits import MAX_DEPTH
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal (escapes included)
-_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_ESCAPE = re.compile(rb"\\.", re.S)  # a string's escape pair (\" and \\ among them)
+_QUOTED = re.compile(rb'"[^"]*"')  # a string literal once its escapes are gone
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
@@ -31,19 +32,23 @@ async def read_body(request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def json_depth(raw: bytes, limit: int = MAX_DEPTH) -> int:
-    """Nesting depth of a JSON text (brackets outside string literals), counted up to limit + 1."""
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than `limit` (brackets outside string literals). A text with no more
+    opening brackets than `limit` in all is not looked at closer."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    structure = _ESCAPE.sub(b"", raw) if b"\\" in raw else raw
+    brackets = _QUOTED.sub(b"", structure.translate(None, _NOT_STRUCTURE)).replace(b'"', b"")
     if not brackets:
-        return 0
-    depth = deepest = 0
-    for byte in _INNERMOST.sub(b"", brackets):  # one regex pass takes the innermost level off
+        return False
+    depth = 1  # the innermost level, which one regex pass takes off
+    if depth > limit:
+        return True
+    for byte in _INNERMOST.sub(b"", brackets):
         depth += 1 if byte in b"[{" else -1
-        if depth > deepest:
-            deepest = depth
-            if deepest >= limit:
-                break
-    return deepest + 1
+        if depth > limit:
+            return True
+    return False
 
 
 def _no_constant(name: str):
@@ -54,7 +59,7 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)  # one decoder: json.lo
 
 
 def parse_json_object(raw: bytes) -> dict:
-    if json_depth(raw) > MAX_DEPTH:
+    if too_deep(raw):
         raise ApiError(400, f"request body is nested deeper than {MAX_DEPTH} levels", "invalid_json", "body")
     try:
         body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
