@@ -39,11 +39,19 @@ MARKS = {  # a mark's name: module, qualified name of the function whose start i
     "route": ("ragserve_router.app", "_route"),
     "forward": ("ragserve_router.proxy", "Proxy.forward"),
 }
-SPANS = {  # a span's name: the function whose duration it is
+SPANS = {  # a span's name: the function whose duration it is (in the table in this order, after pick)
     "pick": ("ragserve_router.routing", "Routing.pick"),
+    "parse": ("ragserve_router.routing", "parse_body"),
     "routing_key": ("ragserve_router.prompt", "Tokenizers.routing_key"),
+    "tokens": ("ragserve_router.prompt", "prompt_tokens"),  # the chat template and the encode
+    "hashes": ("ragserve_router.prompt", "prefix_block_hashes"),
     "decide": ("ragserve_router.policies", "Decider.decide"),
+    "lookup": ("ragserve_router.kv_aware", "KVAware._lookup"),
+    "remember": ("ragserve_router.routing", "Routing.remember"),
 }
+
+
+COLUMNS = ("pre", "handler", "read_body", "route", "pick", *list(SPANS)[1:], "forward", "post")
 
 
 def launch() -> None:
@@ -167,15 +175,30 @@ def schedstat(pid: int) -> tuple[int, int]:
     return run, wait
 
 
-async def sequential(router: str, engines: list[str], n: int, gap_s: float) -> tuple[list[float], list[float]]:
+async def sequential(
+    router: str, engines: list[str], n: int, gap_s: float, rag: list[tuple[str, dict]] | None = None
+) -> tuple[list[float], list[float]]:
+    """`rag`: RAG chats, (path, body), instead of `Hi`: the first one per context is sent unmeasured to the router
+    and every engine, then each measured request asks a question of its own (routed 2k, direct 2k + 1)."""
     import httpx
     from router_scale import timed_post
 
+    async def post(http: httpx.AsyncClient, url: str, k: int) -> float | None:
+        if not rag:
+            return await timed_post(http, url)
+        t0 = time.perf_counter()
+        resp = await http.post(url + rag[k][0], json=rag[k][1])
+        return time.perf_counter() - t0 if resp.status_code == 200 else None
+
     routed, direct = [], []
     async with httpx.AsyncClient(timeout=30) as http:
+        warm = len(rag or ()) - 2 * n
+        for k in range(warm):
+            await post(http, router, k)
+            await asyncio.gather(*(post(http, e, k) for e in engines))
         for k in range(n):
-            routed.append(await timed_post(http, router))
-            direct.append(await timed_post(http, engines[k % len(engines)]))
+            routed.append(await post(http, router, warm + 2 * k))
+            direct.append(await post(http, engines[k % len(engines)], warm + 2 * k + 1))
             await asyncio.sleep(gap_s)
     return [x for x in routed if x], [x for x in direct if x]
 
@@ -226,11 +249,16 @@ def one(name: str, gap_ms: float, args, logs: Path) -> dict:
     wrapper.chmod(0o755)
     os.environ["PHASES_OUT"] = str(out)
     python = str(wrapper) if name.startswith("ragserve-") else None
-    router, fleet, url, urls = start_router(name, 2, args.model, 1024, logs, python=python)
+    router, fleet, url, urls = start_router(name, args.engines, args.model, 4096, logs, python=python)
+    rag = None
+    if args.contexts:
+        from router_long_prompts import long_requests  # its sims prefill 2M tokens/s
+
+        rag = long_requests(args.contexts + 2 * args.requests, args.prompt_chars, args.contexts)
     try:
         asyncio.run(warm_up(url, urls))
         run0, wait0 = schedstat(router.popen.pid)
-        routed, direct = asyncio.run(sequential(url, urls, args.requests, gap_ms / 1000))
+        routed, direct = asyncio.run(sequential(url, urls, args.requests, gap_ms / 1000, rag))
         run1, wait1 = schedstat(router.popen.pid)
     finally:
         router.stop()
@@ -265,20 +293,20 @@ def markdown(report: dict) -> str:
     lines = [
         "# Inside the router hop: phases and scheduling",
         "",
-        f"Command: `{report['command']}` at {report['commit']}, {report['date']}; {report['requests']} requests a run, "
+        f"Command: `{report['command']}` at {report['commit']}, {report['date']}; {report['requests']} "
+        + ("RAG chat" if report.get("contexts") else "`Hi`")
+        + " requests a run, "
         f"median of {report['repeats']} interleaved repeats. Phases in microseconds (medians; marks: time since the "
         "request's first byte).",
         "",
-        "| router | idle gap ms | added p50 ms | CPU ms / req | waiting for a core ms / req | pre | handler | "
-        "read_body | route | pick | routing_key | decide | forward | post |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| router | idle gap ms | added p50 ms | CPU ms / req | waiting for a core ms / req | "
+        + " | ".join(COLUMNS)
+        + " |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(COLUMNS),
     ]
     for r in report["rows"]:
         ph = r.get("phases_us", {})
-        cells = [
-            f"{ph[k]:.0f}" if k in ph else "-"
-            for k in ("pre", "handler", "read_body", "route", "pick", "routing_key", "decide", "forward", "post")
-        ]
+        cells = [f"{ph[k]:.0f}" if k in ph else "-" for k in COLUMNS]
         lines.append(
             f"| {r['router']} | {r['gap_ms']:g} | {r['added_p50_ms']:.2f} | {r['cpu_ms_per_req']:.2f} | "
             f"{r['wait_ms_per_req']:.2f} | " + " | ".join(cells) + " |"
@@ -302,6 +330,9 @@ def main() -> int:
     p.add_argument("--gaps-ms", type=lambda s: [float(x) for x in s.split(",")], default=[40.0, 0.0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--routers", type=lambda s: s.split(","), default=["ragserve-kv_aware", "smg-cache_aware"])
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--contexts", type=int, default=0, help="RAG chats over N contexts instead of `Hi` (0: `Hi`)")
+    p.add_argument("--prompt-chars", type=int, default=12000, help="each RAG context's size")
     p.add_argument("--model", default=None, help="default: the tiny test model (its tokenizer)")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -320,6 +351,7 @@ def main() -> int:
     report = {
         **provenance("router_phases.py"),
         "requests": args.requests,
+        "contexts": args.contexts,
         "repeats": args.repeats,
         "rows": median_rows(rows),
         "cold_us": cold_costs(args.model),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -22,6 +24,7 @@ KEY_SCHEME = "ragserve-kv-v1"
 CHUNK_SCHEME = "ragserve-chunk-v1"
 TAIL_SCHEME = "ragserve-tail-v2"  # v1 left the last prompt token out
 HASH_BYTES = 32
+_LITTLE = sys.byteorder == "little"
 
 
 def _lp(data: bytes) -> bytes:
@@ -29,6 +32,8 @@ def _lp(data: bytes) -> bytes:
 
 
 def _pack_tokens(token_ids: Sequence[int]) -> bytes:
+    if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4 and _LITTLE:
+        return token_ids.tobytes()  # u32le already
     try:
         return struct.pack(f"<{len(token_ids)}I", *token_ids)
     except struct.error as exc:

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 MIN_CHARS = 1024  # shorter pieces cost less to tokenize than to keep
 CAPACITY_CHARS = 8 << 20  # ~8 MiB of text and 4 bytes a token beside it
+SHORT_PIECES = 1024  # ...but a template's own short pieces ("\n", "assistant\n") come back in every prompt
 _PROBE = " a{t} b\n{t}\n\n c  {t}x{t}{t} \t{t}\u00e9{t}"  # the token against spaces, newlines, letters, itself
 
 
@@ -37,11 +38,13 @@ class TokenCache:
         self.ids = _cut_tokens(tokenizer, tokenizer_json)
         self.split = re.compile("(" + "|".join(map(re.escape, self.ids)) + ")") if self.ids else None
         self._entries: OrderedDict[str, array] = OrderedDict()
+        self._short: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._chars = self.hits = self.misses = 0  # long pieces found, and tokenized
         self._lock = threading.Lock()
         if self.split and self.encode(probe := _probe(self.ids)) != self._whole(probe):
             self.ids, self.split = {}, None
         self._entries.clear()
+        self._short.clear()
         self._chars = self.hits = self.misses = 0
 
     @property
@@ -49,10 +52,12 @@ class TokenCache:
         """Characters of text whose ids are kept."""
         return self._chars
 
-    def encode(self, text: str, budget: int | None = None) -> list[int]:
-        """The ids of `text`; Uncached when over `budget` characters of it would have to be tokenized."""
+    def encode(self, text: str, budget: int | None = None, as_array: bool = False) -> list[int] | array:
+        """The ids of `text` (as_array: an array("I"), no int objects); Uncached when over `budget` characters of it
+        would have to be tokenized."""
         if self.split is None or len(text) < MIN_CHARS:
-            return self._checked_whole(text, budget)
+            ids = self._checked_whole(text, budget)
+            return array("I", ids) if as_array else ids
         pieces = self.split.split(text)  # text, special token, text, ...
         parts: list = [None] * len(pieces)
         todo = []
@@ -69,13 +74,12 @@ class TokenCache:
             encoded = self.tokenizer.encode_batch_fast([pieces[i] for i in todo], add_special_tokens=False)
             for i, enc in zip(todo, encoded, strict=True):
                 parts[i] = enc.ids
-                if len(pieces[i]) >= MIN_CHARS:
-                    self._put(pieces[i], enc.ids)
-        ids: list[int] = []
+                self._put(pieces[i], enc.ids)
+        ids = array("I")
         for part in parts:
             if part is not None:
-                ids += part
-        return ids
+                ids += part if isinstance(part, array) else array("I", part)
+        return ids if as_array else ids.tolist()
 
     def _checked_whole(self, text: str, budget: int | None) -> list[int]:
         if budget is not None and len(text) > budget:
@@ -85,10 +89,12 @@ class TokenCache:
     def _whole(self, text: str) -> list[int]:
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
-    def _get(self, piece: str) -> array | None:
-        if len(piece) < MIN_CHARS:
-            return None
+    def _get(self, piece: str) -> array | tuple[int, ...] | None:
         with self._lock:
+            if len(piece) < MIN_CHARS:
+                if (found := self._short.get(piece)) is not None:
+                    self._short.move_to_end(piece)
+                return found
             found = self._entries.get(piece)
             if found is not None:
                 self._entries.move_to_end(piece)
@@ -97,6 +103,11 @@ class TokenCache:
 
     def _put(self, piece: str, ids: list[int]) -> None:
         with self._lock:
+            if len(piece) < MIN_CHARS:
+                self._short[piece] = tuple(ids)
+                if len(self._short) > SHORT_PIECES:
+                    self._short.popitem(last=False)
+                return
             self.misses += 1
             if piece in self._entries or len(piece) > self.capacity_chars:
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -90,17 +91,21 @@ class PromptTokenizer:
         """Whether add_special_tokens adds any (a BOS): the cache keeps ids without them."""
         return self.tokenizer.encode("a").ids != self.tokenizer.encode("a", add_special_tokens=False).ids
 
-    def encode(self, text: str, add_special_tokens: bool = True, budget: int | None = None) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, budget: int | None = None, as_array: bool = False
+    ) -> list[int] | array:
         """Raises ValueError (UnicodeEncodeError) on text that is not valid Unicode (a lone surrogate), Uncached
         where over `budget` characters would be tokenized (token_cache.py: long pieces seen before are not). The
-        ids only: encode_batch_fast skips the character offsets encode() computes (a third less CPU)."""
+        ids only: encode_batch_fast skips the character offsets encode() computes (a third less CPU). as_array:
+        an array("I") (what keys.block_hashes packs without a copy per id)."""
         if not text.isascii():
             text.encode("utf-8")
         if add_special_tokens and self._adds_tokens:
             if budget is not None and len(text) > budget:
                 raise Uncached
-            return self.tokenizer.encode_batch_fast([text], add_special_tokens=True)[0].ids
-        return self.cache.encode(text, budget)
+            ids = self.tokenizer.encode_batch_fast([text], add_special_tokens=True)[0].ids
+            return array("I", ids) if as_array else ids
+        return self.cache.encode(text, budget, as_array)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -120,11 +125,16 @@ class PromptTokenizer:
             raise ValueError(f"chat template error: {exc}") from None
 
     def encode_chat(
-        self, messages: list[dict], add_generation_prompt: bool = True, budget: int | None = None, **kwargs
-    ) -> list[int]:
-        """kwargs: further template variables (a chat's `tools`); `budget` as for encode."""
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        budget: int | None = None,
+        as_array: bool = False,
+        **kwargs,
+    ) -> list[int] | array:
+        """kwargs: further template variables (a chat's `tools`); `budget` and `as_array` as for encode."""
         text = self.render_chat(messages, add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False, budget=budget)
+        return self.encode(text, add_special_tokens=False, budget=budget, as_array=as_array)
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256(self.tokenizer_json.encode())

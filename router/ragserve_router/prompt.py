@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
@@ -42,19 +43,21 @@ class RoutingKey:
         return self.block_tokens > 0 and not self.chunk_tokens
 
 
-def prompt_tokens(tokenizer: PromptTokenizer, body: dict, chat: bool, budget: int | None = None) -> list[int] | None:
+def prompt_tokens(
+    tokenizer: PromptTokenizer, body: dict, chat: bool, budget: int | None = None
+) -> Sequence[int] | None:
     """Token ids exactly as the engine prefills them, or None if the prompt is not routable this way. Uncached:
     over `budget` characters of it are not in the tokenizer's cache (token_cache.py)."""
     if chat:
         messages, tools = body.get("messages"), tool_variables(body, tokenizer.chat_template or "")
         if not isinstance(messages, list) or tools is None:
             return None
-        return tokenizer.encode_chat(messages, budget=budget, **tools)
+        return tokenizer.encode_chat(messages, budget=budget, as_array=True, **tools)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
         prompt = prompt[0]  # a batch of prompts: route on the first
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt, budget=budget)
+        return tokenizer.encode(prompt, budget=budget, as_array=True)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     return None

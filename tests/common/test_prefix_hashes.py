@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from array import array
 
 import pytest
 
@@ -41,6 +42,8 @@ def test_prompts_sharing_prefixes_hash_as_block_hashes_does():
             for root in ROOTS:
                 for salt in (None, "tenant-1", "tenant-2"):
                     assert hashes(prompt, bs, root, salt) == block_hashes(prompt, bs, root, salt)
+        ids = array("I", prompt)  # the router's ids: packed as they are
+        assert hashes(ids, 16, ROOTS[0]) == block_hashes(ids, 16, ROOTS[0]) == block_hashes(prompt, 16, ROOTS[0])
     assert hashes.hits > 30 and hashes.misses > 10  # resumed often, and evicted
     assert hashes.blocks <= 40 * STRIDE
 

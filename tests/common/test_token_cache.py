@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from ragserve import token_cache
 from ragserve.token_cache import MIN_CHARS, TokenCache, Uncached
 from ragserve.tokenizer import OFFLOAD_CHARS, PromptTokenizer, encode_beside_loop, long_text
 from tests.helpers.tiny_models import tiny_model
@@ -68,9 +69,42 @@ def test_ids_equal_a_whole_encode_first_and_from_the_cache(cache: TokenCache) ->
     for text in texts(list(cache.ids), seed=0, n=60):
         assert cache.encode(text) == whole(cache, text), text
     hits = cache.hits
-    for text in texts(list(cache.ids), seed=0, n=60):  # the same texts again: their long pieces come from the cache
+    for text in texts(list(cache.ids), seed=0, n=60):  # the same texts again: their pieces come from the cache
         assert cache.encode(text) == whole(cache, text), text
+        ids = cache.encode(text, as_array=True)
+        assert ids.typecode == "I" and ids.tolist() == whole(cache, text), text
     assert cache.hits > hits
+
+
+class Counted:
+    """The tokenizer, with the texts encode_batch_fast was asked for."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.asked = tokenizer, []
+
+    def encode_batch_fast(self, batch: list[str], **kw):
+        self.asked += batch
+        return self.tokenizer.encode_batch_fast(batch, **kw)
+
+
+def test_a_templates_short_pieces_are_tokenized_once() -> None:
+    """A chat template's own pieces between special tokens ("\n", "assistant\n") come back in every prompt: kept
+    (at most SHORT_PIECES of them), so a RAG chat over a cached context asks the tokenizer for its question only."""
+    tok = PromptTokenizer.from_dir(tiny_model("llama"))
+    context = "Paged attention keeps the KV cache in fixed-size blocks.\n" * 60
+    tok.cache.tokenizer = counted = Counted(tok.cache.tokenizer)
+
+    def prompt(question: str) -> list[dict]:
+        return [{"role": "system", "content": f"Context:\n{context}"}, {"role": "user", "content": question}]
+
+    tok.encode_chat(prompt("What is a block?"))
+    counted.asked.clear()
+    ids = tok.encode_chat(prompt("And a page?"))
+    assert counted.asked == ["user\nAnd a page?"]
+    assert ids == counted.tokenizer.encode(tok.render_chat(prompt("And a page?")), add_special_tokens=False).ids
+    for k in range(token_cache.SHORT_PIECES + 10):
+        tok.encode_chat(prompt(f"Question {k}"))
+    assert len(tok.cache._short) == token_cache.SHORT_PIECES
 
 
 def test_a_rag_chat_prompt_reuses_its_context_across_questions() -> None:
