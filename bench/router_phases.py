@@ -44,6 +44,8 @@ SPANS = {  # a span's name: the function whose duration it is (in the table in t
     "parse": ("ragserve_router.routing", "parse_body"),
     "routing_key": ("ragserve_router.prompt", "Tokenizers.routing_key"),
     "tokens": ("ragserve_router.prompt", "prompt_tokens"),  # the chat template and the encode
+    "render": ("ragserve.tokenizer", "PromptTokenizer.render_chat"),
+    "encode": ("ragserve.token_cache", "TokenCache.encode"),
     "hashes": ("ragserve_router.prompt", "prefix_block_hashes"),
     "decide": ("ragserve_router.policies", "Decider.decide"),
     "lookup": ("ragserve_router.kv_aware", "KVAware._lookup"),
