@@ -139,7 +139,7 @@ def main() -> int:
         from tests.helpers.tiny_models import tiny_model
 
         args.model = str(tiny_model("llama"))
-    names = [*args.routers, *([BASELINE] if args.baseline_src else [])]
+    names = list(dict.fromkeys([*args.routers, *([BASELINE] if args.baseline_src else [])]))
     logs = Path(tempfile.mkdtemp(prefix="ragserve-long-prompts-"))
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.repeats):
