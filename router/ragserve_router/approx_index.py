@@ -21,28 +21,27 @@ class ApproxIndex:
         return len(self._entries)
 
     def record(self, hashes: Sequence[bytes], engine_id: str) -> None:
-        now = self._clock()
-        mine = self._by_engine[engine_id]
+        now, entries = self._clock(), self._entries
         for h in hashes:
-            entry = self._entries.get(h)
+            entry = entries.get(h)
             if entry is None:
-                entry = self._entries[h] = {}
+                entries[h] = {engine_id: now}
             else:
-                self._entries.move_to_end(h)
-            entry[engine_id] = now
-            mine.add(h)
+                entries.move_to_end(h)
+                entry[engine_id] = now
+        self._by_engine[engine_id].update(hashes)
         while len(self._entries) > self.max_entries:
             h, entry = self._entries.popitem(last=False)
             for e in entry:
                 self._by_engine[e].discard(h)
 
     def match(self, ttl_by_engine: dict[str, float], hashes: Sequence[bytes]) -> dict[str, int]:
-        now = self._clock()
+        now, entries, none = self._clock(), self._entries, {}
         out = {}
         for engine_id, ttl in ttl_by_engine.items():
             n = 0
             for h in hashes:
-                seen = self._entries.get(h, {}).get(engine_id)
+                seen = entries.get(h, none).get(engine_id)
                 if seen is None or now - seen > ttl:
                     break
                 n += 1
