@@ -40,6 +40,10 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
 EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
 NUM_PREEMPTIONS = "vllm:num_preemptions"
+# The tokenizer's cache of long prompt pieces (ragserve.token_cache): pieces found or tokenized (counter, by
+# result: hit / miss), and the characters whose ids it keeps (gauge).
+TOKEN_CACHE_PIECES = "ragserve:token_cache_pieces"
+TOKEN_CACHE_CHARS = "ragserve:token_cache_chars"
 # A blended prefill's prompt tokens, each in exactly one (blend.spec.BlendUsage): chunk tokens kept from KV that
 # existed before the request; chunk tokens kept from chunks first computed for it; tokens its forward computed.
 BLEND_REUSED_TOKENS = "ragserve:blend_reused_tokens"

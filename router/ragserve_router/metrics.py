@@ -7,17 +7,16 @@ Series with a known label set start at zero, so "no data" never stands for zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ragserve.disagg import LEG_SECONDS_BUCKETS
 from ragserve.http.outcomes import Outcome
 from ragserve.metric_names import LATENCY_BUCKETS
 from ragserve.token_cache import TokenCache
+from ragserve.token_cache_metrics import TokenCacheCollector
 from ragserve_router.engines import CONNECT, SERVER_ERROR, SOURCES, TIMEOUT
 from ragserve_router.priority import CLASSES
 from ragserve_router.state import CLEARED, REMOVED, STORED
@@ -195,7 +194,8 @@ class RouterMetrics:
 
     def watch_token_caches(self, caches: Callable[[], Iterable[TokenCache]]) -> None:
         """Export the token caches (ragserve.token_cache) of the tokenizers `caches` gives, read at each scrape."""
-        self.registry.register(_TokenCaches(caches))
+        names = ("ragserve_router_token_cache_pieces", "ragserve_router_token_cache_chars")
+        self.registry.register(TokenCacheCollector(names, caches))
 
     def render(self, models: Iterable[str] = ()) -> bytes:
         """The exposition; each served model's histograms exist (at zero) before its first request."""
@@ -203,23 +203,3 @@ class RouterMetrics:
             self.ttft.labels(model)
             self.latency.labels(model)
         return generate_latest(self.registry)
-
-
-class _TokenCaches(Collector):
-    """Long prompt pieces found in the tokenizers' caches or tokenized, and the characters they keep."""
-
-    def __init__(self, caches: Callable[[], Iterable[TokenCache]]) -> None:
-        self.caches = caches
-
-    def collect(self) -> Iterator[Metric]:
-        caches = list(self.caches())
-        pieces = CounterMetricFamily(
-            "ragserve_router_token_cache_pieces", "Long prompt pieces looked up in the token cache", labels=["result"]
-        )
-        pieces.add_metric(["hit"], sum(c.hits for c in caches))
-        pieces.add_metric(["miss"], sum(c.misses for c in caches))
-        yield pieces
-        yield GaugeMetricFamily(
-            "ragserve_router_token_cache_chars", "Characters of prompt text whose token ids are cached",
-            value=sum(c.chars for c in caches),
-        )  # fmt: skip

@@ -67,6 +67,10 @@ def test_counters_and_histograms_move_with_requests(sdk, engine):
     assert delta("vllm:time_to_first_token_seconds_sum") > 0
     assert delta(ANSWERS, code="200", reason="") == 2
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
+    # the system message is one long piece of the prompt: tokenized for the first request, cached for the second
+    assert delta("ragserve:token_cache_pieces_total", result="miss") >= 1
+    assert delta("ragserve:token_cache_pieces_total", result="hit") >= 1
+    assert metric(after, "ragserve:token_cache_chars") >= len(system)
 
 
 def test_stream_disconnect_aborts_and_frees_blocks(sdk, engine):

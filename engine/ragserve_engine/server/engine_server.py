@@ -50,6 +50,8 @@ class EngineServer:
         self.llm = llm
         info = llm.info
         self.metrics.attach_engine(self.stats, info.layout.block_size, info.num_blocks)
+        if (cache := getattr(llm.tokenizer, "cache", None)) is not None:
+            self.metrics.attach_token_cache(cache)
         if self.kv_publisher is not None:
             self.kv_publisher.attach(llm)
             self.metrics.attach_kv_publisher(self.kv_publisher.stats)

@@ -67,6 +67,16 @@ async def load(server: EngineServer, uv: EngineHTTPServer, start_engine: StartEn
         log.exception("failed to load model %s", server.engine_config.model)
         server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
         return
+    try:
+        await start_serving(server, llm)
+    except Exception:  # a loaded engine that cannot serve exits non-zero, not "loading" forever
+        log.exception("failed to start serving model %s", server.engine_config.model)
+        llm.shutdown()
+        server.status, uv.exit_code, uv.should_exit = FAILED, 1, True
+
+
+async def start_serving(server: EngineServer, llm: EngineClient) -> None:
+    """The loaded engine: its decode graphs and calibration, then ready (and registered with --router)."""
     if not server.embeds:
         await wait_for_graphs(server, llm)
     if server.status != DRAINING and not server.embeds:

@@ -17,6 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from ragserve import metric_names as m
 from ragserve.http.outcomes import Outcome
+from ragserve.token_cache import TokenCache
+from ragserve.token_cache_metrics import TokenCacheCollector
 
 if TYPE_CHECKING:
     from ragserve_engine.engine_client import EngineStats
@@ -185,6 +187,10 @@ class EngineMetrics:
     def attach_engine(self, stats: Callable[[], EngineStats | None], block_size: int, num_blocks: int) -> None:
         self.registry.register(EngineStateCollector(self.model_name, stats))
         self.cache_config.labels(str(block_size), str(num_blocks)).set(1)
+
+    def attach_token_cache(self, cache: TokenCache) -> None:
+        names, label = (m.TOKEN_CACHE_PIECES, m.TOKEN_CACHE_CHARS), {m.MODEL_NAME_LABEL: self.model_name}
+        self.registry.register(TokenCacheCollector(names, lambda: [cache], label))
 
     def attach_kv_publisher(self, stats: PublishStats) -> None:
         self.registry.register(KVPublishCollector(self.model_name, stats))
