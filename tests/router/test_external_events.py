@@ -73,9 +73,9 @@ class Prompts:
         return key.hashes
 
     def tokens(self, topic: str) -> list[int]:
-        tokens = prompt_tokens(self.tok, self.body(topic), True)
+        tokens = prompt_tokens(self.tok, self.body(topic), True)  # an array("I"): the router's own form
         assert tokens is not None
-        return tokens
+        return list(tokens)
 
 
 @pytest.fixture(scope="module")
