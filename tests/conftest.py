@@ -17,6 +17,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # compiling engine takes ~12 s to be ready instead of ~3 s and keeps a core busy afterwards. The compiled
 # paths have their own tests, which pass --no-enforce-eager (the flag beats this default).
 os.environ.setdefault("RAGSERVE_ENFORCE_EAGER", "1")
+# Bytecode is written: the servers and CLIs the tests start (hundreds of processes) then load torch, transformers and
+# the rest from .pyc files that the first one wrote, instead of compiling every module they import from source each
+# time. `make install` installs with --no-compile, so with PYTHONDONTWRITEBYTECODE=1 in the environment (as on CI's
+# machines) nothing ever wrote one: an engine took ~5 s to import what it imports in ~2 s from .pyc files.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False  # this process's own later imports (torch's, once per xdist worker) too
 share_cores()
 interpret_triton_language()  # before torch's inductor can import triton compiled (see the function)
 if "torch" in sys.modules:  # imported before this file (no plugin does today): it read the old setting

@@ -15,8 +15,11 @@ from ragserve_engine.sampling_params import SamplingParams
 from tests.helpers.engine_server import MODEL_NAME, start_engine
 from tests.helpers.tiny_models import tiny_model
 
-# two capture sizes (1, 2) keep the cold compiles of the first engine to a few seconds each
+# two capture sizes (1, 2) keep the cold compiles of the first engine to a few seconds each; steps of at most 64
+# tokens keep calibration's prefills under layers/fused.py's compiled ops (steps of 128 tokens or more): the decode
+# graphs are the subject, and the fused ops' compiles cost each engine seconds more before /ready
 FLAGS = ("--no-enforce-eager", "--max-num-seqs", "2", "--num-gpu-blocks", "64", "--max-model-len", "256")
+FLAGS += ("--max-num-batched-tokens", "64")
 
 
 def _gauges(url: str) -> dict[str, float]:

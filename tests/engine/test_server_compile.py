@@ -10,9 +10,12 @@ from tests.helpers.engine_server import MODEL_NAME, start_engine
 
 
 def test_sigterm_during_a_background_compile_exits_cleanly(tmp_path):
-    # an empty inductor cache: the tiny model's first graph takes seconds to compile, not milliseconds
+    # an empty inductor cache: the tiny model's first graph takes seconds to compile, not milliseconds. Steps of at
+    # most 64 tokens: calibration's prefills never reach layers/fused.py's compiled ops (steps of 128 tokens or
+    # more), which cost ~15 s of cold compiles before /ready and are not what this test is about
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     flags = ("--no-enforce-eager", "--no-compile-at-start", "--num-gpu-blocks", "64", "--max-model-len", "256")
+    flags += ("--max-num-batched-tokens", "64")
     engine = start_engine(tmp_path, *flags, env=env)
     try:
         engine.wait_ready()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -128,8 +130,23 @@ class Cluster:
         return url
 
     def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+        """The engines (real and stand-in) first, all signalled at once (each drains on its own, while the routers
+        still answer their deregistration), then the rest one by one, the last started first."""
+        procs = list(reversed(self.procs))
+        engines = [p for p in procs if "engine" in p.popen.args or str(FAKE_ENGINE) in p.popen.args]
+        signalled = {id(p) for p in engines}
+        for proc in engines:
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in engines:
+            try:
+                proc.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(10)
+        for proc in procs:
+            if id(proc) not in signalled:
+                proc.stop()
 
 
 @contextlib.contextmanager
