@@ -45,10 +45,14 @@ class Proc:
         """Send `sig` if still running, wait `timeout`, then SIGKILL; returns the exit code."""
         if self.alive():
             self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
+        return self.reap(timeout)
+
+    def reap(self, timeout: float = 15.0) -> int:
+        """Wait `timeout` for the process to exit (after a signal), then SIGKILL; returns the exit code."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
         return self.popen.wait(10)
 
     async def stop_async(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:

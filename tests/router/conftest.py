@@ -14,7 +14,6 @@ import contextlib
 import functools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -139,11 +138,7 @@ class Cluster:
             if proc.alive():
                 proc.popen.send_signal(signal.SIGTERM)
         for proc in engines:
-            try:
-                proc.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(10)
+            proc.reap()
         for proc in procs:
             if id(proc) not in signalled:
                 proc.stop()
