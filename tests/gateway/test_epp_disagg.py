@@ -46,22 +46,28 @@ SHORT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a colou
 @pytest.fixture(scope="module")
 def pd(gateway_cluster, tmp_path_factory):
     store = CacheStoreProcess(tmp_path_factory.mktemp("epp-pd") / "cachestore.log", free_port(), "--memory", "256MiB")
-    store.wait_serving()
-    picker = epp_router(gateway_cluster, "--heartbeat-interval-ms", "300", "--disagg-min-prompt-tokens", "64",
-                        tls=False, name="epp-pd-router")  # fmt: skip
-    flags = [*ENGINE_FLAGS, "--cachestore", store.address]
-    (prefill,) = gateway_cluster.real_engines(picker.router, 1, *flags, "--role", "prefill", ids=["epp-prefill"])
-    allow = ["--prefiller-allow", "127.0.0.0/8", "--prefiller-timeout", str(LEG_TIMEOUT_S)]
-    (decode,) = gateway_cluster.real_engines(picker.router, 1, *flags, "--role", "decode", *allow, ids=["epp-decode"])
-    (reference,) = gateway_cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["epp-both"])
-    for engine in (prefill, decode):
-        gateway_cluster.wait_registered(engine)
-    ready = lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200  # noqa: E731
-    process.until(ready, timeout=300, what="the reference engine ready", proc=reference)  # up is not ready
-    process.until(lambda: envoy.health_status(picker.envoy.chan, "readiness") == "SERVING", what="picker ready")
-    yield picker, prefill, decode, reference
-    picker.envoy.close()
-    store.stop()
+    picker = None
+    try:  # the store is stopped however far the start got (a failed start left it running)
+        store.wait_serving()
+        picker = epp_router(gateway_cluster, "--heartbeat-interval-ms", "300", "--disagg-min-prompt-tokens", "64",
+                            tls=False, name="epp-pd-router")  # fmt: skip
+        flags = [*ENGINE_FLAGS, "--cachestore", store.address]
+        (prefill,) = gateway_cluster.real_engines(picker.router, 1, *flags, "--role", "prefill", ids=["epp-prefill"])
+        allow = ["--prefiller-allow", "127.0.0.0/8", "--prefiller-timeout", str(LEG_TIMEOUT_S)]
+        (decode,) = gateway_cluster.real_engines(
+            picker.router, 1, *flags, "--role", "decode", *allow, ids=["epp-decode"]
+        )
+        (reference,) = gateway_cluster.real_engines(None, 1, *ENGINE_FLAGS, ids=["epp-both"])
+        for engine in (prefill, decode):
+            gateway_cluster.wait_registered(engine)
+        ready = lambda: httpx.get(reference.url + "/ready", timeout=5).status_code == 200  # noqa: E731
+        process.until(ready, timeout=300, what="the reference engine ready", proc=reference)  # up is not ready
+        process.until(lambda: envoy.health_status(picker.envoy.chan, "readiness") == "SERVING", what="picker ready")
+        yield picker, prefill, decode, reference
+    finally:
+        if picker is not None:
+            picker.envoy.close()
+        store.stop()
 
 
 def answer(url: str, body: dict, headers: dict | None = None) -> dict:
