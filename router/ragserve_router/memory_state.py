@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ragserve_router.admin_view import ADMIN_SETS, AdminChange, AdminView
 from ragserve_router.approx_index import ApproxIndex
 from ragserve_router.engines import EngineRecord, Load, TokenizerBlob
-from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState
+from ragserve_router.state import CLEARED, REMOVED, STORED, KVOp, RouterState, leading
 
 
 class MemoryState(RouterState):
@@ -82,12 +82,7 @@ class MemoryState(RouterState):
         out = {}
         for engine_id in engine_ids:
             blocks = self._blocks.get(engine_id, set())
-            n = 0
-            for h in hashes:
-                if h not in blocks:
-                    break
-                n += 1
-            out[engine_id] = n
+            out[engine_id] = leading(map(blocks.__contains__, hashes))  # no generator frame a block
         return out
 
     async def record_route(self, hashes: Sequence[bytes], engine_id: str) -> None:

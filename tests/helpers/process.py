@@ -43,9 +43,13 @@ class Proc:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Send `sig` if still running, wait `timeout`, then SIGKILL; returns the exit code."""
+        self.terminate(sig)
+        return self.reap(timeout)
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        """Send `sig` if still running."""
         if self.alive():
             self.popen.send_signal(sig)
-        return self.reap(timeout)
 
     def reap(self, timeout: float = 15.0) -> int:
         """Wait `timeout` for the process to exit (after a signal), then SIGKILL; returns the exit code."""

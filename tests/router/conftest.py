@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -135,8 +134,7 @@ class Cluster:
         engines = [p for p in procs if "engine" in p.popen.args or str(FAKE_ENGINE) in p.popen.args]
         signalled = {id(p) for p in engines}
         for proc in engines:
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGTERM)
+            proc.terminate()
         for proc in engines:
             proc.reap()
         for proc in procs:
